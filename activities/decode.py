@@ -1,0 +1,71 @@
+"""Decode activity: one LLM turn of one trajectory, batched with every other trajectory's turn by the engine.
+
+Loads the trajectory's token-level context from the store, appends the new observation (chat formatting on our
+side), generates, stores the extended context and returns the text, the context URI and the policy version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.keys import store_key
+from contracts import names
+from contracts.records import TurnContext
+from contracts.trajectory import GenerateInput, GenerateResult
+from infra.store import ObjectStore
+from rl.chat import append_completion, append_user
+from rl.engine import Engine
+
+HEARTBEAT_EVERY_S = 10.0
+
+
+class DecodeActivities:
+    def __init__(self, engine: Engine, store: ObjectStore, pool: str, worker_id: str) -> None:
+        self.engine = engine
+        self.store = store
+        self.pool = pool
+        self.worker_id = worker_id
+
+    @activity.defn(name=names.LLM_GENERATE)
+    async def generate(self, inp: GenerateInput) -> GenerateResult:
+        if self.engine.version < inp.min_policy_version:
+            raise ApplicationError(
+                f"this decode worker serves policy v{self.engine.version}, the request needs "
+                f"v{inp.min_policy_version} or newer",
+                type=names.ERR_POLICY_BEHIND,
+            )
+        ctx = TurnContext(model=self.engine.name)
+        if inp.context_uri:
+            ctx = TurnContext.model_validate(await asyncio.to_thread(self.store.get_json, inp.context_uri))
+        ctx, prompt_ids = append_user(ctx, self.engine.tokenizer, inp.user_message, inp.system_prompt)
+        version = self.engine.version
+        completion = await _with_heartbeats(self.engine.generate(prompt_ids, inp.sampling))
+        ctx = append_completion(ctx, completion.token_ids, completion.logprobs, completion.text, version)
+        key = store_key(inp.trajectory_id, f"context-turn{inp.turn:03d}.json")
+        uri = await asyncio.to_thread(self.store.put_json, key, ctx)
+        return GenerateResult(
+            text=completion.text,
+            context_uri=uri,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(completion.token_ids),
+            policy_version=version,
+            finish_reason=completion.finish_reason,
+            pool=self.pool,
+            worker_id=self.worker_id,
+        )
+
+
+async def _with_heartbeats(coro):  # type: ignore[no-untyped-def]
+    """Await the engine while heartbeating, so a dead decode worker is noticed by its heartbeat timeout."""
+    task = asyncio.ensure_future(coro)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
+            if done:
+                return task.result()
+            activity.heartbeat("generating")
+    finally:
+        task.cancel()

@@ -1,0 +1,102 @@
+"""Env activities: reset, step and close sandboxes held by this env worker.
+
+`env.reset` runs on the pool's shared queue and answers with a handle naming this worker's own host queue;
+`env.step` and `env.close` run there. Sandbox calls are blocking (docker SDK, a Unix socket) and run in
+threads. Failures are classified once: infra (`SandboxLost`, start errors) vs the env's own (`EnvError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from contracts import names
+from contracts.trajectory import (
+    EnvCloseInput,
+    EnvResetInput,
+    EnvResetResult,
+    EnvStepInput,
+    EnvStepResult,
+    SandboxHandle,
+)
+from envs.formatting import observation_message
+from sandbox.errors import EnvError, SandboxError, SandboxLost, SandboxStartError, SandboxStepTimeout
+from sandbox.manager import SandboxManager
+
+T = TypeVar("T")
+
+
+class EnvActivities:
+    """The env activities of one pool on one env worker; the sandbox manager is shared across pools."""
+
+    def __init__(self, manager: SandboxManager, pool: str, worker_id: str, step_timeout_s: float) -> None:
+        self.manager = manager
+        self.pool = pool
+        self.worker_id = worker_id
+        self.host_queue = names.env_host_queue(pool, worker_id)
+        self.step_timeout_s = step_timeout_s
+
+    @activity.defn(name=names.ENV_RESET)
+    async def reset(self, inp: EnvResetInput) -> EnvResetResult:
+        box = await _guarded(self.manager.start)
+        try:
+            out = await _guarded(lambda: box.reset(inp.env_id, inp.seed, dict(inp.env_kwargs)))
+            observation = observation_message(out["observation"], out.get("info") or {})
+            done = False
+            for i, action in enumerate(inp.replay_actions):
+                activity.heartbeat(f"replaying action {i + 1}/{len(inp.replay_actions)}")
+                step = _step_result(await _guarded(lambda a=action: box.step(a)))
+                observation, done = step.observation, step.terminated or step.truncated
+        except BaseException:
+            await asyncio.to_thread(self.manager.close, box.id)
+            raise
+        handle = SandboxHandle(
+            sandbox_id=box.id,
+            container_id=box.container_id,
+            host_queue=self.host_queue,
+            worker_id=self.worker_id,
+            image=self.manager.image,
+            step_timeout_s=self.step_timeout_s,
+        )
+        return EnvResetResult(handle=handle, observation=observation, replayed=len(inp.replay_actions), done=done)
+
+    @activity.defn(name=names.ENV_STEP)
+    async def step(self, inp: EnvStepInput) -> EnvStepResult:
+        def run() -> EnvStepResult:
+            out = self.manager.get(inp.handle.sandbox_id).step(inp.action)
+            return _step_result(out)
+
+        return await _guarded(run)
+
+    @activity.defn(name=names.ENV_CLOSE)
+    async def close(self, inp: EnvCloseInput) -> None:
+        await asyncio.to_thread(self.manager.close, inp.handle.sandbox_id)
+
+
+def _step_result(out: dict[str, Any]) -> EnvStepResult:
+    return EnvStepResult(
+        observation=observation_message(out["observation"], out.get("info") or {}),
+        reward=float(out["reward"]),
+        terminated=bool(out["terminated"]),
+        truncated=bool(out["truncated"]),
+        info=out.get("info") or {},
+    )
+
+
+async def _guarded(fn: Callable[[], T]) -> T:
+    """Run a blocking sandbox call in a thread and map sandbox errors to named activity errors."""
+    try:
+        return await asyncio.to_thread(fn)
+    except EnvError as e:
+        raise ApplicationError(str(e), type=names.ERR_ENV, non_retryable=True) from e
+    except (SandboxLost, SandboxStepTimeout) as e:
+        # Retrying on a dead sandbox cannot help: the workflow restores a fresh one by replay.
+        raise ApplicationError(str(e), type=names.ERR_SANDBOX_LOST, non_retryable=True) from e
+    except SandboxStartError as e:
+        raise ApplicationError(str(e), type=names.ERR_SANDBOX_START) from e
+    except SandboxError as e:
+        raise ApplicationError(str(e), type=type(e).__name__) from e

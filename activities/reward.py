@@ -1,0 +1,65 @@
+"""Stateless activities of the reward pool: score through the reward service, and save finished trajectories.
+
+Scoring is an HTTP call to the (serverless) reward service; its errors are classified once here: a rejected or
+garbled answer is final, an unreachable service is retried by Temporal. Saving assembles the trajectory record
+from the last turn's context and the workflow's summary and writes it to the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.keys import store_key
+from contracts import names
+from contracts.records import TrajectoryRecord, TurnContext
+from contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult, ScoreInput, ScoreResult
+from infra.store import ObjectStore
+from rewards.client import (
+    RewardClient,
+    RewardRequestRejected,
+    RewardServiceBadAnswer,
+    RewardServiceUnavailable,
+)
+
+
+class RewardActivities:
+    def __init__(self, client: RewardClient, store: ObjectStore) -> None:
+        self.client = client
+        self.store = store
+
+    @activity.defn(name=names.REWARD_SCORE)
+    async def score(self, inp: ScoreInput) -> ScoreResult:
+        try:
+            return await self.client.score(inp.request)
+        except RewardRequestRejected as e:
+            raise ApplicationError(str(e), type=names.ERR_REWARD_REJECTED, non_retryable=True) from e
+        except RewardServiceBadAnswer as e:
+            raise ApplicationError(str(e), type=names.ERR_REWARD_BAD_ANSWER, non_retryable=True) from e
+        except RewardServiceUnavailable as e:
+            raise ApplicationError(str(e), type=names.ERR_REWARD_UNAVAILABLE) from e
+
+    @activity.defn(name=names.TRAJECTORY_SAVE)
+    async def save(self, inp: SaveTrajectoryInput) -> SaveTrajectoryResult:
+        context = None
+        if inp.context_uri:
+            context = TurnContext.model_validate(await asyncio.to_thread(self.store.get_json, inp.context_uri))
+        record = TrajectoryRecord(
+            workflow_id=inp.workflow_id,
+            request=inp.request,
+            status=inp.status,
+            reward=inp.reward,
+            reward_details=inp.reward_details,
+            first_observation=inp.first_observation,
+            turns=inp.turns,
+            context=context,
+            env_recoveries=inp.env_recoveries,
+            error=inp.error,
+            timings=inp.timings,
+        )
+        info = activity.info()
+        key = store_key(f"{info.workflow_id}/{info.workflow_run_id}", "trajectory.json")
+        uri = await asyncio.to_thread(self.store.put_json, key, record)
+        return SaveTrajectoryResult(trajectory_uri=uri)

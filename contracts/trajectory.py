@@ -1,0 +1,231 @@
+"""Inputs and results of the trajectory workflow and its activities: everything that crosses Temporal.
+
+Every model here is small: text of one turn, references into the object store and scalars. Token ids,
+logprobs and whole transcripts live in the store (see `contracts.records`), never in workflow history.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JsonScalar = str | int | float | bool | None
+"""What env kwargs and env info values may hold, so they stay JSON-serialisable and small."""
+
+DEFAULT_ENV_ID = "game:GuessTheNumber-v0-easy"
+DEFAULT_SYSTEM_PROMPT = (
+    "You are playing a game. Think briefly, then give your answer in the exact format the game asks for, "
+    "for example \\boxed{5}."
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrajectoryStatus(StrEnum):
+    """How a trajectory ended. Only `completed` trajectories carry a reward and may be trained on."""
+
+    COMPLETED = "completed"
+    """The episode ran to its end (env done or the turn limit) and was scored."""
+    FAILED = "failed"
+    """The environment or the model rejected the episode (an env error, a bad request); not an infra fault."""
+    INFRA_FAILED = "infra_failed"
+    """Sandboxes or workers kept failing past the recovery budget; never scored, never trained on."""
+
+
+class SamplingParams(_Model):
+    temperature: Annotated[float, Field(ge=0.0, le=5.0)] = 1.0
+    """Softmax temperature; 0 means greedy decoding."""
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    """Nucleus sampling mass."""
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 48
+    """Token budget of one turn's completion."""
+
+
+class StagePools(_Model):
+    """Which pool (hence task queue) serves each stage of a trajectory: the hardware-affinity map of one task."""
+
+    decode: str = "default"
+    env: str = "default"
+    reward: str = "default"
+
+
+class TrajectoryRequest(_Model):
+    """One trajectory to run. Every field has a default, so `{}` from the Temporal UI starts the default task."""
+
+    env_id: str = DEFAULT_ENV_ID
+    """A GEM environment id, e.g. `game:GuessTheNumber-v0-easy` or an `rg:` reasoning-gym id."""
+    seed: int = 0
+    """Seed of the environment's reset; the same seed gives the same episode start."""
+    env_kwargs: dict[str, JsonScalar] = Field(default_factory=dict)
+    """Overrides passed to `gem.make` (e.g. `{"max_turns": 20}`)."""
+    max_turns: Annotated[int, Field(ge=1, le=200)] = 8
+    """Turn limit on our side; the episode ends as completed (truncated) when it is reached."""
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    """First chat message; empty means the model's chat template default."""
+    sampling: SamplingParams = SamplingParams()
+    pools: StagePools = StagePools()
+    reward_fn: str = "env_outcome"
+    """Name of a reward function registered in the reward service."""
+    run_id: str = ""
+    """The training run this trajectory belongs to (empty for a standalone rollout)."""
+    group: str = ""
+    """Group id (GRPO: samples of one prompt); free-form here."""
+    min_policy_version: Annotated[int, Field(ge=0)] = 0
+    """The decode pool must serve at least this policy version."""
+    max_env_recoveries: Annotated[int, Field(ge=0, le=20)] = 2
+    """Fresh sandboxes restored by action replay before the trajectory is infra-failed."""
+    report_to: str | None = None
+    """Workflow id to signal with a `TrajectoryReport` at the end (the training workflow); None for none."""
+
+
+class SandboxHandle(_Model):
+    """A live sandbox: which env worker holds it and the queue its steps must go to."""
+
+    sandbox_id: str
+    container_id: str
+    host_queue: str
+    worker_id: str
+    image: str
+    step_timeout_s: float = 60.0
+    """The env worker kills a step's container after this long; the workflow's timeout is a little longer."""
+
+
+class EnvResetInput(_Model):
+    trajectory_id: str
+    env_id: str
+    seed: int
+    env_kwargs: dict[str, JsonScalar] = Field(default_factory=dict)
+    replay_actions: list[str] = Field(default_factory=list)
+    """Actions to replay after reset, restoring a lost sandbox's state (environments are seeded and deterministic)."""
+
+
+class EnvResetResult(_Model):
+    handle: SandboxHandle
+    observation: str
+    """The chat text of the current observation (after any replayed actions), formatted on our side."""
+    replayed: int = 0
+    done: bool = False
+    """True when the replayed actions already ended the episode."""
+
+
+class EnvStepInput(_Model):
+    handle: SandboxHandle
+    action: str
+
+
+class EnvStepResult(_Model):
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, JsonScalar] = Field(default_factory=dict)
+
+
+class EnvCloseInput(_Model):
+    handle: SandboxHandle
+
+
+class GenerateInput(_Model):
+    trajectory_id: str
+    turn: int
+    context_uri: str | None
+    """The previous turn's context in the store (None on the first turn)."""
+    user_message: str
+    """The new observation, appended to the context as a user message."""
+    system_prompt: str = ""
+    sampling: SamplingParams = SamplingParams()
+    min_policy_version: int = 0
+
+
+class GenerateResult(_Model):
+    text: str
+    context_uri: str
+    """The updated context (all token ids, logprobs, loss mask and per-turn versions so far)."""
+    prompt_tokens: int
+    completion_tokens: int
+    policy_version: int
+    finish_reason: str
+    pool: str
+    worker_id: str
+
+
+class ScoreRequest(_Model):
+    """The body of the reward service's `POST /score` (HTTP, not Temporal, but kept beside its siblings)."""
+
+    reward_fn: str = "env_outcome"
+    env_id: str
+    seed: int = 0
+    actions: list[str] = Field(default_factory=list)
+    env_rewards: list[float] = Field(default_factory=list)
+    terminated: bool = False
+    truncated: bool = False
+    final_info: dict[str, JsonScalar] = Field(default_factory=dict)
+
+
+class ScoreResult(_Model):
+    reward: float
+    reward_fn: str
+    details: dict[str, JsonScalar] = Field(default_factory=dict)
+
+
+class ScoreInput(_Model):
+    pool: str
+    request: ScoreRequest
+
+
+class TurnSummary(_Model):
+    """One turn as history keeps it: the action and observation text and scalars."""
+
+    action: str
+    observation: str
+    env_reward: float
+    policy_version: int
+    completion_tokens: int
+    decode_pool: str
+
+
+class SaveTrajectoryInput(_Model):
+    workflow_id: str
+    request: TrajectoryRequest
+    status: TrajectoryStatus
+    context_uri: str | None
+    first_observation: str
+    turns: list[TurnSummary]
+    reward: float | None
+    reward_details: dict[str, JsonScalar] = Field(default_factory=dict)
+    env_recoveries: int
+    error: str | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
+class SaveTrajectoryResult(_Model):
+    trajectory_uri: str
+
+
+class TrajectoryResult(_Model):
+    workflow_id: str
+    status: TrajectoryStatus
+    turns: int
+    reward: float | None
+    """None unless completed: an infra failure is never a zero reward."""
+    trajectory_uri: str | None
+    policy_version: int | None
+    """The oldest policy version among the turns (None if no turn was generated)."""
+    env_recoveries: int
+    error: str | None = None
+    seconds: float = 0.0
+
+
+class TrajectoryReport(_Model):
+    """The small signal a trajectory sends to `report_to` when it ends."""
+
+    workflow_id: str
+    trajectory_uri: str | None
+    group: str
+    policy_version: int | None
+    reward: float | None
+    status: TrajectoryStatus

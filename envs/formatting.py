@@ -1,0 +1,23 @@
+"""Chat formatting on our side: turns a GEM observation into the text of the next user message.
+
+Pure functions only. Limits: knows GEM's conventions (an optional `info["suffix"]` such as "Enter your next
+guess."), nothing about chat templates or tokenisers; those belong to the decode side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+def observation_message(observation: str, info: Mapping[str, object]) -> str:
+    """The user message for `observation`: the observation, then `info["suffix"]` on its own line.
+
+    The suffix is added only when it is a non-empty string not already contained in the observation.
+    """
+    suffix = info.get("suffix")
+    if not isinstance(suffix, str) or not suffix.strip() or suffix.strip() in observation:
+        return observation
+    if not observation:
+        return suffix.strip()
+    separator = "" if observation.endswith("\n") else "\n"
+    return f"{observation}{separator}{suffix.strip()}"

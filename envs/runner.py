@@ -1,0 +1,236 @@
+"""Hosts ONE GEM environment behind a Unix socket: the program a sandbox container runs.
+
+Protocol: newline-delimited JSON, one request -> one response line, sequential per connection. Several
+connections may be open (a host that lost its connection reconnects); they share the one environment,
+and a lock serialises the operations.
+
+    {"op": "ping"}                                            -> {"ok": true, "loaded": bool}
+    {"op": "reset", "env_id": str, "seed": int, "env_kwargs": {}}
+                                                              -> {"ok": true, "observation": str, "info": {}}
+    {"op": "step", "action": str}                             -> {"ok": true, "observation": str, "reward": float,
+                                                                  "terminated": bool, "truncated": bool, "info": {}}
+    {"op": "sleep", "seconds": float}                         -> {"ok": true}   (test hook: a slow step)
+
+Failures are answers, never crashes: `{"ok": false, "error": {"type": "EnvError" | "UnknownEnv" |
+"BadRequest", "message": str}}`. Info dicts are made JSON-safe (scalars kept, anything else stringified
+and cut to 1000 characters).
+
+Limits: stdlib only; `gem` is imported in a background thread as soon as the runner starts (so the socket
+is up at once and the import overlaps the host's readiness wait), and a `reset` waits for that import.
+No authentication: the socket's directory is the access control. One environment per process.
+
+Usage: `python3 runner.py [SOCKET_PATH]` (or env `TRAJFLOW_ENV_SOCKET`; default `/run/trajflow/env.sock`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socketserver
+import sys
+import threading
+import time
+import traceback
+from types import ModuleType
+from typing import Any
+
+DEFAULT_SOCKET = "/run/trajflow/env.sock"
+MAX_INFO_CHARS = 1000
+MAX_SLEEP_S = 3600.0
+
+Response = dict[str, Any]
+
+
+class RequestError(Exception):
+    """A request that gets an `ok: false` answer; `kind` is the error type the host sees."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def json_safe_info(info: object) -> dict[str, Any]:
+    """Keep str/int/float/bool/None values; stringify anything else (keys too), cut to 1000 chars."""
+    if not isinstance(info, dict):
+        return {}
+    safe: dict[str, Any] = {}
+    for key, value in info.items():
+        if value is None or isinstance(value, (str, int, float, bool)):
+            safe[str(key)] = value
+        else:
+            safe[str(key)] = str(value)[:MAX_INFO_CHARS]
+    return safe
+
+
+class GemLoader:
+    """Imports `gem` once, in the background, and hands it out (or the import's error) when asked."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._module: ModuleType | None = None
+        self._error: str | None = None
+        self._started = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if not self._started:
+                self._started = True
+                threading.Thread(target=self._load, name="gem-import", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            import gem  # noqa: PLC0415 — deliberately lazy: it takes ~1-2 s
+
+            self._module = gem
+        except Exception as e:  # reported to every reset, not swallowed
+            self._error = f"{type(e).__name__}: {e}"
+        finally:
+            self._done.set()
+
+    @property
+    def loaded(self) -> bool:
+        return self._done.is_set() and self._module is not None
+
+    def get(self) -> ModuleType:
+        self.start()
+        self._done.wait()
+        if self._module is None:
+            raise RequestError("EnvError", f"cannot import gem: {self._error}")
+        return self._module
+
+
+class EnvHost:
+    """The one environment of this process and the operations on it."""
+
+    def __init__(self, loader: GemLoader) -> None:
+        self._loader = loader
+        self._env: Any = None
+        self._lock = threading.Lock()
+
+    def handle(self, request: object) -> Response:
+        if not isinstance(request, dict):
+            raise RequestError("BadRequest", "a request must be a JSON object")
+        op = request.get("op")
+        if op == "ping":
+            return {"ok": True, "loaded": self._loader.loaded}
+        if op == "sleep":
+            seconds = _field(request, "seconds", (int, float))
+            time.sleep(min(max(float(seconds), 0.0), MAX_SLEEP_S))
+            return {"ok": True}
+        with self._lock:
+            if op == "reset":
+                return self._reset(request)
+            if op == "step":
+                return self._step(request)
+        raise RequestError("BadRequest", f"unknown op {op!r}; expected ping, reset, step or sleep")
+
+    def _reset(self, request: dict[str, Any]) -> Response:
+        env_id = _field(request, "env_id", str)
+        seed = _field(request, "seed", int)
+        env_kwargs = request.get("env_kwargs") or {}
+        if not isinstance(env_kwargs, dict):
+            raise RequestError("BadRequest", "env_kwargs must be a JSON object")
+        gem = self._loader.get()
+        from gem.envs.registration import ENV_REGISTRY  # noqa: PLC0415 — gem is loaded by now
+
+        if env_id not in ENV_REGISTRY:
+            raise RequestError("UnknownEnv", f"no GEM environment is registered as {env_id!r}")
+        self._env = None
+        try:
+            env = gem.make(env_id, **env_kwargs)
+            observation, info = env.reset(seed=seed)
+        except Exception as e:
+            raise RequestError("EnvError", _describe(e, f"reset of {env_id!r} failed")) from e
+        self._env = env
+        return {"ok": True, "observation": str(observation), "info": json_safe_info(info)}
+
+    def _step(self, request: dict[str, Any]) -> Response:
+        action = _field(request, "action", str)
+        if self._env is None:
+            raise RequestError("BadRequest", "step before a successful reset")
+        try:
+            observation, reward, terminated, truncated, info = self._env.step(action)
+        except Exception as e:
+            raise RequestError("EnvError", _describe(e, "step failed")) from e
+        return {
+            "ok": True,
+            "observation": str(observation),
+            "reward": float(reward),
+            "terminated": bool(terminated),
+            "truncated": bool(truncated),
+            "info": json_safe_info(info),
+        }
+
+
+def _field(request: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = request.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise RequestError("BadRequest", f"field {name!r} is missing or has the wrong type: {value!r}")
+    return value
+
+
+def _describe(error: BaseException, what: str) -> str:
+    last = traceback.format_exception(error)[-3:]
+    return f"{what}: {type(error).__name__}: {error}\n{''.join(last)}"[:4000]
+
+
+def answer(host: EnvHost, line: bytes) -> Response:
+    """The response to one request line; every failure becomes an `ok: false` response."""
+    try:
+        request = json.loads(line)
+    except ValueError as e:
+        return _error("BadRequest", f"not valid JSON: {e}")
+    try:
+        return host.handle(request)
+    except RequestError as e:
+        return _error(e.kind, e.message)
+    except Exception as e:  # a bug here must not kill the sandbox; the host sees it as an env error
+        return _error("EnvError", _describe(e, "runner error"))
+
+
+def _error(kind: str, message: str) -> Response:
+    return {"ok": False, "error": {"type": kind, "message": message}}
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        for line in self.rfile:
+            if not line.strip():
+                continue
+            reply = json.dumps(answer(self.server.host, line)) + "\n"
+            self.wfile.write(reply.encode())
+            self.wfile.flush()
+
+
+class _Server(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, path: str, host: EnvHost) -> None:
+        self.host = host
+        super().__init__(path, _Handler)
+
+
+def serve(path: str, *, preload: bool = True) -> None:
+    """Listen on `path` until killed."""
+    if os.path.exists(path):
+        os.unlink(path)  # a stale socket from a previous run of this container
+    loader = GemLoader()
+    server = _Server(path, EnvHost(loader))
+    os.chmod(path, 0o666)  # the host side may connect as another user
+    if preload:
+        loader.start()
+    server.serve_forever()
+
+
+def main(argv: list[str]) -> None:
+    path = argv[1] if len(argv) > 1 else os.environ.get("TRAJFLOW_ENV_SOCKET", DEFAULT_SOCKET)
+    preload = os.environ.get("TRAJFLOW_LAZY_IMPORT", "") not in ("1", "true")
+    serve(path, preload=preload)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

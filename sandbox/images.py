@@ -1,0 +1,296 @@
+"""Locally built, content-hashed sandbox images: a Debian+Python base layer and the GEM runtime on top.
+
+No image registry is reachable, so every image is built here and named by a hash of what defines it:
+
+- `trajflow-base:<hash>`: `debootstrap --variant=minbase --include=python3 bookworm` from the host's Debian
+  mirror, imported with `docker import`. The hash covers suite, variant, packages and a format version (not
+  the mirror: any mirror gives the same layer).
+- `trajflow-runtime:<hash>`: a Dockerfile `FROM` the base that installs wheels downloaded on the host
+  (`pip wheel`, so sdists are built here once and the build is offline) and copies in `envs/runner.py`;
+  its CMD runs the runner as an unprivileged user. The hash covers the base tag, the requirements, the
+  wheels' sha256 and the runner source, so editing the runner rebuilds only this layer.
+
+Concurrency: an fcntl lock in `cache_dir` makes many callers (threads or processes) build once.
+Limits: Linux x86_64 hosts with CPython 3.11 (the wheels are fetched for the host's interpreter, which must
+match the image's Python 3.11); `debootstrap` needs root; old images are never garbage-collected here.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import docker
+import docker.errors
+
+Progress = Callable[[str], None]
+
+BASE_REPO = "trajflow-base"
+RUNTIME_REPO = "trajflow-runtime"
+BASE_SUITE = "bookworm"
+BASE_VARIANT = "minbase"
+BASE_PACKAGES: tuple[str, ...] = ("python3",)
+BASE_FORMAT = 1
+"""Bump when the way the base layer is made changes (cleanup steps, import changes)."""
+RUNTIME_FORMAT = 1
+"""Bump when the runtime Dockerfile template changes."""
+
+RUNTIME_REQUIREMENTS: tuple[str, ...] = (
+    "gem-llm==0.1.0",
+    # undeclared dependencies of gem-llm 0.1.0
+    "datasets==5.2.0",
+    "requests==2.34.2",
+    "pylatexenc==2.11",
+)
+PIP_REQUIREMENT = "pip==26.3"
+"""Debian minbase python3 has no pip: the image runs pip from this wheel."""
+
+RUNNER_SOURCE = Path(__file__).resolve().parent.parent / "envs" / "runner.py"
+SANDBOX_UID = 65534
+"""The unprivileged user (nobody) that the runner runs as inside the container."""
+RUNNER_SOCKET_DIR = "/run/trajflow"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def _digest(parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def base_image_tag() -> str:
+    """The tag of the base layer; depends only on what defines the layer."""
+    parts = {"suite": BASE_SUITE, "variant": BASE_VARIANT, "packages": BASE_PACKAGES, "format": BASE_FORMAT}
+    return f"{BASE_REPO}:{_digest(parts)}"
+
+
+def runtime_image_tag(base_tag: str, wheel_hashes: dict[str, str], runner_source: bytes) -> str:
+    """The tag of the runtime layer built on `base_tag` from these wheels and this runner source."""
+    parts = {
+        "base": base_tag,
+        "requirements": RUNTIME_REQUIREMENTS,
+        "pip": PIP_REQUIREMENT,
+        "wheels": wheel_hashes,
+        "runner": hashlib.sha256(runner_source).hexdigest(),
+        "format": RUNTIME_FORMAT,
+    }
+    return f"{RUNTIME_REPO}:{_digest(parts)}"
+
+
+def debian_mirror(apt_dir: Path = Path("/etc/apt"), suite: str = BASE_SUITE) -> str:
+    """The host's Debian mirror for `suite`: deb822 `*.sources` first, then `sources.list`, then deb.debian.org."""
+    for sources in sorted(apt_dir.glob("sources.list.d/*.sources")):
+        for stanza in sources.read_text().split("\n\n"):
+            fields: dict[str, str] = {}
+            for line in stanza.splitlines():
+                if ":" in line and not line.startswith(("#", " ")):
+                    key, _, value = line.partition(":")
+                    fields[key.strip().lower()] = value.strip()
+            if "deb" in fields.get("types", "").split() and suite in fields.get("suites", "").split():
+                uris = fields.get("uris", "").split()
+                if uris:
+                    return uris[0].rstrip("/")
+    legacy = apt_dir / "sources.list"
+    if legacy.exists():
+        for line in legacy.read_text().splitlines():
+            words = re.sub(r"\[[^\]]*\]", " ", line.split("#", 1)[0]).split()  # drop [options]
+            if len(words) >= 3 and words[0] == "deb" and words[2] == suite:
+                return words[1].rstrip("/")
+    return DEFAULT_MIRROR
+
+
+@contextmanager
+def _build_lock(cache_dir: Path) -> Iterator[None]:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _image_exists(client: docker.DockerClient, tag: str) -> bool:
+    try:
+        client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def _run_logged(cmd: list[str], progress: Progress, what: str) -> None:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    tail: list[str] = []
+    for line in proc.stdout:
+        tail = [*tail[-19:], line.rstrip()]
+        progress(f"{what}: {line.rstrip()}")
+    if proc.wait() != 0:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+
+
+def build_base_image(client: docker.DockerClient, cache_dir: Path, tag: str, progress: Progress) -> None:
+    """debootstrap a minimal Debian with python3 and `docker import` it as `tag` (needs root)."""
+    mirror = debian_mirror()
+    started = time.monotonic()
+    progress(f"building base image {tag} with debootstrap from {mirror}")
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix="rootfs-") as work:
+        rootfs = Path(work) / "rootfs"
+        include = ",".join(BASE_PACKAGES)
+        cmd = ["debootstrap", f"--variant={BASE_VARIANT}", f"--include={include}", BASE_SUITE, str(rootfs), mirror]
+        _run_logged(cmd, progress, "debootstrap")
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for entry in (rootfs / junk).glob("*"):
+                if entry.is_file():
+                    entry.unlink()
+        progress(f"debootstrap done in {time.monotonic() - started:.1f}s; importing")
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        repo, _, version = tag.partition(":")
+        changes = ["ENV LANG=C.UTF-8", f"LABEL trajflow.layer=base trajflow.hash={version}", 'CMD ["python3"]']
+        client.api.import_image(src=tar.stdout, repository=repo, tag=version, changes=changes, stream_src=True)
+        if tar.wait() != 0:
+            raise RuntimeError(f"tar of {rootfs} failed (exit {tar.returncode})")
+    if not _image_exists(client, tag):
+        raise RuntimeError(f"docker import did not produce {tag}")
+    progress(f"built base image {tag} in {time.monotonic() - started:.1f}s")
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _wheel_dir(cache_dir: Path) -> Path:
+    key = _digest({"requirements": RUNTIME_REQUIREMENTS, "pip": PIP_REQUIREMENT, "python": sys.version_info[:2]})
+    return cache_dir / "wheels" / key
+
+
+def cached_wheels(cache_dir: Path) -> dict[str, str] | None:
+    """The {filename: sha256} of the downloaded wheels, or None if they are not (completely) there."""
+    manifest = _wheel_dir(cache_dir) / "manifest.json"
+    if not manifest.exists():
+        return None
+    hashes: dict[str, str] = json.loads(manifest.read_text())
+    return hashes
+
+
+def download_wheels(cache_dir: Path, progress: Progress) -> dict[str, str]:
+    """`pip wheel` the runtime requirements (and pip itself) into the cache; returns {filename: sha256}."""
+    target = _wheel_dir(cache_dir)
+    started = time.monotonic()
+    progress(f"downloading wheels into {target}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix="staging-"))
+    try:
+        cmd = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(staging),
+               *RUNTIME_REQUIREMENTS, PIP_REQUIREMENT]
+        _run_logged(cmd, progress, "pip wheel")
+        hashes = {p.name: _sha256_file(p) for p in sorted(staging.glob("*.whl"))}
+        if not any(name.startswith("pip-") for name in hashes):
+            raise RuntimeError("pip wheel produced no pip wheel")
+        (staging / "manifest.json").write_text(json.dumps(hashes, indent=1, sort_keys=True))
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)  # the manifest appears together with the wheels
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    progress(f"downloaded {len(hashes)} wheels in {time.monotonic() - started:.1f}s")
+    return hashes
+
+
+def runtime_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
+    """The runtime layer's Dockerfile; a build stage installs the wheels so they stay out of the image."""
+    pip_wheel = next(name for name in wheel_names if name.startswith("pip-"))
+    requirements = " ".join(f"'{r}'" for r in RUNTIME_REQUIREMENTS)
+    return f"""\
+FROM {base_tag} AS build
+COPY wheels/ /w/
+RUN python3 /w/{pip_wheel}/pip install --no-index --find-links /w --no-cache-dir --disable-pip-version-check \\
+    --target /opt/trajflow/site {requirements}
+
+FROM {base_tag}
+COPY --from=build /opt/trajflow/site /opt/trajflow/site
+COPY runner.py /opt/trajflow/runner.py
+RUN mkdir -p {RUNNER_SOCKET_DIR} && chown {SANDBOX_UID}:{SANDBOX_UID} {RUNNER_SOCKET_DIR}
+ENV PYTHONPATH=/opt/trajflow/site HOME=/tmp MPLCONFIGDIR=/tmp/matplotlib PYTHONUNBUFFERED=1 \\
+    PYTHONDONTWRITEBYTECODE=1 TRAJFLOW_ENV_SOCKET={RUNNER_SOCKET_DIR}/env.sock
+USER {SANDBOX_UID}:{SANDBOX_UID}
+CMD ["python3", "/opt/trajflow/runner.py"]
+"""
+
+
+def build_runtime_image(
+    client: docker.DockerClient, cache_dir: Path, base_tag: str, tag: str, progress: Progress
+) -> None:
+    """Build the runtime layer `tag` from the cached wheels and the current runner source."""
+    started = time.monotonic()
+    progress(f"building runtime image {tag} on {base_tag}")
+    wheels = _wheel_dir(cache_dir)
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix="context-") as context:
+        ctx = Path(context)
+        (ctx / "wheels").mkdir()
+        names = sorted(p.name for p in wheels.glob("*.whl"))
+        for name in names:
+            os.link(wheels / name, ctx / "wheels" / name)  # same filesystem: no copy
+        shutil.copyfile(RUNNER_SOURCE, ctx / "runner.py")
+        (ctx / "Dockerfile").write_text(runtime_dockerfile(base_tag, names))
+        repo, _, version = tag.partition(":")
+        labels = {"trajflow.layer": "runtime", "trajflow.hash": version, "trajflow.base": base_tag}
+        stream = client.api.build(path=str(ctx), tag=tag, rm=True, forcerm=True, decode=True, labels=labels)
+        for chunk in stream:
+            if "error" in chunk:
+                raise RuntimeError(f"docker build of {tag} failed: {chunk['error']}")
+            text = str(chunk.get("stream", "")).strip()
+            if text:
+                progress(f"docker build: {text}")
+    if not _image_exists(client, tag):
+        raise RuntimeError(f"docker build did not produce {tag}")
+    progress(f"built runtime image {tag} in {time.monotonic() - started:.1f}s")
+
+
+def _cached_runtime_tag(client: docker.DockerClient, cache_dir: Path) -> str | None:
+    hashes = cached_wheels(cache_dir)
+    if hashes is None or not _image_exists(client, base_image_tag()):
+        return None
+    tag = runtime_image_tag(base_image_tag(), hashes, RUNNER_SOURCE.read_bytes())
+    return tag if _image_exists(client, tag) else None
+
+
+def ensure_runtime_image(
+    client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None
+) -> str:
+    """The runtime image tag, building the base layer, the wheels and the runtime layer where missing."""
+    report = progress or _quiet
+    cache_dir = Path(cache_dir)
+    tag = _cached_runtime_tag(client, cache_dir)
+    if tag is not None:
+        report(f"runtime image {tag} is cached")
+        return tag
+    with _build_lock(cache_dir):
+        tag = _cached_runtime_tag(client, cache_dir)  # another caller may have built it while we waited
+        if tag is not None:
+            report(f"runtime image {tag} was built by another caller")
+            return tag
+        base = base_image_tag()
+        if not _image_exists(client, base):
+            build_base_image(client, cache_dir, base, report)
+        hashes = cached_wheels(cache_dir) or download_wheels(cache_dir, report)
+        tag = runtime_image_tag(base, hashes, RUNNER_SOURCE.read_bytes())
+        if not _image_exists(client, tag):
+            build_runtime_image(client, cache_dir, base, tag, report)
+        return tag

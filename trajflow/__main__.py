@@ -1,0 +1,5 @@
+"""`python -m trajflow` is the `trajflow` command."""
+
+from trajflow.cli import app
+
+app()

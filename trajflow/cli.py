@@ -1,0 +1,180 @@
+"""The `trajflow` command. Thin: parses arguments, imports what a command needs inside it, prints.
+
+`--help` must stay instant, so nothing heavy (torch, transformers, docker, temporalio) is imported at module
+level here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(help="trajflow: agentic RL where every trajectory is a durable Temporal workflow.", no_args_is_help=True)
+worker_app = typer.Typer(help="Run one worker process of a pool kind (what `trajflow up` starts).", no_args_is_help=True)
+app.add_typer(worker_app, name="worker")
+
+DEFAULT_CONFIG = Path("configs/default.toml")
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Run config (TOML).")]
+PoolOpt = Annotated[list[str], typer.Option("--pool", "-p", help="Pool to serve (repeatable).")]
+
+
+def _config(path: Path):  # type: ignore[no-untyped-def]
+    from contracts.config import load_run_config
+
+    try:
+        return load_run_config(path)
+    except ValueError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def _say(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+@app.command()
+def setup(config: ConfigOpt = DEFAULT_CONFIG) -> None:
+    """Prepare what the stack needs: Docker reachable, sandbox images built, the model converted."""
+    from infra.settings import load_settings
+    from infra.setup import prepare
+
+    prepare(load_settings(), _config(config), _say)
+
+
+@app.command()
+def up(config: ConfigOpt = DEFAULT_CONFIG) -> None:
+    """Start the embedded stack in the background: Temporal + Web UI, reward service, one worker per pool kind."""
+    from infra import stack
+    from infra.settings import load_settings
+    from infra.setup import prepare
+
+    settings = load_settings()
+    cfg = _config(config)
+    prepare(settings, cfg, _say)
+    try:
+        stack.up(settings, cfg, config, _say)
+    except (RuntimeError, TimeoutError) as e:
+        typer.secho(f"trajflow up failed: {e}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"up: Temporal Web UI at http://127.0.0.1:{settings.temporal_ui_port}  (stop with `trajflow down`)")
+
+
+@app.command()
+def down() -> None:
+    """Stop exactly the processes `trajflow up` started."""
+    from infra import stack
+    from infra.settings import load_settings
+
+    n = stack.down(load_settings(), _say)
+    typer.echo(f"down: stopped {n} process(es)")
+
+
+@app.command()
+def status(config: ConfigOpt = DEFAULT_CONFIG) -> None:
+    """Show the stack's processes and which task queues have workers polling."""
+    from infra import stack
+    from infra.processes import ProcessTable, is_alive
+    from infra.settings import load_settings
+
+    settings = load_settings()
+    records = ProcessTable(settings.run_dir).load()
+    if not records:
+        typer.echo("nothing started by `trajflow up` (state dir: %s)" % settings.state_dir)
+    for rec in records:
+        state = "up" if is_alive(rec) else "DOWN"
+        typer.echo(f"{rec.name:15} {state:5} pid {rec.pid:<8} log {rec.log}")
+    try:
+        report = asyncio.run(stack.queue_report(settings, _config(config)))
+    except TimeoutError:
+        typer.echo(f"temporal: not reachable at {settings.temporal_address}")
+        raise typer.Exit(1) from None
+    for queue, n in report:
+        typer.echo(f"queue {queue:40} pollers {n}")
+
+
+@worker_app.command("orchestrator")
+def worker_orchestrator() -> None:
+    """Workflows only."""
+    from infra.settings import load_settings
+    from workers import orchestrator
+    from workers.common import configure_logging
+
+    configure_logging("orchestrator")
+    asyncio.run(orchestrator.serve(load_settings()))
+
+
+@worker_app.command("decode")
+def worker_decode(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFIG) -> None:  # noqa: B006
+    """The LLM engine of the given decode pools (model from the config)."""
+    from infra.settings import load_settings
+    from workers import decode
+    from workers.common import configure_logging
+
+    configure_logging("decode")
+    asyncio.run(decode.serve(load_settings(), pool, _config(config).model))
+
+
+@worker_app.command("env")
+def worker_env(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
+    """Docker sandboxes of the given env pools."""
+    from infra.settings import load_settings
+    from workers import env
+    from workers.common import configure_logging
+
+    configure_logging("env")
+    asyncio.run(env.serve(load_settings(), pool))
+
+
+@worker_app.command("reward")
+def worker_reward(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
+    """Scoring (client of the reward service) and saving trajectories for the given reward pools."""
+    from infra.settings import load_settings
+    from workers import reward
+    from workers.common import configure_logging
+
+    configure_logging("reward")
+    asyncio.run(reward.serve(load_settings(), pool))
+
+
+@app.command()
+def rollout(
+    env: Annotated[Optional[str], typer.Option(help="GEM env id (default: the config's first task).")] = None,
+    seed: Annotated[int, typer.Option(help="Environment seed.")] = 0,
+    task: Annotated[Optional[str], typer.Option(help="Task name from the config.")] = None,
+    max_turns: Annotated[Optional[int], typer.Option(help="Turn limit.")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature (0: greedy).")] = None,
+    workflow_id: Annotated[Optional[str], typer.Option(help="Workflow id (default: generated).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")] = False,
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """Run one trajectory on the stack and print its transcript, reward, status and timing."""
+    from trajflow.rollout import request_from_config, run_and_report
+
+    req = request_from_config(_config(config), task, env, seed, max_turns, temperature)
+    code = asyncio.run(run_and_report(req, workflow_id, as_json))
+    raise typer.Exit(code)
+
+
+@app.command()
+def demo(
+    n: Annotated[Optional[int], typer.Option("--n", help="Trajectories to run (default: the config's).")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the summary as JSON here.")] = None,
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """The main job for now: run a handful of trajectories of the config's tasks concurrently, then summarise."""
+    from trajflow.rollout import run_batch
+
+    summary = asyncio.run(run_batch(_config(config), n, _say))
+    if json_path:
+        json_path.write_text(json.dumps(summary, indent=2))
+    if summary["lost"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,73 @@
+"""The Python client: start trajectories from programs, wait for them, load what they recorded.
+
+    import asyncio
+    from trajflow.client import run_trajectory
+    from contracts.trajectory import TrajectoryRequest
+
+    result = asyncio.run(run_trajectory(TrajectoryRequest(env_id="game:GuessTheNumber-v0-easy", seed=3)))
+    print(result.status, result.reward, result.trajectory_uri)
+
+Addresses come from the `TRAJFLOW_*` settings (the embedded stack's by default).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio.client import Client, WorkflowHandle
+
+from contracts import names
+from contracts.records import TrajectoryRecord
+from contracts.trajectory import TrajectoryRequest, TrajectoryResult
+from infra.settings import Settings, load_settings
+from infra.store import open_store
+from infra.temporal import connect
+
+
+def new_workflow_id(req: TrajectoryRequest) -> str:
+    env = req.env_id.replace(":", "-").replace("/", "-")
+    return f"traj-{env}-s{req.seed}-{uuid.uuid4().hex[:8]}"
+
+
+async def start_trajectory(
+    request: TrajectoryRequest | None = None,
+    *,
+    client: Client | None = None,
+    settings: Settings | None = None,
+    workflow_id: str | None = None,
+    task_queue: str = names.WORKFLOW_QUEUE,
+) -> WorkflowHandle[object, TrajectoryResult]:
+    """Start one TrajectoryWorkflow and return its handle without waiting."""
+    request = request or TrajectoryRequest()
+    client = client or await connect(settings or load_settings())
+    return await client.start_workflow(
+        names.TRAJECTORY_WORKFLOW,
+        request,
+        id=workflow_id or new_workflow_id(request),
+        task_queue=task_queue,
+        result_type=TrajectoryResult,
+    )
+
+
+async def run_trajectory(
+    request: TrajectoryRequest | None = None,
+    *,
+    client: Client | None = None,
+    settings: Settings | None = None,
+    workflow_id: str | None = None,
+    task_queue: str = names.WORKFLOW_QUEUE,
+) -> TrajectoryResult:
+    """Run one trajectory to its end and return its result (status, reward, turns, trajectory URI)."""
+    handle = await start_trajectory(
+        request, client=client, settings=settings, workflow_id=workflow_id, task_queue=task_queue
+    )
+    return await handle.result()
+
+
+def load_trajectory(uri: str, settings: Settings | None = None) -> TrajectoryRecord:
+    """Read a finished trajectory (transcript, token ids, logprobs, masks, versions) from the store."""
+    settings = settings or load_settings()
+    store = open_store(
+        settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region
+    )
+    return TrajectoryRecord.model_validate(store.get_json(uri))

@@ -1,0 +1,48 @@
+"""What every worker process shares: its id, logging, and running Temporal workers until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+
+from temporalio.worker import Worker
+
+log = logging.getLogger("trajflow.worker")
+
+
+def new_worker_id() -> str:
+    """Unique per process start: a restarted worker gets a new host queue, so stale steps time out."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def configure_logging(name: str) -> None:
+    logging.basicConfig(
+        level=os.environ.get("TRAJFLOW_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s",
+    )
+
+
+async def run_until_signalled(
+    workers: Sequence[Worker], on_stop: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """Run the workers until SIGTERM/SIGINT, then shut them down gracefully and call on_stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    for w in workers:
+        log.info("polling %s", w.task_queue)
+    waiter = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    for t in done:
+        if t is not waiter and t.exception():
+            log.error("worker stopped: %r", t.exception())
+    await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+    if on_stop is not None:
+        await on_stop()

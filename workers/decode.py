@@ -1,0 +1,48 @@
+"""Decode worker: one generation engine (a loaded policy) serving the LLM steps of one or more decode pools."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.decode import DecodeActivities
+from contracts import names
+from contracts.config import ModelConfig
+from infra.settings import Settings
+from infra.store import ObjectStore, open_store
+from infra.temporal import wait_until_reachable
+from rl.engine import Engine
+from workers.common import new_worker_id, run_until_signalled
+
+log = logging.getLogger("trajflow.decode")
+
+
+def decode_workers(
+    client: Client, engine: Engine, store: ObjectStore, pools: Sequence[str], worker_id: str
+) -> list[Worker]:
+    return [
+        Worker(
+            client,
+            task_queue=names.decode_queue(pool),
+            activities=[DecodeActivities(engine, store, pool, worker_id).generate],
+            # Many trajectories' turns wait in the engine at once: that is what lets it batch them.
+            max_concurrent_activities=256,
+        )
+        for pool in pools
+    ]
+
+
+async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> None:
+    from rl.engine import load_engine
+
+    engine = load_engine(
+        model.name_or_path, settings.cache_dir / "models", max_batch=model.max_batch, batch_wait_ms=model.batch_wait_ms
+    )
+    await engine.start()
+    log.info("engine %s ready (policy v%d)", engine.name, engine.version)
+    store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+    client = await wait_until_reachable(settings)
+    await run_until_signalled(decode_workers(client, engine, store, pools, new_worker_id()), on_stop=engine.close)

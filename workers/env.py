@@ -1,0 +1,77 @@
+"""Env worker: Docker sandboxes on this host for one or more env pools.
+
+At start it builds (or finds cached) the runtime image and reaps sandboxes left by dead env workers. It polls
+each pool's shared queue for resets and its own host queue for the steps of the sandboxes it holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.env import EnvActivities
+from contracts import names
+from infra.settings import Settings
+from infra.temporal import wait_until_reachable
+from sandbox.manager import SandboxManager
+from workers.common import new_worker_id, run_until_signalled
+
+log = logging.getLogger("trajflow.env")
+
+
+def env_workers(
+    client: Client,
+    manager: SandboxManager,
+    pools: Sequence[str],
+    worker_id: str,
+    step_timeout_s: float,
+    max_resets: int = 16,
+) -> list[Worker]:
+    workers = []
+    for pool in pools:
+        acts = EnvActivities(manager, pool, worker_id, step_timeout_s)
+        workers.append(
+            Worker(client, task_queue=names.env_queue(pool), activities=[acts.reset], max_concurrent_activities=max_resets)
+        )
+        workers.append(
+            Worker(client, task_queue=acts.host_queue, activities=[acts.step, acts.close], max_concurrent_activities=256)
+        )
+    return workers
+
+
+def build_manager(settings: Settings, worker_id: str) -> SandboxManager:
+    import docker
+
+    from sandbox.images import ensure_runtime_image
+    from sandbox.reaper import reap_orphans
+
+    client = docker.from_env()
+    reaped = reap_orphans(client)
+    if reaped:
+        log.info("reaped %d orphaned sandboxes", len(reaped))
+    image = ensure_runtime_image(client, settings.cache_dir / "images", progress=log.info)
+    return SandboxManager(
+        client,
+        image,
+        settings.sandbox_dir,
+        worker_id,
+        network_disabled=not settings.sandbox_network,
+        mem_limit=settings.sandbox_mem_limit,
+        step_timeout_s=settings.sandbox_step_timeout_s,
+    )
+
+
+async def serve(settings: Settings, pools: Sequence[str]) -> None:
+    worker_id = new_worker_id()
+    manager = await asyncio.to_thread(build_manager, settings, worker_id)
+    client = await wait_until_reachable(settings)
+
+    async def close_all() -> None:
+        await asyncio.to_thread(manager.close_all)
+
+    workers = env_workers(client, manager, pools, worker_id, settings.sandbox_step_timeout_s)
+    await run_until_signalled(workers, on_stop=close_all)

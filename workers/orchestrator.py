@@ -1,0 +1,23 @@
+"""Orchestrator worker: runs workflows only (deterministic orchestration, no heavy imports, no activities)."""
+
+from __future__ import annotations
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from contracts import names
+from infra.settings import Settings
+from infra.temporal import wait_until_reachable
+from workers.common import run_until_signalled
+from workflows.trajectory import TrajectoryWorkflow
+
+WORKFLOWS = [TrajectoryWorkflow]
+
+
+def orchestrator_workers(client: Client, task_queue: str = names.WORKFLOW_QUEUE) -> list[Worker]:
+    return [Worker(client, task_queue=task_queue, workflows=WORKFLOWS)]
+
+
+async def serve(settings: Settings) -> None:
+    client = await wait_until_reachable(settings)
+    await run_until_signalled(orchestrator_workers(client))

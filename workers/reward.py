@@ -1,0 +1,31 @@
+"""Reward worker: the stateless pool that scores trajectories through the reward service and saves them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.reward import RewardActivities
+from contracts import names
+from infra.settings import Settings
+from infra.store import ObjectStore, open_store
+from infra.temporal import wait_until_reachable
+from rewards.client import RewardClient
+from workers.common import run_until_signalled
+
+
+def reward_workers(client: Client, reward_client: RewardClient, store: ObjectStore, pools: Sequence[str]) -> list[Worker]:
+    acts = RewardActivities(reward_client, store)
+    return [
+        Worker(client, task_queue=names.reward_queue(pool), activities=[acts.score, acts.save], max_concurrent_activities=64)
+        for pool in pools
+    ]
+
+
+async def serve(settings: Settings, pools: Sequence[str]) -> None:
+    store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+    reward_client = RewardClient(settings.resolved_reward_url, timeout_s=settings.reward_timeout_s)
+    client = await wait_until_reachable(settings)
+    await run_until_signalled(reward_workers(client, reward_client, store, pools), on_stop=reward_client.close)

@@ -1,0 +1,135 @@
+"""Typed stubs for calling activities by name from workflows, each with its timeouts, routing and retries.
+
+Workflows never import activity code: they call names from `contracts.names` with contracts models, and these
+stubs fix the options in one place. Error classification of activity failures lives here too.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+
+with workflow.unsafe.imports_passed_through():
+    from contracts import names
+    from contracts.trajectory import (
+        EnvCloseInput,
+        EnvResetInput,
+        EnvResetResult,
+        EnvStepInput,
+        EnvStepResult,
+        GenerateInput,
+        GenerateResult,
+        SandboxHandle,
+        SaveTrajectoryInput,
+        SaveTrajectoryResult,
+        ScoreInput,
+        ScoreResult,
+    )
+
+ENV_FATAL = [names.ERR_ENV, names.ERR_BAD_REQUEST]
+REWARD_FATAL = [names.ERR_REWARD_REJECTED, names.ERR_REWARD_BAD_ANSWER, names.ERR_BAD_REQUEST]
+
+
+def error_type(err: BaseException) -> str | None:
+    """The ApplicationError type behind an activity failure, or the timeout kind, or None."""
+    cause = err.cause if isinstance(err, ActivityError) else err
+    if isinstance(cause, ApplicationError):
+        return cause.type
+    if isinstance(cause, TimeoutError):
+        return f"Timeout:{cause.type.name if cause.type else 'UNKNOWN'}"
+    return None
+
+
+def is_env_fault(err: BaseException) -> bool:
+    """True when the environment itself rejected the episode (not an infrastructure failure)."""
+    return error_type(err) in ENV_FATAL
+
+
+def describe(err: BaseException) -> str:
+    cause = err.cause if isinstance(err, ActivityError) and err.cause else err
+    return f"{error_type(err) or type(cause).__name__}: {cause}"
+
+
+async def env_reset(pool: str, inp: EnvResetInput) -> EnvResetResult:
+    return await workflow.execute_activity(
+        names.ENV_RESET,
+        inp,
+        result_type=EnvResetResult,
+        task_queue=names.env_queue(pool),
+        start_to_close_timeout=timedelta(minutes=5),
+        heartbeat_timeout=timedelta(seconds=60),
+        retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=ENV_FATAL),
+    )
+
+
+async def env_step(handle: SandboxHandle, action: str, step_timeout: timedelta) -> EnvStepResult:
+    # One attempt: a step that failed may or may not have been applied, so the workflow recovers with a
+    # fresh sandbox and replays instead of retrying here. An unpolled host queue (dead env worker) fails
+    # by schedule_to_start, which the workflow treats the same way.
+    return await workflow.execute_activity(
+        names.ENV_STEP,
+        EnvStepInput(handle=handle, action=action),
+        result_type=EnvStepResult,
+        task_queue=handle.host_queue,
+        schedule_to_start_timeout=timedelta(seconds=30),
+        start_to_close_timeout=step_timeout + timedelta(seconds=15),
+        retry_policy=RetryPolicy(maximum_attempts=1),
+    )
+
+
+async def env_close(handle: SandboxHandle) -> None:
+    await workflow.execute_activity(
+        names.ENV_CLOSE,
+        EnvCloseInput(handle=handle),
+        task_queue=handle.host_queue,
+        schedule_to_start_timeout=timedelta(seconds=10),
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_attempts=2),
+    )
+
+
+async def llm_generate(pool: str, inp: GenerateInput) -> GenerateResult:
+    return await workflow.execute_activity(
+        names.LLM_GENERATE,
+        inp,
+        result_type=GenerateResult,
+        task_queue=names.decode_queue(pool),
+        start_to_close_timeout=timedelta(minutes=10),
+        heartbeat_timeout=timedelta(seconds=60),
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(seconds=1),
+            maximum_interval=timedelta(seconds=30),
+            maximum_attempts=10,
+            non_retryable_error_types=[names.ERR_BAD_REQUEST],
+        ),
+    )
+
+
+async def reward_score(pool: str, inp: ScoreInput) -> ScoreResult:
+    return await workflow.execute_activity(
+        names.REWARD_SCORE,
+        inp,
+        result_type=ScoreResult,
+        task_queue=names.reward_queue(pool),
+        start_to_close_timeout=timedelta(seconds=60),
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(seconds=1),
+            maximum_interval=timedelta(seconds=10),
+            maximum_attempts=6,
+            non_retryable_error_types=REWARD_FATAL,
+        ),
+    )
+
+
+async def trajectory_save(pool: str, inp: SaveTrajectoryInput) -> SaveTrajectoryResult:
+    return await workflow.execute_activity(
+        names.TRAJECTORY_SAVE,
+        inp,
+        result_type=SaveTrajectoryResult,
+        task_queue=names.reward_queue(pool),
+        start_to_close_timeout=timedelta(seconds=60),
+        retry_policy=RetryPolicy(maximum_attempts=10, non_retryable_error_types=[names.ERR_BAD_REQUEST]),
+    )

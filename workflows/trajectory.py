@@ -1,0 +1,288 @@
+"""TrajectoryWorkflow: one multi-turn agent episode, durable end to end.
+
+reset a sandbox on the env pool -> per turn: LLM step on the decode pool, env step on the sandbox's own host
+queue -> score on the reward pool -> save the trajectory to the store -> report. A lost sandbox (container
+death, hung step, dead env host) is replaced by a fresh one restored by replaying the recorded actions, within
+a budget; past it the trajectory ends as infra-failed and is never scored. History holds one turn's text and
+store references, so it grows O(turns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from contracts import names
+    from contracts.trajectory import (
+        EnvResetInput,
+        EnvStepResult,
+        GenerateInput,
+        SandboxHandle,
+        SaveTrajectoryInput,
+        ScoreInput,
+        ScoreRequest,
+        TrajectoryReport,
+        TrajectoryRequest,
+        TrajectoryResult,
+        TrajectoryStatus,
+        TurnSummary,
+    )
+
+from workflows import stubs
+
+SA_ENV = SearchAttributeKey.for_keyword(names.SA_ENV)
+SA_RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
+SA_STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
+SA_REWARD = SearchAttributeKey.for_float(names.SA_REWARD)
+SA_VERSION = SearchAttributeKey.for_int(names.SA_POLICY_VERSION)
+SA_ENV_FAILURES = SearchAttributeKey.for_int(names.SA_ENV_FAILURES)
+SA_TURNS = SearchAttributeKey.for_int(names.SA_TURNS)
+
+
+class EnvFault(Exception):
+    """The environment rejected the episode: ends as `failed`."""
+
+
+class InfraFault(Exception):
+    """Sandboxes kept failing past the recovery budget: ends as `infra_failed`."""
+
+
+@workflow.defn(name=names.TRAJECTORY_WORKFLOW)
+class TrajectoryWorkflow:
+    @workflow.init
+    def __init__(self, req: TrajectoryRequest) -> None:
+        self.req = req
+        self.handle: SandboxHandle | None = None
+        self.actions: list[str] = []
+        self.turns: list[TurnSummary] = []
+        self.first_observation = ""
+        self.observation = ""
+        self.context_uri: str | None = None
+        self.recoveries = 0
+        self.timings = {"llm_s": 0.0, "env_s": 0.0, "reward_s": 0.0}
+
+    @workflow.run
+    async def run(self, req: TrajectoryRequest) -> TrajectoryResult:
+        started = workflow.time()
+        self._upsert(SA_ENV.value_set(req.env_id), SA_RUN.value_set(req.run_id), SA_STATUS.value_set("running"))
+        status, error = TrajectoryStatus.COMPLETED, None
+        env_rewards: list[float] = []
+        last: EnvStepResult | None = None
+        try:
+            await self._open_sandbox()
+            done = False
+            while not done and len(self.turns) < req.max_turns:
+                last = await self._turn()
+                env_rewards.append(last.reward)
+                done = last.terminated or last.truncated
+        except EnvFault as e:
+            status, error = TrajectoryStatus.FAILED, str(e)
+        except InfraFault as e:
+            status, error = TrajectoryStatus.INFRA_FAILED, str(e)
+        except ActivityError as e:  # the decode pool failed past its retries
+            bad = stubs.error_type(e) == names.ERR_BAD_REQUEST
+            status = TrajectoryStatus.FAILED if bad else TrajectoryStatus.INFRA_FAILED
+            error = f"llm.generate: {stubs.describe(e)}"
+        finally:
+            await self._close_sandbox()
+
+        reward, details = None, {}
+        if status is TrajectoryStatus.COMPLETED:
+            reward, details, status, error = await self._score(env_rewards, last)
+        seconds = workflow.time() - started
+        saved = await stubs.trajectory_save(
+            req.pools.reward,
+            SaveTrajectoryInput(
+                workflow_id=workflow.info().workflow_id,
+                request=req,
+                status=status,
+                context_uri=self.context_uri,
+                first_observation=self.first_observation,
+                turns=self.turns,
+                reward=reward,
+                reward_details=details,
+                env_recoveries=self.recoveries,
+                error=error,
+                timings={**self.timings, "total_s": seconds},
+            ),
+        )
+        result = TrajectoryResult(
+            workflow_id=workflow.info().workflow_id,
+            status=status,
+            turns=len(self.turns),
+            reward=reward,
+            trajectory_uri=saved.trajectory_uri,
+            policy_version=min((t.policy_version for t in self.turns), default=None),
+            env_recoveries=self.recoveries,
+            error=error,
+            seconds=seconds,
+        )
+        self._record_end(result)
+        await self._report(result)
+        return result
+
+    @workflow.query
+    def progress(self) -> dict[str, object]:
+        """Where the episode is: turn, sandbox, last observation."""
+        return {
+            "turn": len(self.turns),
+            "sandbox": self.handle.sandbox_id if self.handle else None,
+            "host_queue": self.handle.host_queue if self.handle else None,
+            "env_recoveries": self.recoveries,
+            "last_observation": self.observation[-2000:],
+        }
+
+    async def _turn(self) -> EnvStepResult:
+        req = self.req
+        t0 = workflow.time()
+        gen = await stubs.llm_generate(
+            req.pools.decode,
+            GenerateInput(
+                trajectory_id=f"{workflow.info().workflow_id}/{workflow.info().run_id}",
+                turn=len(self.turns),
+                context_uri=self.context_uri,
+                user_message=self.observation,
+                system_prompt=req.system_prompt,
+                sampling=req.sampling,
+                min_policy_version=req.min_policy_version,
+            ),
+        )
+        t1 = workflow.time()
+        self.timings["llm_s"] += t1 - t0
+        self.context_uri = gen.context_uri
+        step = await self._step_with_recovery(gen.text)
+        self.timings["env_s"] += workflow.time() - t1
+        self.actions.append(gen.text)
+        self.observation = step.observation
+        self.turns.append(
+            TurnSummary(
+                action=gen.text,
+                observation=step.observation,
+                env_reward=step.reward,
+                policy_version=gen.policy_version,
+                completion_tokens=gen.completion_tokens,
+                decode_pool=gen.pool,
+            )
+        )
+        return step
+
+    async def _open_sandbox(self) -> None:
+        """Reset a sandbox on the shared env queue; after a loss, replay the recorded actions into it."""
+        while True:
+            try:
+                res = await stubs.env_reset(
+                    self.req.pools.env,
+                    EnvResetInput(
+                        trajectory_id=workflow.info().workflow_id,
+                        env_id=self.req.env_id,
+                        seed=self.req.seed,
+                        env_kwargs=self.req.env_kwargs,
+                        replay_actions=self.actions,
+                    ),
+                )
+            except ActivityError as e:
+                self._infra_failure_or_raise(e, "env.reset")
+                continue
+            self.handle = res.handle
+            if not self.actions:
+                self.first_observation = res.observation
+                self.observation = res.observation
+            return
+
+    async def _step_with_recovery(self, action: str) -> EnvStepResult:
+        while True:
+            assert self.handle is not None
+            try:
+                return await stubs.env_step(self.handle, action, timedelta(seconds=self.handle.step_timeout_s))
+            except ActivityError as e:
+                self._infra_failure_or_raise(e, "env.step")
+                workflow.logger.warning("sandbox %s lost (%s); restoring", self.handle.sandbox_id, stubs.describe(e))
+                await self._close_sandbox()
+                await self._open_sandbox()
+
+    def _infra_failure_or_raise(self, err: ActivityError, what: str) -> None:
+        """Classify a failed env activity: env faults end the episode; infra faults spend the budget."""
+        if stubs.is_env_fault(err):
+            raise EnvFault(f"{what}: {stubs.describe(err)}") from err
+        self.recoveries += 1
+        self._upsert(SA_ENV_FAILURES.value_set(self.recoveries))
+        if self.recoveries > self.req.max_env_recoveries:
+            raise InfraFault(
+                f"{what} failed and the budget of {self.req.max_env_recoveries} sandbox recoveries is spent: "
+                f"{stubs.describe(err)}"
+            ) from err
+
+    async def _close_sandbox(self) -> None:
+        handle, self.handle = self.handle, None
+        if handle is None:
+            return
+        try:
+            # Shielded so that cancelling the trajectory still closes its sandbox.
+            await asyncio.shield(asyncio.ensure_future(stubs.env_close(handle)))
+        except ActivityError as e:
+            # The reaper removes what a dead host left behind; a failed close must not fail the episode.
+            workflow.logger.warning("closing sandbox %s failed: %s", handle.sandbox_id, stubs.describe(e))
+
+    async def _score(
+        self, env_rewards: list[float], last: EnvStepResult | None
+    ) -> tuple[float | None, dict, TrajectoryStatus, str | None]:
+        assert last is not None, "a completed trajectory has at least one turn (max_turns >= 1)"
+        t0 = workflow.time()
+        try:
+            res = await stubs.reward_score(
+                self.req.pools.reward,
+                ScoreInput(
+                    pool=self.req.pools.reward,
+                    request=ScoreRequest(
+                        reward_fn=self.req.reward_fn,
+                        env_id=self.req.env_id,
+                        seed=self.req.seed,
+                        actions=self.actions,
+                        env_rewards=env_rewards,
+                        terminated=last.terminated,
+                        truncated=last.truncated or not last.terminated,
+                        final_info=last.info,
+                    ),
+                ),
+            )
+        except ActivityError as e:
+            kind = stubs.error_type(e)
+            status = TrajectoryStatus.FAILED if kind in stubs.REWARD_FATAL else TrajectoryStatus.INFRA_FAILED
+            return None, {}, status, f"reward.score: {stubs.describe(e)}"
+        finally:
+            self.timings["reward_s"] += workflow.time() - t0
+        return res.reward, dict(res.details), TrajectoryStatus.COMPLETED, None
+
+    def _record_end(self, result: TrajectoryResult) -> None:
+        updates = [SA_STATUS.value_set(result.status.value), SA_TURNS.value_set(result.turns)]
+        if result.reward is not None:
+            updates.append(SA_REWARD.value_set(result.reward))
+        if result.policy_version is not None:
+            updates.append(SA_VERSION.value_set(result.policy_version))
+        self._upsert(*updates)
+
+    async def _report(self, result: TrajectoryResult) -> None:
+        if not self.req.report_to:
+            return
+        report = TrajectoryReport(
+            workflow_id=result.workflow_id,
+            trajectory_uri=result.trajectory_uri,
+            group=self.req.group,
+            policy_version=result.policy_version,
+            reward=result.reward,
+            status=result.status,
+        )
+        try:
+            await workflow.get_external_workflow_handle(self.req.report_to).signal(
+                names.SIGNAL_TRAJECTORY_FINISHED, report
+            )
+        except ApplicationError as e:
+            workflow.logger.warning("could not report to %s: %s", self.req.report_to, e)
+
+    def _upsert(self, *updates) -> None:  # type: ignore[no-untyped-def]
+        workflow.upsert_search_attributes(list(updates))
