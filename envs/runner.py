@@ -81,10 +81,10 @@ class GemLoader:
 
     def _load(self) -> None:
         try:
-            import gem  # noqa: PLC0415 — deliberately lazy: it takes ~1-2 s
+            import gem  # deliberately late: importing gem takes ~1-2 s
 
             self._module = gem
-        except Exception as e:  # reported to every reset, not swallowed
+        except Exception as e:  # noqa: BLE001 — reported to every reset, not swallowed
             self._error = f"{type(e).__name__}: {e}"
         finally:
             self._done.set()
@@ -133,7 +133,7 @@ class EnvHost:
         if not isinstance(env_kwargs, dict):
             raise RequestError("BadRequest", "env_kwargs must be a JSON object")
         gem = self._loader.get()
-        from gem.envs.registration import ENV_REGISTRY  # noqa: PLC0415 — gem is loaded by now
+        from gem.envs.registration import ENV_REGISTRY  # gem is loaded by now
 
         if env_id not in ENV_REGISTRY:
             raise RequestError("UnknownEnv", f"no GEM environment is registered as {env_id!r}")
@@ -186,7 +186,7 @@ def answer(host: EnvHost, line: bytes) -> Response:
         return host.handle(request)
     except RequestError as e:
         return _error(e.kind, e.message)
-    except Exception as e:  # a bug here must not kill the sandbox; the host sees it as an env error
+    except Exception as e:  # noqa: BLE001 — a bug here must not kill the sandbox; the host sees an EnvError
         return _error("EnvError", _describe(e, "runner error"))
 
 

@@ -149,7 +149,9 @@ class HFEngine:
         batch_wait_ms: float = 10.0,
         device: str = "cpu",
         torch_threads: int | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
+        """`dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny model)."""
         from transformers import AutoTokenizer
 
         if max_batch < 1:
@@ -161,6 +163,7 @@ class HFEngine:
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.device = torch.device(device)
         self.torch_threads = torch_threads
+        self.dtype = dtype
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.model: Any = None
         self._eos: list[int] = _eos_ids(self.tokenizer)
@@ -189,7 +192,7 @@ class HFEngine:
 
         if self.torch_threads is not None:
             torch.set_num_threads(self.torch_threads)
-        model = AutoModelForCausalLM.from_pretrained(self.model_path)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype or "auto")
         model.to(self.device).eval()
         self._eos = _eos_ids(self.tokenizer, model.config)
         self.model = model
@@ -369,9 +372,17 @@ def load_engine(
     batch_wait_ms: float = 10.0,
     device: str = "cpu",
     torch_threads: int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> HFEngine:
     """Resolve a model name (`smollm2`, `tiny`, or a local path) and build an `HFEngine` for it (not started)."""
     from rl.models import resolve_model
 
     path = resolve_model(name_or_path, cache_dir)
-    return HFEngine(path, max_batch=max_batch, batch_wait_ms=batch_wait_ms, device=device, torch_threads=torch_threads)
+    return HFEngine(
+        path,
+        max_batch=max_batch,
+        batch_wait_ms=batch_wait_ms,
+        device=device,
+        torch_threads=torch_threads,
+        dtype=dtype,
+    )

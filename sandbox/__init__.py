@@ -1,0 +1,1 @@
+"""Docker sandboxes: content-hashed images, containers that host an env runner, and orphan cleanup."""

@@ -44,7 +44,7 @@ BASE_PACKAGES: tuple[str, ...] = ("python3",)
 BASE_FORMAT = 1
 """Bump when the way the base layer is made changes (cleanup steps, import changes)."""
 RUNTIME_FORMAT = 1
-"""Bump when the runtime Dockerfile template changes."""
+"""Bump when the runtime layer changes in a way its Dockerfile text does not show (the text is hashed)."""
 
 RUNTIME_REQUIREMENTS: tuple[str, ...] = (
     "gem-llm==0.1.0",
@@ -85,6 +85,7 @@ def runtime_image_tag(base_tag: str, wheel_hashes: dict[str, str], runner_source
         "pip": PIP_REQUIREMENT,
         "wheels": wheel_hashes,
         "runner": hashlib.sha256(runner_source).hexdigest(),
+        "dockerfile": runtime_dockerfile(base_tag, sorted(wheel_hashes)),
         "format": RUNTIME_FORMAT,
     }
     return f"{RUNTIME_REPO}:{_digest(parts)}"
@@ -198,8 +199,17 @@ def download_wheels(cache_dir: Path, progress: Progress) -> dict[str, str]:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix="staging-"))
     try:
-        cmd = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(staging),
-               *RUNTIME_REQUIREMENTS, PIP_REQUIREMENT]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--wheel-dir",
+            str(staging),
+            *RUNTIME_REQUIREMENTS,
+            PIP_REQUIREMENT,
+        ]
         _run_logged(cmd, progress, "pip wheel")
         hashes = {p.name: _sha256_file(p) for p in sorted(staging.glob("*.whl"))}
         if not any(name.startswith("pip-") for name in hashes):
@@ -215,13 +225,13 @@ def download_wheels(cache_dir: Path, progress: Progress) -> dict[str, str]:
 
 def runtime_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
     """The runtime layer's Dockerfile; a build stage installs the wheels so they stay out of the image."""
-    pip_wheel = next(name for name in wheel_names if name.startswith("pip-"))
+    pip_wheel = next((name for name in wheel_names if name.startswith("pip-")), "pip-missing.whl")
     requirements = " ".join(f"'{r}'" for r in RUNTIME_REQUIREMENTS)
     return f"""\
 FROM {base_tag} AS build
 COPY wheels/ /w/
 RUN python3 /w/{pip_wheel}/pip install --no-index --find-links /w --no-cache-dir --disable-pip-version-check \\
-    --target /opt/trajflow/site {requirements}
+    --root-user-action=ignore --target /opt/trajflow/site {requirements}
 
 FROM {base_tag}
 COPY --from=build /opt/trajflow/site /opt/trajflow/site
@@ -249,7 +259,7 @@ def build_runtime_image(
             os.link(wheels / name, ctx / "wheels" / name)  # same filesystem: no copy
         shutil.copyfile(RUNNER_SOURCE, ctx / "runner.py")
         (ctx / "Dockerfile").write_text(runtime_dockerfile(base_tag, names))
-        repo, _, version = tag.partition(":")
+        version = tag.partition(":")[2]
         labels = {"trajflow.layer": "runtime", "trajflow.hash": version, "trajflow.base": base_tag}
         stream = client.api.build(path=str(ctx), tag=tag, rm=True, forcerm=True, decode=True, labels=labels)
         for chunk in stream:
@@ -271,9 +281,7 @@ def _cached_runtime_tag(client: docker.DockerClient, cache_dir: Path) -> str | N
     return tag if _image_exists(client, tag) else None
 
 
-def ensure_runtime_image(
-    client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None
-) -> str:
+def ensure_runtime_image(client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None) -> str:
     """The runtime image tag, building the base layer, the wheels and the runtime layer where missing."""
     report = progress or _quiet
     cache_dir = Path(cache_dir)

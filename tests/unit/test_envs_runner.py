@@ -1,0 +1,198 @@
+"""The env runner's protocol, driven over a real Unix socket with the runner as a host subprocess."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envs.runner import json_safe_info
+
+RUNNER = Path(__file__).resolve().parents[2] / "envs" / "runner.py"
+GUESS = "game:GuessTheNumber-v0-easy"
+RG = "rg:basic_arithmetic"
+
+
+class Client:
+    """One connection to the runner: send a request line, read one answer line."""
+
+    def __init__(self, path: Path, timeout_s: float = 60.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout_s)
+        self.sock.connect(str(path))
+        self.file = self.sock.makefile("rwb")
+
+    def send_raw(self, line: bytes) -> dict[str, Any]:
+        self.file.write(line)
+        self.file.flush()
+        answer: dict[str, Any] = json.loads(self.file.readline())
+        return answer
+
+    def __call__(self, **request: Any) -> dict[str, Any]:
+        return self.send_raw(json.dumps(request).encode() + b"\n")
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+def _wait_for_socket(path: Path, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"runner exited early with {proc.returncode}"
+        if path.exists():
+            return
+        time.sleep(delay)  # bounded polling for the runner to bind
+        delay = min(delay * 2, 0.1)
+    raise AssertionError(f"runner did not bind {path} within {timeout_s}s")
+
+
+@pytest.fixture(scope="module")
+def socket_path() -> Iterator[Path]:
+    workdir = Path(tempfile.mkdtemp(prefix="tf-runner-"))
+    path = workdir / "env.sock"
+    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)])
+    try:
+        _wait_for_socket(path, proc)
+        yield path
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture()
+def client(socket_path: Path) -> Iterator[Client]:
+    c = Client(socket_path)
+    yield c
+    c.close()
+
+
+def test_ping(client: Client) -> None:
+    answer = client(op="ping")
+    assert answer["ok"] is True
+    assert isinstance(answer["loaded"], bool)
+
+
+def test_guess_the_number_reset_and_step(client: Client) -> None:
+    reset = client(op="reset", env_id=GUESS, seed=1, env_kwargs={})
+    assert reset["ok"] is True
+    assert "Guess The Number" in reset["observation"]
+    assert reset["info"] == {"suffix": "Enter your next guess."}
+    step = client(op="step", action="\\boxed{5}")
+    assert step == {
+        "ok": True,
+        "observation": "At turn 1, you guessed 5, and the target number is lower than 5.",
+        "reward": 0.0,
+        "terminated": False,
+        "truncated": False,
+        "info": {"suffix": "Enter your next guess."},
+    }
+    win = client(op="step", action="\\boxed{3}")
+    assert win["terminated"] is True and win["reward"] == 1.0
+
+
+def test_same_seed_same_episode(client: Client) -> None:
+    first = [client(op="reset", env_id=GUESS, seed=7)["observation"]]
+    first += [client(op="step", action=f"\\boxed{{{n}}}")["observation"] for n in (5, 8)]
+    second = [client(op="reset", env_id=GUESS, seed=7)["observation"]]
+    second += [client(op="step", action=f"\\boxed{{{n}}}")["observation"] for n in (5, 8)]
+    assert first == second
+
+
+def test_reasoning_gym_env(client: Client) -> None:
+    reset = client(op="reset", env_id=RG, seed=3)
+    assert reset["ok"] is True
+    assert reset["observation"].startswith("Calculate")
+    expression = reset["observation"].removeprefix("Calculate").strip().rstrip(".")
+    answer = eval(expression, {"__builtins__": {}})  # a plain sum of integers
+    step = client(op="step", action=f"\\boxed{{{answer}}}")
+    assert step["ok"] is True and step["reward"] == 1.0 and step["terminated"] is True
+
+
+def test_unknown_env(client: Client) -> None:
+    answer = client(op="reset", env_id="game:NoSuchGame-v0", seed=0)
+    assert answer["ok"] is False
+    assert answer["error"]["type"] == "UnknownEnv"
+    assert "game:NoSuchGame-v0" in answer["error"]["message"]
+
+
+def test_exception_in_env_code_is_an_env_error(client: Client) -> None:
+    bad_make = client(op="reset", env_id=GUESS, seed=1, env_kwargs={"min_number": "a"})
+    assert bad_make["ok"] is False and bad_make["error"]["type"] == "EnvError"
+    assert client(op="reset", env_id=GUESS, seed=1, env_kwargs={"max_turns": "x"})["ok"] is True
+    bad_step = client(op="step", action="\\boxed{5}")  # compares an int turn count with "x"
+    assert bad_step["ok"] is False and bad_step["error"]["type"] == "EnvError"
+    assert "TypeError" in bad_step["error"]["message"]
+    assert client(op="ping")["ok"] is True  # the runner survived
+
+
+def test_step_before_reset_is_a_bad_request() -> None:
+    # A fresh runner process: the shared one may already hold an env from another test.
+    workdir = Path(tempfile.mkdtemp(prefix="tf-runner-"))
+    path = workdir / "env.sock"
+    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)], env={"TRAJFLOW_LAZY_IMPORT": "1"})
+    try:
+        _wait_for_socket(path, proc)
+        c = Client(path)
+        answer = c(op="step", action="\\boxed{1}")
+        assert answer["ok"] is False and answer["error"]["type"] == "BadRequest"
+        c.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        (b"{not json\n", "not valid JSON"),
+        (b"[1, 2]\n", "JSON object"),
+        (b'{"op": "fly"}\n', "unknown op"),
+        (b'{"op": "reset", "seed": 1}\n', "env_id"),
+        (b'{"op": "reset", "env_id": "x", "seed": "1"}\n', "seed"),
+        (b'{"op": "step"}\n', "action"),
+    ],
+)
+def test_bad_requests(client: Client, line: bytes, needle: str) -> None:
+    answer = client.send_raw(line)
+    assert answer["ok"] is False
+    assert answer["error"]["type"] == "BadRequest"
+    assert needle in answer["error"]["message"]
+
+
+def test_reconnect_keeps_the_environment(socket_path: Path) -> None:
+    first = Client(socket_path)
+    assert first(op="reset", env_id=GUESS, seed=1)["ok"] is True
+    first.close()
+    second = Client(socket_path)
+    assert second(op="step", action="\\boxed{3}")["reward"] == 1.0
+    second.close()
+
+
+def test_sleep_hook(client: Client) -> None:
+    started = time.monotonic()
+    assert client(op="sleep", seconds=0.05) == {"ok": True}
+    assert time.monotonic() - started >= 0.05
+
+
+def test_json_safe_info() -> None:
+    info = {"a": 1, "b": 2.5, "c": "s", "d": None, "e": True, "f": [1, 2], "g": "x" * 5, 3: object()}
+    safe = json_safe_info(info)
+    assert safe["a"] == 1 and safe["b"] == 2.5 and safe["c"] == "s" and safe["d"] is None and safe["e"] is True
+    assert safe["f"] == "[1, 2]"
+    assert isinstance(safe["3"], str)
+    assert json_safe_info({"big": ["y" * 2000]})["big"] == str(["y" * 2000])[:1000]
+    assert json_safe_info(None) == {}
+    json.dumps(safe)

@@ -1,0 +1,101 @@
+"""Image naming, mirror discovery and the build lock of `sandbox.images`, without Docker."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from sandbox import images
+
+
+def test_base_tag_is_stable_and_named() -> None:
+    assert images.base_image_tag() == images.base_image_tag()
+    assert images.base_image_tag().startswith("trajflow-base:")
+
+
+def test_runtime_tag_covers_base_wheels_and_runner() -> None:
+    wheels = {"gem_llm-0.1.0-py3-none-any.whl": "aa"}
+    tag = images.runtime_image_tag("trajflow-base:1", wheels, b"print(1)")
+    assert tag.startswith("trajflow-runtime:")
+    assert tag == images.runtime_image_tag("trajflow-base:1", dict(wheels), b"print(1)")
+    assert tag != images.runtime_image_tag("trajflow-base:2", wheels, b"print(1)")
+    assert tag != images.runtime_image_tag("trajflow-base:1", {"gem_llm-0.1.0-py3-none-any.whl": "bb"}, b"print(1)")
+    assert tag != images.runtime_image_tag("trajflow-base:1", wheels, b"print(2)")
+
+
+def test_dockerfile_installs_from_wheels_and_runs_the_runner() -> None:
+    text = images.runtime_dockerfile("trajflow-base:x", ["pip-26.3-py3-none-any.whl", "a.whl"])
+    assert text.startswith("FROM trajflow-base:x AS build")
+    assert "python3 /w/pip-26.3-py3-none-any.whl/pip install --no-index --find-links /w" in text
+    assert "'gem-llm==0.1.0'" in text
+    assert "torch" not in text
+    assert text.rstrip().endswith('CMD ["python3", "/opt/trajflow/runner.py"]')
+
+
+def test_mirror_from_deb822(tmp_path: Path) -> None:
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\n# a comment\nURIs: http://mirror.example/debian/\nSuites: bookworm bookworm-updates\n"
+        "Components: main\n\nTypes: deb\nURIs: http://security.example/debian-security\n"
+        "Suites: bookworm-security\nComponents: main\n"
+    )
+    assert images.debian_mirror(tmp_path) == "http://mirror.example/debian"
+
+
+def test_mirror_from_sources_list(tmp_path: Path) -> None:
+    (tmp_path / "sources.list").write_text(
+        "# deb http://commented.example/debian bookworm main\n"
+        "deb http://security.example/debian-security bookworm-security main\n"
+        "deb [arch=amd64 signed-by=/k.gpg] http://list.example/debian bookworm main\n"
+    )
+    assert images.debian_mirror(tmp_path) == "http://list.example/debian"
+
+
+def test_mirror_default(tmp_path: Path) -> None:
+    assert images.debian_mirror(tmp_path) == images.DEFAULT_MIRROR
+
+
+def test_concurrent_callers_build_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight threads ask for the image at once; the lock makes exactly one of them build each layer."""
+    existing: set[str] = set()
+    builds: list[str] = []
+    wheels = {"pip-26.3-py3-none-any.whl": "00"}
+
+    def fake_exists(_client: object, tag: str) -> bool:
+        return tag in existing
+
+    def fake_base(_client: object, _cache: Path, tag: str, _progress: object) -> None:
+        builds.append("base")
+        existing.add(tag)
+
+    def fake_wheels(cache_dir: Path, _progress: object) -> dict[str, str]:
+        builds.append("wheels")
+        monkeypatch.setattr(images, "cached_wheels", lambda _cache: wheels)
+        return wheels
+
+    def fake_runtime(_client: object, _cache: Path, _base: str, tag: str, _progress: object) -> None:
+        builds.append("runtime")
+        existing.add(tag)
+
+    monkeypatch.setattr(images, "_image_exists", fake_exists)
+    monkeypatch.setattr(images, "build_base_image", fake_base)
+    monkeypatch.setattr(images, "download_wheels", fake_wheels)
+    monkeypatch.setattr(images, "build_runtime_image", fake_runtime)
+    monkeypatch.setattr(images, "cached_wheels", lambda _cache: None)
+
+    tags: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def call() -> None:
+        barrier.wait()
+        tags.append(images.ensure_runtime_image(object(), tmp_path))
+
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(builds) == ["base", "runtime", "wheels"]
+    assert len(tags) == 8 and len(set(tags)) == 1
