@@ -26,6 +26,10 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIR = "smollm2-135m-instruct"
@@ -153,7 +157,7 @@ def ensure_smollm2(cache_dir: Path, progress: Progress | None = None) -> Path:
     return target
 
 
-def _train_tiny_tokenizer(vocab_size: int) -> object:
+def _train_tiny_tokenizer(vocab_size: int) -> Tokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -87,8 +86,15 @@ def test_three_turns_keep_earlier_tokens_and_decode_each_message_once(tokenizer:
         [m.model_dump() for m in ctx.messages], tokenize=False, add_generation_prompt=False
     )
     assert text + "\n" == full  # identical to rendering the whole chat, minus the final turn's newline
-    for needle in ["system words", "first observation", "answer one", "second observation", "answer two",
-                   "third observation", "answer three"]:
+    for needle in [
+        "system words",
+        "first observation",
+        "answer one",
+        "second observation",
+        "answer two",
+        "third observation",
+        "answer three",
+    ]:
         assert text.count(needle) == 1
     assert "ignored later" not in text
     assert text.count("<|im_end|>") == 7

@@ -184,3 +184,18 @@ async def test_load_engine_resolves_tiny(tmp_path: Path) -> None:
     eng = load_engine("tiny", tmp_path, max_batch=4, batch_wait_ms=1.0)
     assert eng.max_batch == 4 and eng.version == 0 and (tmp_path / "tiny-qwen2").is_dir()
     await eng.close()
+
+
+async def test_close_fails_requests_in_flight(tiny_path: Path) -> None:
+    eng = HFEngine(tiny_path, max_batch=1, batch_wait_ms=0.0)
+    await eng.start()
+    prompts = _prompts(eng.tokenizer, 2)
+    params = SamplingParams(temperature=1.0, max_new_tokens=256)
+    running = asyncio.create_task(eng.generate(prompts[0], params))
+    await asyncio.sleep(0.02)
+    queued = asyncio.create_task(eng.generate(prompts[1], params))
+    await asyncio.sleep(0)
+    await eng.close()
+    for task in (running, queued):
+        with pytest.raises(RuntimeError, match="engine closed"):
+            await task

