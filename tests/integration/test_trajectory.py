@@ -136,10 +136,13 @@ async def test_twenty_turn_history_stays_small(
         history = await handle.fetch_history()
     assert result.status is TrajectoryStatus.COMPLETED and result.turns == 20
     text = history.to_json()
-    events, size = len(history.events), len(text.encode())
-    print(f"\n20-turn trajectory history: {events} events, {size / 1024:.1f} KiB")
+    events = len(history.events)
+    size = sum(e.ByteSize() for e in history.events)  # what the server stores (protobuf)
+    largest = max(e.ByteSize() for e in history.events)
+    print(f"\n20-turn trajectory history: {events} events, {size / 1024:.1f} KiB, largest event {largest / 1024:.1f} KiB")
     assert events < 20 * 14  # O(turns): a handful of events per turn
     assert size < 128 * 1024
+    assert largest < 16 * 1024
     assert "token_ids" not in text and "logprobs" not in text  # the data plane stays in the store
     record = load_record(store, result.trajectory_uri)
     assert len(record.context.turn_spans) == 20
