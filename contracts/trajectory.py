@@ -16,9 +16,10 @@ JsonScalar = str | int | float | bool | None
 
 DEFAULT_ENV_ID = "game:GuessTheNumber-v0-easy"
 DEFAULT_SYSTEM_PROMPT = (
-    "You are playing a game. Think briefly, then give your answer in the exact format the game asks for, "
-    "for example \\boxed{5}."
+    "You are playing a game. Answer with your move in the form the game asks for and nothing else.\n\n"
+    "Example:\nuser: Guess a number between 1 and 10.\nassistant: \\boxed{5}"
 )
+"""Shows the answer format by example: without one, SmolLM2-135M-Instruct almost never writes `\\boxed{N}`."""
 
 
 class _Model(BaseModel):

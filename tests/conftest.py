@@ -214,3 +214,53 @@ async def running_stack(
         for t in tasks:
             t.cancel()
         await reward_client.close()
+
+
+@dataclass
+class CliStack:
+    """The embedded stack as a user starts it (`trajflow up`), in its own state dir and ports."""
+
+    env: dict[str, str]
+    state_dir: Path
+    ui_url: str
+    config: Path
+
+    def trajflow(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / "trajflow"), *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"trajflow {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+
+@pytest.fixture(scope="session")
+def cli_stack(cache_dir: Path) -> Iterator[CliStack]:
+    import tempfile
+
+    # A short state dir: sandbox sockets live under it and Unix socket paths are limited to 107 bytes.
+    state_dir = Path(tempfile.mkdtemp(prefix="tf-state-"))
+    # Share the session's model and image caches, so nothing is converted or built twice.
+    (state_dir / "cache").mkdir()
+    for name in ("models", "images"):
+        (cache_dir / name).mkdir(parents=True, exist_ok=True)
+        (state_dir / "cache" / name).symlink_to(cache_dir / name)
+    ui_port = free_port()
+    env = {
+        **os.environ,
+        "TRAJFLOW_STATE_DIR": str(state_dir),
+        "TRAJFLOW_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
+        "TRAJFLOW_TEMPORAL_UI_PORT": str(ui_port),
+        "TRAJFLOW_REWARD_PORT": str(free_port()),
+    }
+    stack = CliStack(env=env, state_dir=state_dir, ui_url=f"http://127.0.0.1:{ui_port}", config=ROOT / "configs" / "tiny.toml")
+    try:
+        stack.trajflow("up", "-c", str(stack.config))
+        yield stack
+    finally:
+        stack.trajflow("down", check=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -37,6 +38,17 @@ def _say(msg: str) -> None:
     typer.echo(msg, err=True)
 
 
+def _exit(code: int = 0) -> None:
+    """End a command that used a Temporal client, skipping interpreter teardown.
+
+    The client's Rust runtime threads can abort CPython's finalisation ("PyGILState_Release: thread state must
+    be current", temporalio/sdk-python#300), turning a finished command into a crash; so flush and leave.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 @app.command()
 def setup(config: ConfigOpt = DEFAULT_CONFIG) -> None:
     """Prepare what the stack needs: Docker reachable, sandbox images built, the model converted."""
@@ -60,8 +72,9 @@ def up(config: ConfigOpt = DEFAULT_CONFIG) -> None:
         stack.up(settings, cfg, config, _say)
     except (RuntimeError, TimeoutError) as e:
         typer.secho(f"trajflow up failed: {e}", fg="red", err=True)
-        raise typer.Exit(1) from None
+        _exit(1)
     typer.echo(f"up: Temporal Web UI at http://127.0.0.1:{settings.temporal_ui_port}  (stop with `trajflow down`)")
+    _exit(0)
 
 
 @app.command()
@@ -92,9 +105,10 @@ def status(config: ConfigOpt = DEFAULT_CONFIG) -> None:
         report = asyncio.run(stack.queue_report(settings, _config(config)))
     except TimeoutError:
         typer.echo(f"temporal: not reachable at {settings.temporal_address}")
-        raise typer.Exit(1) from None
+        _exit(1)
     for queue, n in report:
         typer.echo(f"queue {queue:40} pollers {n}")
+    _exit(0)
 
 
 @worker_app.command("orchestrator")
@@ -106,6 +120,7 @@ def worker_orchestrator() -> None:
 
     configure_logging("orchestrator")
     asyncio.run(orchestrator.serve(load_settings()))
+    _exit(0)
 
 
 @worker_app.command("decode")
@@ -117,6 +132,7 @@ def worker_decode(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFI
 
     configure_logging("decode")
     asyncio.run(decode.serve(load_settings(), pool, _config(config).model))
+    _exit(0)
 
 
 @worker_app.command("env")
@@ -128,6 +144,7 @@ def worker_env(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
 
     configure_logging("env")
     asyncio.run(env.serve(load_settings(), pool))
+    _exit(0)
 
 
 @worker_app.command("reward")
@@ -139,6 +156,7 @@ def worker_reward(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
 
     configure_logging("reward")
     asyncio.run(reward.serve(load_settings(), pool))
+    _exit(0)
 
 
 @app.command()
@@ -156,8 +174,7 @@ def rollout(
     from trajflow.rollout import request_from_config, run_and_report
 
     req = request_from_config(_config(config), task, env, seed, max_turns, temperature)
-    code = asyncio.run(run_and_report(req, workflow_id, as_json))
-    raise typer.Exit(code)
+    _exit(asyncio.run(run_and_report(req, workflow_id, as_json)))
 
 
 @app.command()
@@ -172,8 +189,7 @@ def demo(
     summary = asyncio.run(run_batch(_config(config), n, _say))
     if json_path:
         json_path.write_text(json.dumps(summary, indent=2))
-    if summary["lost"]:
-        sys.exit(1)
+    _exit(1 if summary["lost"] else 0)
 
 
 if __name__ == "__main__":
