@@ -132,13 +132,19 @@ def _image_exists(client: docker.DockerClient, tag: str) -> bool:
     return True
 
 
+def _is_noise(line: str) -> bool:
+    """pip's warnings about local index directories that lack a package say nothing useful to a user."""
+    return "is ignored: it is neither a file nor a directory" in line
+
+
 def _run_logged(cmd: list[str], progress: Progress, what: str) -> None:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     tail: list[str] = []
     for line in proc.stdout:
         tail = [*tail[-19:], line.rstrip()]
-        progress(f"{what}: {line.rstrip()}")
+        if not _is_noise(line):
+            progress(f"{what}: {line.rstrip()}")
     if proc.wait() != 0:
         raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
 

@@ -148,3 +148,27 @@ def test_open_store_with_a_prefix(endpoint: str) -> None:
     sibling.put_bytes("traj/1.json", b"{}")
     assert store.list("traj/") == [uri]  # a prefix scopes listing...
     assert sibling.get_json(uri) == {"reward": 1.0}  # ...but any URI in the same bucket reads
+
+
+async def test_a_trajectory_stores_its_data_in_s3(
+    endpoint: str, temporal_env, reward_service, sandbox_manager, tiny_model
+) -> None:  # type: ignore[no-untyped-def]
+    """The same workers with the S3 backend: context and trajectory records land in the bucket."""
+    from contracts.records import TrajectoryRecord
+    from contracts.trajectory import TrajectoryStatus
+    from rl.engine import HFEngine
+    from tests.conftest import running_stack
+
+    store = open_store(f"s3://traj-{uuid.uuid4().hex[:8]}/runs", s3_endpoint_url=endpoint, create_bucket=True)
+    engine = HFEngine(tiny_model, max_batch=4, batch_wait_ms=5)
+    await engine.start()
+    try:
+        async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as stack:
+            result = await stack.run(stack.request(seed=21, max_turns=2))
+    finally:
+        await engine.close()
+    assert result.status is TrajectoryStatus.COMPLETED, result.error
+    assert result.trajectory_uri is not None and result.trajectory_uri.startswith("s3://")
+    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
+    assert record.context is not None and len(record.context.token_ids) > 0
+    assert any(uri.endswith("context-turn000.json") for uri in store.list("trajectories/"))
