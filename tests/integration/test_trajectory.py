@@ -196,3 +196,13 @@ async def test_concurrent_trajectories_share_decode_batches(
     assert requests == sum(r.turns for r in results)
     assert batches < requests
     json.dumps(after)  # stats are plain numbers
+
+
+async def test_a_reasoning_gym_env_runs_through_the_same_path(
+    temporal_env, reward_service, store, sandbox_manager, hf_engine
+):  # type: ignore[no-untyped-def]
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, hf_engine) as stack:
+        result = await stack.run(stack.request(env_id="rg:basic_arithmetic", seed=5, max_turns=2))
+    assert result.status is TrajectoryStatus.COMPLETED, result.error
+    record = load_record(store, result.trajectory_uri)
+    assert record.first_observation.strip() and result.turns >= 1

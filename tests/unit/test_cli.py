@@ -1,0 +1,31 @@
+"""The CLI stays light: `--help` works without importing torch, transformers, docker or temporalio."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_help_imports_nothing_heavy() -> None:
+    code = (
+        "import sys, trajflow.cli as c\n"
+        "from typer.testing import CliRunner\n"
+        "r = CliRunner().invoke(c.app, ['--help'])\n"
+        "assert r.exit_code == 0 and 'rollout' in r.output, r.output\n"
+        "heavy = {'torch', 'transformers', 'docker', 'temporalio', 'boto3'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_command_documents_itself() -> None:
+    from typer.testing import CliRunner
+
+    from trajflow.cli import app
+
+    runner = CliRunner()
+    for cmd in (["up"], ["down"], ["status"], ["rollout"], ["demo"], ["setup"], ["worker", "decode"], ["worker", "env"]):
+        result = runner.invoke(app, [*cmd, "--help"])
+        assert result.exit_code == 0, (cmd, result.output)
+        assert "Usage" in result.output
