@@ -264,3 +264,6 @@ def cli_stack(cache_dir: Path) -> Iterator[CliStack]:
         yield stack
     finally:
         stack.trajflow("down", check=False)
+        import shutil
+
+        shutil.rmtree(state_dir, ignore_errors=True)

@@ -58,6 +58,17 @@ def setup(config: ConfigOpt = DEFAULT_CONFIG) -> None:
     prepare(load_settings(), _config(config), _say)
 
 
+@app.command("reward-image")
+def reward_image() -> None:
+    """Build (or find cached) the reward service's container image, for any platform that serves HTTP containers."""
+    from infra.reward_image import ensure_reward_image
+    from infra.settings import load_settings
+    from infra.setup import docker_client
+
+    tag = ensure_reward_image(docker_client(), load_settings().cache_dir / "images", progress=_say)
+    typer.echo(tag)
+
+
 @app.command()
 def up(config: ConfigOpt = DEFAULT_CONFIG) -> None:
     """Start the embedded stack in the background: Temporal + Web UI, reward service, one worker per pool kind."""
