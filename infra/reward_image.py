@@ -22,27 +22,23 @@ the image is never pushed: publishing it to a platform's registry is the deploym
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import docker
-import docker.errors
 
 from sandbox.images import (
     PIP_REQUIREMENT,
     SANDBOX_UID,
     Progress,
+    build_from_context,
     cached_wheels,
     download_wheels,
     ensure_base_image,
+    file_lock,
+    image_exists,
     wheel_dir,
 )
 
@@ -132,26 +128,6 @@ def reward_image_tag(base_tag: str, wheel_hashes: dict[str, str], sources: dict[
     return f"{REWARD_REPO}:{digest}"
 
 
-@contextmanager
-def _reward_lock(cache_dir: Path) -> Iterator[None]:
-    """Its own lock file, so that it never waits on (or nests inside) the sandbox images' build lock."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / ".reward-build.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _image_exists(client: docker.DockerClient, tag: str) -> bool:
-    try:
-        client.images.get(tag)
-    except docker.errors.ImageNotFound:
-        return False
-    return True
-
-
 def build_reward_image(
     client: docker.DockerClient, cache_dir: Path, base_tag: str, sources: dict[str, bytes], tag: str, progress: Progress
 ) -> None:
@@ -159,27 +135,16 @@ def build_reward_image(
     started = time.monotonic()
     progress(f"building reward image {tag} on {base_tag}")
     wheels = wheel_dir(cache_dir, REWARD_REQUIREMENTS)
-    with tempfile.TemporaryDirectory(dir=cache_dir, prefix="context-") as context:
-        ctx = Path(context)
-        (ctx / "wheels").mkdir()
-        names = sorted(p.name for p in wheels.glob("*.whl"))
-        for name in names:
-            os.link(wheels / name, ctx / "wheels" / name)  # same filesystem: no copy
-        for name, data in sources.items():
-            target = ctx / "app" / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)  # exactly the bytes that were hashed into the tag
-        (ctx / "Dockerfile").write_text(reward_dockerfile(base_tag, names))
-        labels = {"trajflow.layer": "reward", "trajflow.hash": tag.partition(":")[2], "trajflow.base": base_tag}
-        stream = client.api.build(path=str(ctx), tag=tag, rm=True, forcerm=True, decode=True, labels=labels)
-        for chunk in stream:
-            if "error" in chunk:
-                raise RuntimeError(f"docker build of {tag} failed: {chunk['error']}")
-            text = str(chunk.get("stream", "")).strip()
-            if text:
-                progress(f"docker build: {text}")
-    if not _image_exists(client, tag):
-        raise RuntimeError(f"docker build did not produce {tag}")
+    build_from_context(
+        client,
+        cache_dir,
+        tag=tag,
+        wheels=wheels,
+        files={f"app/{name}": data for name, data in sources.items()},
+        dockerfile=reward_dockerfile(base_tag, sorted(p.name for p in wheels.glob("*.whl"))),
+        labels={"trajflow.layer": "reward", "trajflow.hash": tag.partition(":")[2], "trajflow.base": base_tag},
+        progress=progress,
+    )
     progress(f"built reward image {tag} in {time.monotonic() - started:.1f}s")
 
 
@@ -188,7 +153,7 @@ def _cached_tag(client: docker.DockerClient, cache_dir: Path, base_tag: str, sou
     if hashes is None:
         return None
     tag = reward_image_tag(base_tag, hashes, sources)
-    return tag if _image_exists(client, tag) else None
+    return tag if image_exists(client, tag) else None
 
 
 def ensure_reward_image(client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None) -> str:
@@ -201,7 +166,7 @@ def ensure_reward_image(client: docker.DockerClient, cache_dir: Path, progress: 
     if tag is not None:
         report(f"reward image {tag} is cached")
         return tag
-    with _reward_lock(cache_dir):
+    with file_lock(cache_dir / ".reward-build.lock"):
         tag = _cached_tag(client, cache_dir, base, sources)  # another caller may have built it while we waited
         if tag is not None:
             report(f"reward image {tag} was built by another caller")
@@ -210,7 +175,7 @@ def ensure_reward_image(client: docker.DockerClient, cache_dir: Path, progress: 
         if hashes is None:
             hashes = download_wheels(cache_dir, report, REWARD_REQUIREMENTS)
         tag = reward_image_tag(base, hashes, sources)
-        if not _image_exists(client, tag):
+        if not image_exists(client, tag):
             build_reward_image(client, cache_dir, base, sources, tag, report)
         return tag
 

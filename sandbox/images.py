@@ -17,6 +17,7 @@ match the image's Python 3.11); `debootstrap` needs root; old images are never g
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -114,9 +115,10 @@ def debian_mirror(apt_dir: Path = Path("/etc/apt"), suite: str = BASE_SUITE) -> 
 
 
 @contextmanager
-def _build_lock(cache_dir: Path) -> Iterator[None]:
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / ".build.lock", "w") as handle:
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive fcntl lock on `path` (created if missing): callers in any process build one at a time."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -124,12 +126,49 @@ def _build_lock(cache_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _image_exists(client: docker.DockerClient, tag: str) -> bool:
+def _build_lock(cache_dir: Path) -> contextlib.AbstractContextManager[None]:
+    return file_lock(cache_dir / ".build.lock")
+
+
+def image_exists(client: docker.DockerClient, tag: str) -> bool:
     try:
         client.images.get(tag)
     except docker.errors.ImageNotFound:
         return False
     return True
+
+
+def build_from_context(
+    client: docker.DockerClient,
+    cache_dir: Path,
+    *,
+    tag: str,
+    wheels: Path,
+    files: dict[str, bytes],
+    dockerfile: str,
+    labels: dict[str, str],
+    progress: Progress,
+) -> None:
+    """`docker build` a context of the cached wheels (hard-linked under wheels/), `files` and the Dockerfile."""
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix="context-") as context:
+        ctx = Path(context)
+        (ctx / "wheels").mkdir()
+        for wheel in sorted(wheels.glob("*.whl")):
+            os.link(wheel, ctx / "wheels" / wheel.name)  # same filesystem: no copy
+        for name, data in files.items():
+            target = ctx / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)  # exactly the bytes that were hashed into the tag
+        (ctx / "Dockerfile").write_text(dockerfile)
+        stream = client.api.build(path=str(ctx), tag=tag, rm=True, forcerm=True, decode=True, labels=labels)
+        for chunk in stream:
+            if "error" in chunk:
+                raise RuntimeError(f"docker build of {tag} failed: {chunk['error']}")
+            text = str(chunk.get("stream", "")).strip()
+            if text:
+                progress(f"docker build: {text}")
+    if not image_exists(client, tag):
+        raise RuntimeError(f"docker build did not produce {tag}")
 
 
 def _is_noise(line: str) -> bool:
@@ -170,7 +209,7 @@ def build_base_image(client: docker.DockerClient, cache_dir: Path, tag: str, pro
         client.api.import_image(src=tar.stdout, repository=repo, tag=version, changes=changes, stream_src=True)
         if tar.wait() != 0:
             raise RuntimeError(f"tar of {rootfs} failed (exit {tar.returncode})")
-    if not _image_exists(client, tag):
+    if not image_exists(client, tag):
         raise RuntimeError(f"docker import did not produce {tag}")
     progress(f"built base image {tag} in {time.monotonic() - started:.1f}s")
 
@@ -261,45 +300,36 @@ def build_runtime_image(
     started = time.monotonic()
     progress(f"building runtime image {tag} on {base_tag}")
     wheels = wheel_dir(cache_dir)
-    with tempfile.TemporaryDirectory(dir=cache_dir, prefix="context-") as context:
-        ctx = Path(context)
-        (ctx / "wheels").mkdir()
-        names = sorted(p.name for p in wheels.glob("*.whl"))
-        for name in names:
-            os.link(wheels / name, ctx / "wheels" / name)  # same filesystem: no copy
-        shutil.copyfile(RUNNER_SOURCE, ctx / "runner.py")
-        (ctx / "Dockerfile").write_text(runtime_dockerfile(base_tag, names))
-        version = tag.partition(":")[2]
-        labels = {"trajflow.layer": "runtime", "trajflow.hash": version, "trajflow.base": base_tag}
-        stream = client.api.build(path=str(ctx), tag=tag, rm=True, forcerm=True, decode=True, labels=labels)
-        for chunk in stream:
-            if "error" in chunk:
-                raise RuntimeError(f"docker build of {tag} failed: {chunk['error']}")
-            text = str(chunk.get("stream", "")).strip()
-            if text:
-                progress(f"docker build: {text}")
-    if not _image_exists(client, tag):
-        raise RuntimeError(f"docker build did not produce {tag}")
+    build_from_context(
+        client,
+        cache_dir,
+        tag=tag,
+        wheels=wheels,
+        files={"runner.py": RUNNER_SOURCE.read_bytes()},
+        dockerfile=runtime_dockerfile(base_tag, sorted(p.name for p in wheels.glob("*.whl"))),
+        labels={"trajflow.layer": "runtime", "trajflow.hash": tag.partition(":")[2], "trajflow.base": base_tag},
+        progress=progress,
+    )
     progress(f"built runtime image {tag} in {time.monotonic() - started:.1f}s")
 
 
 def ensure_base_image(client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None) -> str:
     """The base image tag, building the base layer (under the build lock) if it is missing."""
     base = base_image_tag()
-    if _image_exists(client, base):
+    if image_exists(client, base):
         return base
     with _build_lock(Path(cache_dir)):
-        if not _image_exists(client, base):  # another caller may have built it while we waited
+        if not image_exists(client, base):  # another caller may have built it while we waited
             build_base_image(client, Path(cache_dir), base, progress or _quiet)
     return base
 
 
 def _cached_runtime_tag(client: docker.DockerClient, cache_dir: Path) -> str | None:
     hashes = cached_wheels(cache_dir)
-    if hashes is None or not _image_exists(client, base_image_tag()):
+    if hashes is None or not image_exists(client, base_image_tag()):
         return None
     tag = runtime_image_tag(base_image_tag(), hashes, RUNNER_SOURCE.read_bytes())
-    return tag if _image_exists(client, tag) else None
+    return tag if image_exists(client, tag) else None
 
 
 def ensure_runtime_image(client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None) -> str:
@@ -316,10 +346,10 @@ def ensure_runtime_image(client: docker.DockerClient, cache_dir: Path, progress:
             report(f"runtime image {tag} was built by another caller")
             return tag
         base = base_image_tag()
-        if not _image_exists(client, base):
+        if not image_exists(client, base):
             build_base_image(client, cache_dir, base, report)
         hashes = cached_wheels(cache_dir) or download_wheels(cache_dir, report)
         tag = runtime_image_tag(base, hashes, RUNNER_SOURCE.read_bytes())
-        if not _image_exists(client, tag):
+        if not image_exists(client, tag):
             build_runtime_image(client, cache_dir, base, tag, report)
         return tag

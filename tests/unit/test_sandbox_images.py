@@ -79,7 +79,7 @@ def test_concurrent_callers_build_once(tmp_path: Path, monkeypatch: pytest.Monke
         builds.append("runtime")
         existing.add(tag)
 
-    monkeypatch.setattr(images, "_image_exists", fake_exists)
+    monkeypatch.setattr(images, "image_exists", fake_exists)
     monkeypatch.setattr(images, "build_base_image", fake_base)
     monkeypatch.setattr(images, "download_wheels", fake_wheels)
     monkeypatch.setattr(images, "build_runtime_image", fake_runtime)
