@@ -121,7 +121,9 @@ async def run_batch(config: RunConfig, n: int | None, say: Callable[[str], None]
         "status": dict(statuses),
         "lost": len(results) - len(done),
         "mean_reward": statistics.fmean(rewards) if rewards else None,
-        "success_rate": sum(1 for x in rewards if x > 0) / len(rewards) if rewards else None,
+        # GEM games give 1.0 for a win; less than that (but above 0) is partial credit at the turn limit.
+        "wins": sum(1 for x in rewards if x >= 1.0),
+        "positive_reward": sum(1 for x in rewards if x > 0),
         "mean_turns": statistics.fmean(r.turns for r in done) if done else None,
         "env_recoveries": sum(r.env_recoveries for r in done),
         "wall_seconds": round(wall, 2),
