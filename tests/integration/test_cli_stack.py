@@ -8,6 +8,7 @@ import json
 import pytest
 
 from infra.processes import ProcessTable, is_alive
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +30,21 @@ def test_rollout_json_and_transcript(cli_stack) -> None:  # type: ignore[no-unty
     assert result["status"] == "completed" and proc.returncode == 0
     assert result["turns"] >= 1 and result["reward"] is not None
     assert result["trajectory_uri"].startswith("file://" + str(cli_stack.state_dir))
+
+    # the custom search attributes are registered and kept current: the same filter works in the UI's list
+    from infra.temporal import temporal_binary
+    import subprocess
+
+    query = f"WorkflowId = '{result['workflow_id']}' AND TrajflowStatus = 'completed' AND TrajflowTurns >= 1"
+    def listed() -> bool:  # visibility is eventually consistent: poll, bounded
+        proc = subprocess.run(
+            [temporal_binary(), "workflow", "list", "--address", cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"], "-q", query, "-o", "json"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return result["workflow_id"] in proc.stdout
+
+    wait_for(listed, 30, interval_s=0.5, what="the workflow in a search-attribute query")
 
     text = cli_stack.trajflow("rollout", "-c", str(cli_stack.config), "--seed", "5").stdout
     assert "Guess The Number" in text and "status   completed" in text and "[action]" in text
