@@ -17,12 +17,17 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}"
 fi
 
+wait_docker() { for _ in $(seq 1 "$1"); do docker info >/dev/null 2>&1 && return 0; sleep 1; done; return 1; }
+if ! docker info >/dev/null 2>&1 && pgrep -x dockerd >/dev/null; then
+  echo "bootstrap: a dockerd is starting or stopping; waiting for it"
+  wait_docker 30 || for _ in $(seq 1 30); do pgrep -x dockerd >/dev/null || break; sleep 1; done
+fi
 if ! docker info >/dev/null 2>&1; then
   if [ "$(id -u)" != 0 ]; then echo "bootstrap: the Docker daemon is not running and I am not root" >&2; exit 1; fi
+  pgrep -x dockerd >/dev/null || rm -f /var/run/docker.pid  # a stale pid file stops dockerd from starting
   echo "bootstrap: starting dockerd"
   nohup dockerd --host unix:///var/run/docker.sock >/var/log/trajflow-dockerd.log 2>&1 &
-  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-  docker info >/dev/null 2>&1 || { echo "bootstrap: dockerd did not come up; see /var/log/trajflow-dockerd.log" >&2; exit 1; }
+  wait_docker 60 || { echo "bootstrap: dockerd did not come up; see /var/log/trajflow-dockerd.log" >&2; exit 1; }
 fi
 
 PY=${PYTHON:-python3}
