@@ -39,6 +39,7 @@ from sandbox.images import (
     ensure_base_image,
     file_lock,
     image_exists,
+    wheel_build_stage,
     wheel_dir,
 )
 
@@ -91,13 +92,7 @@ def source_files(root: Path = REPO_ROOT) -> dict[str, bytes]:
 
 def reward_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
     """The image's Dockerfile; a build stage installs the wheels so they (and pip) stay out of the image."""
-    pip_wheel = next((name for name in wheel_names if name.startswith("pip-")), "pip-missing.whl")
-    requirements = " ".join(f"'{r}'" for r in REWARD_REQUIREMENTS)
-    return f"""\
-FROM {base_tag} AS build
-COPY wheels/ /w/
-RUN python3 /w/{pip_wheel}/pip install --no-index --find-links /w --no-cache-dir --disable-pip-version-check \\
-    --root-user-action=ignore --target {SITE_DIR} {requirements}
+    return wheel_build_stage(base_tag, wheel_names, REWARD_REQUIREMENTS, SITE_DIR) + f"""\
 COPY app/ {APP_DIR}/
 RUN python3 -m compileall -q {APP_DIR}
 

@@ -67,22 +67,18 @@ async def connect(settings: Settings) -> Client:
 
 async def wait_until_reachable(settings: Settings, timeout_s: float = 60.0) -> Client:
     """Connect, retrying until the server answers or the timeout passes."""
+    from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             client = await connect(settings)
-            await client.workflow_service.get_system_info(_system_info_request())
+            await client.workflow_service.get_system_info(GetSystemInfoRequest())
             return client
         except Exception as e:  # noqa: BLE001 - any failure here means "not up yet"
             if time.monotonic() > deadline:
                 raise TimeoutError(f"Temporal at {settings.temporal_address} not reachable: {e}") from e
             await asyncio.sleep(0.25)
-
-
-def _system_info_request():  # type: ignore[no-untyped-def]
-    from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
-
-    return GetSystemInfoRequest()
 
 
 async def pollers(client: Client, task_queue: str, *, activity: bool) -> int:

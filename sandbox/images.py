@@ -272,16 +272,22 @@ def download_wheels(
     return hashes
 
 
-def runtime_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
-    """The runtime layer's Dockerfile; a build stage installs the wheels so they stay out of the image."""
+def wheel_build_stage(base_tag: str, wheel_names: list[str], requirements: tuple[str, ...], target: str) -> str:
+    """A Dockerfile build stage that installs the context's wheels/ into `target` with pip run from its wheel
+    (the base image has no pip), so that wheels and pip stay out of the final image."""
     pip_wheel = next((name for name in wheel_names if name.startswith("pip-")), "pip-missing.whl")
-    requirements = " ".join(f"'{r}'" for r in RUNTIME_REQUIREMENTS)
+    reqs = " ".join(f"'{r}'" for r in requirements)
     return f"""\
 FROM {base_tag} AS build
 COPY wheels/ /w/
 RUN python3 /w/{pip_wheel}/pip install --no-index --find-links /w --no-cache-dir --disable-pip-version-check \\
-    --root-user-action=ignore --target /opt/trajflow/site {requirements}
+    --root-user-action=ignore --target {target} {reqs}
+"""
 
+
+def runtime_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
+    """The runtime layer's Dockerfile; a build stage installs the wheels so they stay out of the image."""
+    return wheel_build_stage(base_tag, wheel_names, RUNTIME_REQUIREMENTS, "/opt/trajflow/site") + f"""
 FROM {base_tag}
 COPY --from=build /opt/trajflow/site /opt/trajflow/site
 COPY runner.py /opt/trajflow/runner.py

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -163,7 +163,6 @@ class Stack:
     pools: str
     store: object
     manager: object
-    extra: dict[str, object] = field(default_factory=dict)
 
     def request(self, **fields):  # type: ignore[no-untyped-def]
         from contracts.trajectory import StagePools, TrajectoryRequest
