@@ -31,9 +31,11 @@ class DecodeActivities:
 
     @activity.defn(name=names.LLM_GENERATE)
     async def generate(self, inp: GenerateInput) -> GenerateResult:
-        if self.engine.version < inp.min_policy_version:
+        available = await asyncio.to_thread(self.engine.available_version, inp.policy)
+        if available < inp.min_policy_version:
+            # Retryable: the trainer publishes the version soon (the workflow admitted this request at it).
             raise ApplicationError(
-                f"this decode worker serves policy v{self.engine.version}, the request needs "
+                f"policy {inp.policy!r} is published up to v{available}, the request needs "
                 f"v{inp.min_policy_version} or newer",
                 type=names.ERR_POLICY_BEHIND,
             )
@@ -41,8 +43,8 @@ class DecodeActivities:
         if inp.context_uri:
             ctx = TurnContext.model_validate(await asyncio.to_thread(self.store.get_json, inp.context_uri))
         ctx, prompt_ids = append_user(ctx, self.engine.tokenizer, inp.user_message, inp.system_prompt)
-        version = self.engine.version
-        completion = await _with_heartbeats(self.engine.generate(prompt_ids, inp.sampling))
+        completion = await _with_heartbeats(self.engine.generate(prompt_ids, inp.sampling, inp.policy))
+        version = completion.policy_version
         ctx = append_completion(ctx, completion.token_ids, completion.logprobs, completion.text, version)
         key = store_key(inp.trajectory_id, f"context-turn{inp.turn:03d}.json")
         uri = await asyncio.to_thread(self.store.put_json, key, ctx)

@@ -12,14 +12,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from contracts.trajectory import (
-    DEFAULT_ENV_ID,
-    DEFAULT_SYSTEM_PROMPT,
-    JsonScalar,
-    SamplingParams,
-    StagePools,
-    TrajectoryRequest,
-)
+from contracts.tasks import TaskConfig
+from contracts.training import TrainingRunConfig, TrainSettings
+
+__all__ = ["ModelConfig", "PoolsConfig", "TaskConfig", "DemoConfig", "RunConfig", "load_run_config"]
 
 
 class _Config(BaseModel):
@@ -36,6 +32,9 @@ class ModelConfig(_Config):
     """Most concurrent requests one decode worker batches into one forward pass."""
     batch_wait_ms: Annotated[float, Field(ge=0.0, le=1000.0)] = 10.0
     """How long the engine waits for more requests before starting a batch."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Decode weights' dtype; `auto` keeps the checkpoint's (bfloat16 for SmolLM2: about twice as fast on CPU,
+    with rollout logprobs up to ~0.2 nats off the trainer's float32 ones; the losses correct for it)."""
 
 
 class PoolsConfig(_Config):
@@ -44,36 +43,7 @@ class PoolsConfig(_Config):
     decode: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
     env: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
     reward: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
-
-
-class TaskConfig(_Config):
-    name: str = "default"
-    """A short name for the task, used in summaries."""
-    env_id: str = DEFAULT_ENV_ID
-    env_kwargs: dict[str, JsonScalar] = Field(default_factory=dict)
-    max_turns: Annotated[int, Field(ge=1, le=200)] = 8
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    sampling: SamplingParams = SamplingParams()
-    reward_fn: str = "env_outcome"
-    pools: StagePools = StagePools()
-    """Which pool serves each stage of this task (hardware affinity)."""
-    weight: Annotated[float, Field(gt=0.0)] = 1.0
-    """Relative share of this task's trajectories in a mixed run."""
-
-    def request(self, seed: int, **overrides: object) -> TrajectoryRequest:
-        """A trajectory request for this task with the given seed."""
-        fields: dict[str, object] = {
-            "env_id": self.env_id,
-            "env_kwargs": dict(self.env_kwargs),
-            "seed": seed,
-            "max_turns": self.max_turns,
-            "system_prompt": self.system_prompt,
-            "sampling": self.sampling,
-            "reward_fn": self.reward_fn,
-            "pools": self.pools,
-        }
-        fields.update(overrides)
-        return TrajectoryRequest.model_validate(fields)
+    trainer: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
 
 
 class DemoConfig(_Config):
@@ -88,6 +58,12 @@ class RunConfig(_Config):
     pools: PoolsConfig = PoolsConfig()
     tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
     demo: DemoConfig = DemoConfig()
+    train: TrainSettings = TrainSettings()
+    """What `trajflow train` runs (with the tasks above)."""
+
+    def training_run(self) -> TrainingRunConfig:
+        """The training workflow's config: the [train] section with this config's tasks."""
+        return TrainingRunConfig(tasks=self.tasks, **self.train.model_dump())
 
     @model_validator(mode="after")
     def _tasks_use_declared_pools(self) -> RunConfig:
@@ -100,6 +76,10 @@ class RunConfig(_Config):
                         f"task {task.name!r} sends its {stage} stage to pool {pool!r}, "
                         f"but [pools].{stage} declares only {declared}"
                     )
+        if self.train.trainer_pool not in self.pools.trainer:
+            raise ValueError(
+                f"[train].trainer_pool {self.train.trainer_pool!r} is not in [pools].trainer {self.pools.trainer}"
+            )
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise ValueError(f"task names must be unique, got {names}")

@@ -9,6 +9,7 @@ WORKFLOW_QUEUE = "trajflow"
 """The orchestrator's queue: every workflow (trajectories, later training runs) is started here."""
 
 TRAJECTORY_WORKFLOW = "TrajectoryWorkflow"
+TRAINING_WORKFLOW = "TrainingWorkflow"
 
 ENV_RESET = "env.reset"
 ENV_STEP = "env.step"
@@ -16,6 +17,7 @@ ENV_CLOSE = "env.close"
 LLM_GENERATE = "llm.generate"
 REWARD_SCORE = "reward.score"
 TRAJECTORY_SAVE = "trajectory.save"
+TRAIN_STEP = "trainer.train_step"
 
 
 def decode_queue(pool: str) -> str:
@@ -36,6 +38,16 @@ def env_host_queue(pool: str, worker_id: str) -> str:
 def reward_queue(pool: str) -> str:
     """The queue of a reward pool (stateless: scoring and saving trajectories)."""
     return f"trajflow-reward-{pool}"
+
+
+def trainer_queue(pool: str) -> str:
+    """The queue of a trainer pool (optimizer steps; stateful: the worker keeps the model and optimizer)."""
+    return f"trajflow-trainer-{pool}"
+
+
+def policy_prefix(run_id: str) -> str:
+    """Store key prefix of a run's published policy weights (`.../latest.json`, `.../v000001/...`)."""
+    return f"runs/{run_id}/policy"
 
 
 # Custom search attributes: registered by `trajflow up` and the test server, kept current by the workflow.

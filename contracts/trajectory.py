@@ -72,7 +72,11 @@ class TrajectoryRequest(_Model):
     reward_fn: str = "env_outcome"
     """Name of a reward function registered in the reward service."""
     run_id: str = ""
-    """The training run this trajectory belongs to (empty for a standalone rollout)."""
+    """The training run this trajectory belongs to (empty for a standalone rollout). With `report_to` unset,
+    the trajectory reports to the run's training workflow (whose workflow id is the run id)."""
+    policy: str = ""
+    """Whose weights generate: a training run id (its newest published version), or empty for the initial
+    model. The training workflow sets it to its run id."""
     group: str = ""
     """Group id (GRPO: samples of one prompt); free-form here."""
     min_policy_version: Annotated[int, Field(ge=0)] = 0
@@ -80,7 +84,11 @@ class TrajectoryRequest(_Model):
     max_env_recoveries: Annotated[int, Field(ge=0, le=20)] = 2
     """Fresh sandboxes restored by action replay before the trajectory is infra-failed."""
     report_to: str | None = None
-    """Workflow id to signal with a `TrajectoryReport` at the end (the training workflow); None for none."""
+    """Workflow id to signal with a `TrajectoryReport` at the end; None: the run's training workflow when
+    `run_id` is set, else nobody."""
+
+    def report_target(self) -> str | None:
+        return self.report_to or self.run_id or None
 
 
 class SandboxHandle(_Model):
@@ -140,6 +148,8 @@ class GenerateInput(_Model):
     system_prompt: str = ""
     sampling: SamplingParams = SamplingParams()
     min_policy_version: int = 0
+    policy: str = ""
+    """Whose weights: a training run id, or empty for the initial model."""
 
 
 class GenerateResult(_Model):

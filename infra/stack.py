@@ -51,6 +51,7 @@ def components(settings: Settings, config: RunConfig, config_path: Path) -> list
         Component("decode", _trajflow("worker", "decode", "--config", cfg, *_pool_args(config.pools.decode))),
         Component("env", _trajflow("worker", "env", *_pool_args(config.pools.env))),
         Component("reward", _trajflow("worker", "reward", *_pool_args(config.pools.reward))),
+        Component("trainer", _trajflow("worker", "trainer", "--config", cfg, *_pool_args(config.pools.trainer))),
     ]
 
 
@@ -60,6 +61,7 @@ def expected_queues(config: RunConfig) -> list[tuple[str, bool]]:
     queues += [(names.decode_queue(p), True) for p in config.pools.decode]
     queues += [(names.env_queue(p), True) for p in config.pools.env]
     queues += [(names.reward_queue(p), True) for p in config.pools.reward]
+    queues += [(names.trainer_queue(p), True) for p in config.pools.trainer]
     return queues
 
 

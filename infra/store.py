@@ -19,7 +19,7 @@ Thread safety: both backends may be shared between threads. LocalStore keeps no 
 uses its own uniquely named temp file; S3Store holds one boto3 *client*, which boto3 documents as thread-safe
 (it is created once in `__init__`, never a shared `Session` across threads).
 
-Not covered: multipart uploads of huge objects beyond what boto3's `put_object` takes (5 GiB), deletion,
+Not covered: multipart uploads of huge objects beyond what boto3's `put_object` takes (5 GiB),
 versioning, and cross-process locking (writers of one key race; the last `os.replace`/PUT wins, whole).
 """
 
@@ -75,6 +75,10 @@ class ObjectStore(Protocol):
 
     def uri_for(self, key: str) -> str:
         """The URI `put_bytes(key, ...)` returns, without writing anything."""
+        ...
+
+    def delete(self, uri: str) -> None:
+        """Remove the object at `uri`; absent objects are fine (deleting is idempotent)."""
         ...
 
     def list(self, prefix: str = "") -> list[str]:
@@ -182,6 +186,9 @@ class LocalStore:
 
     def exists(self, uri: str) -> bool:
         return self._path_of(uri).is_file()
+
+    def delete(self, uri: str) -> None:
+        self._path_of(uri).unlink(missing_ok=True)
 
     def list(self, prefix: str = "") -> list[str]:
         _check_prefix(prefix)
@@ -292,6 +299,9 @@ class S3Store:
                 return False
             raise
         return True
+
+    def delete(self, uri: str) -> None:
+        self._client.delete_object(Bucket=self.bucket, Key=self._key_of(uri))
 
     def list(self, prefix: str = "") -> list[str]:
         _check_prefix(prefix)

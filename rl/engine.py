@@ -22,7 +22,14 @@ and drop everything after it; "length" when `max_new_tokens` ran out. `text` is 
 
 Limits: one batch runs at a time per engine; a request already inside a running batch cannot be interrupted
 (cancelling it only discards its result); sampling is seeded by torch's global RNG, so sampled outputs are not
-reproducible across runs. `version` is 0 until weight loading (a later issue) sets it.
+reproducible across runs.
+
+Weights: with a `WeightSource`, each request names a policy (a training run id; "" is the initial model).
+Batches never mix policies. Right before a batch runs, in the same worker thread that runs batches (so never
+during one), the engine asks the source for the newest version of the batch's policy and, if it differs from
+what is loaded, copies it into the model in place (`rl.weights.load_weights_into`). Every completion carries
+the version that generated it. Switching between two policies reloads each time: one engine serves one run at
+a time well.
 """
 
 from __future__ import annotations
@@ -48,6 +55,32 @@ class Completion:
     text: str
     finish_reason: str
     """"stop" when EOS was generated, "length" when max_new_tokens ran out."""
+    policy_version: int = 0
+    """The version of the weights that generated this completion (0: the initial model)."""
+
+
+@dataclass(frozen=True)
+class PolicyWeights:
+    """Published weights of one policy (a training run) at one version, downloaded to a local directory."""
+
+    policy: str
+    version: int
+    path: Path
+    """A Hugging Face checkpoint directory (config + safetensors) loadable by `from_pretrained`."""
+
+
+@runtime_checkable
+class WeightSource(Protocol):
+    """Where an engine finds the newest weights of a policy. Called between batches, so it must be cheap when
+    nothing changed (cache the pointer, download each version once)."""
+
+    def latest(self, policy: str) -> PolicyWeights | None:
+        """The newest published weights of `policy`, or None when it has none yet (the initial model serves)."""
+        ...
+
+    def latest_version(self, policy: str) -> int:
+        """The newest published version of `policy` (0 when none), without downloading anything."""
+        ...
 
 
 @runtime_checkable
@@ -59,7 +92,14 @@ class Engine(Protocol):
 
     async def start(self) -> None: ...
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion: ...
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, policy: str = "") -> Completion:
+        """Generate one completion with the newest weights of `policy` (a training run id; "" for the initial
+        model). The completion carries the version that produced it."""
+        ...
+
+    def available_version(self, policy: str) -> int:
+        """The newest version of `policy` this engine could serve now (0 when none is published)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -73,9 +113,11 @@ class _Stats:
     batched_requests: int = 0
     completion_tokens: int = 0
     busy_s: float = 0.0
+    weight_loads: int = 0
 
     def as_dict(self) -> dict[str, float]:
         return {
+            "weight_loads": float(self.weight_loads),
             "requests": float(self.requests),
             "batches": float(self.batches),
             "mean_batch_size": self.batched_requests / self.batches if self.batches else 0.0,
@@ -140,6 +182,7 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: asyncio.Future[Completion]
+    policy: str = ""
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -155,8 +198,10 @@ class HFEngine:
         device: str = "cpu",
         torch_threads: int | None = None,
         dtype: torch.dtype | None = None,
+        weights: WeightSource | None = None,
     ) -> None:
-        """`dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny model)."""
+        """`dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny model);
+        `weights` None serves the initial model only."""
         from transformers import AutoTokenizer
 
         if max_batch < 1:
@@ -164,6 +209,9 @@ class HFEngine:
         self.model_path = Path(model_path)
         self.name = self.model_path.name
         self.version = 0
+        self.policy = ""
+        """The policy whose weights are loaded ("" = the initial model)."""
+        self.weights = weights
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.device = torch.device(device)
@@ -220,14 +268,17 @@ class HFEngine:
     def stats(self) -> dict[str, float]:
         return self._stats.as_dict()
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    def available_version(self, policy: str) -> int:
+        return self.weights.latest_version(policy) if self.weights is not None and policy else 0
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, policy: str = "") -> Completion:
         """Queue one request and wait for its completion; cancelling while queued drops it from the queue."""
         if self._loop_task is None or self._loop_task.done():
             raise RuntimeError("HFEngine.generate called before start() (or after close())")
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        request = _Request(list(prompt_ids), params, future)
+        request = _Request(list(prompt_ids), params, future, policy)
         self._pending.append(request)
         self._stats.requests += 1
         self._wakeup.set()
@@ -252,7 +303,7 @@ class HFEngine:
             self._running = batch
             try:
                 results = await loop.run_in_executor(
-                    self._executor, self._run_batch, [r.prompt_ids for r in batch], batch[0].params
+                    self._executor, self._run_batch, [r.prompt_ids for r in batch], batch[0].params, batch[0].policy
                 )
             except Exception as error:  # a failed batch fails its requests, never the loop
                 for request in batch:
@@ -281,8 +332,8 @@ class HFEngine:
         if not live:
             self._pending.clear()
             return []
-        params = live[0].params
-        batch = [r for r in live if r.params == params][: self.max_batch]
+        params, policy = live[0].params, live[0].policy
+        batch = [r for r in live if r.params == params and r.policy == policy][: self.max_batch]
         taken = {id(r) for r in batch}
         self._pending = [r for r in live if id(r) not in taken]
         return batch
@@ -296,8 +347,24 @@ class HFEngine:
             if not request.future.done():  # a cancelled caller just drops its result
                 request.future.set_result(completion)
 
-    def _run_batch(self, prompts: Sequence[list[int]], params: SamplingParams) -> list[Completion]:
+    def _use_policy(self, policy: str) -> None:
+        """Load the newest weights of `policy` if they are not what is loaded (runs in the worker thread)."""
+        if self.weights is None:
+            return
+        newest = self.weights.latest(policy) if policy else None
+        want = (newest.policy, newest.version) if newest else ("", 0)
+        if want == (self.policy, self.version):
+            return
+        from rl.weights import load_weights_into
+
+        load_weights_into(self.model, newest.path if newest else self.model_path)
+        self.policy, self.version = want
+        self._stats.weight_loads += 1
+
+    def _run_batch(self, prompts: Sequence[list[int]], params: SamplingParams, policy: str = "") -> list[Completion]:
         """One batched `model.generate` (runs in the worker thread)."""
+        self._use_policy(policy)
+        version = self.version
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -325,16 +392,21 @@ class HFEngine:
         for row in range(len(prompts)):
             ids, lps, reason = _trim_at_eos(generated[row].tolist(), logprobs[row].tolist(), eos)
             text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
-            completions.append(Completion(ids, lps, text, reason))
+            completions.append(Completion(ids, lps, text, reason, version))
         return completions
 
 
 class ScriptedEngine:
     """Returns fixed text (cycling through a list, one entry per call), tokenized and ended with EOS."""
 
-    def __init__(self, tokenizer: Any, script: str | list[str], name: str = "scripted") -> None:
+    def __init__(
+        self, tokenizer: Any, script: str | list[str], name: str = "scripted", weights: WeightSource | None = None
+    ) -> None:
+        """With `weights`, completions are stamped with the policy's newest published version (no weights are
+        loaded: the script is the policy)."""
         self.tokenizer = tokenizer
         self.version = 0
+        self.weights = weights
         self.name = name
         self._script = [script] if isinstance(script, str) else list(script)
         if not self._script:
@@ -359,7 +431,11 @@ class ScriptedEngine:
             "tokens_per_s": 0.0,
         }
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+    def available_version(self, policy: str) -> int:
+        return self.weights.latest_version(policy) if self.weights is not None and policy else self.version
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, policy: str = "") -> Completion:
+        version = self.available_version(policy)
         text = self._script[self._calls % len(self._script)]
         self._calls += 1
         ids = [*self.tokenizer.encode(text, add_special_tokens=False), self._eos]
@@ -368,7 +444,7 @@ class ScriptedEngine:
             ids, reason = ids[: params.max_new_tokens], "length"
         self._tokens += len(ids)
         text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
-        return Completion(ids, [0.0] * len(ids), text, reason)
+        return Completion(ids, [0.0] * len(ids), text, reason, version)
 
 
 def load_engine(
@@ -380,6 +456,7 @@ def load_engine(
     device: str = "cpu",
     torch_threads: int | None = None,
     dtype: torch.dtype | None = None,
+    weights: WeightSource | None = None,
 ) -> HFEngine:
     """Resolve a model name (`smollm2`, `tiny`, or a local path) and build an `HFEngine` for it (not started)."""
     from rl.models import resolve_model
@@ -392,4 +469,5 @@ def load_engine(
         device=device,
         torch_threads=torch_threads,
         dtype=dtype,
+        weights=weights,
     )

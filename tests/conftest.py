@@ -163,6 +163,7 @@ class Stack:
     pools: str
     store: object
     manager: object
+    tag: str = ""
 
     def request(self, **fields):  # type: ignore[no-untyped-def]
         from contracts.trajectory import StagePools, TrajectoryRequest
@@ -183,19 +184,29 @@ class Stack:
 
 @asynccontextmanager
 async def running_stack(
-    temporal_env, reward_url: str, store, manager, engine, decode_pools: dict[str, object] | None = None  # type: ignore[no-untyped-def]
+    temporal_env,  # type: ignore[no-untyped-def]
+    reward_url: str,
+    store,
+    manager,
+    engine,
+    decode_pools: dict[str, object] | None = None,
+    trainer_model: Path | None = None,
+    tag: str | None = None,
 ) -> AsyncIterator[Stack]:
-    """Start orchestrator, decode, env and reward workers in this process on a fresh set of queues."""
+    """Start orchestrator, decode, env, reward and trainer workers in this process on a fresh set of queues
+    (or on the queues of `tag`, to restart a stack's workers)."""
     import asyncio
+    import tempfile
 
     from rewards.client import RewardClient
     from workers.decode import decode_workers
     from workers.env import env_workers
     from workers.orchestrator import orchestrator_workers
     from workers.reward import reward_workers
+    from workers.trainer import trainer_workers
 
     client = temporal_env.client
-    tag = uuid.uuid4().hex[:8]
+    tag = tag or uuid.uuid4().hex[:8]
     pools = f"t{tag}"
     queue = f"trajflow-test-{tag}"
     reward_client = RewardClient(reward_url, timeout_s=10)
@@ -205,9 +216,11 @@ async def running_stack(
     workers += reward_workers(client, reward_client, store, [pools])
     for pool, pool_engine in (decode_pools or {pools: engine}).items():
         workers += decode_workers(client, pool_engine, store, [pool], f"{worker_id}-{pool}")
+    work = Path(tempfile.mkdtemp(prefix=f"trainer-{tag}-"))
+    workers += trainer_workers(client, store, trainer_model or Path("/nonexistent"), work, [pools], work / "cache")
     tasks = [asyncio.create_task(w.run()) for w in workers]
     try:
-        yield Stack(client=client, queue=queue, pools=pools, store=store, manager=manager)
+        yield Stack(client=client, queue=queue, pools=pools, store=store, manager=manager, tag=tag)
     finally:
         await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
         for t in tasks:

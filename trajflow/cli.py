@@ -170,6 +170,18 @@ def worker_reward(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
     _exit(0)
 
 
+@worker_app.command("trainer")
+def worker_trainer(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFIG) -> None:  # noqa: B006
+    """Optimizer steps of the given trainer pools (model from the config)."""
+    from infra.settings import load_settings
+    from workers import trainer
+    from workers.common import configure_logging
+
+    configure_logging("trainer")
+    asyncio.run(trainer.serve(load_settings(), pool, _config(config).model))
+    _exit(0)
+
+
 @app.command()
 def rollout(
     env: Annotated[Optional[str], typer.Option(help="GEM env id (default: the config's first task).")] = None,

@@ -7,6 +7,9 @@
     result = asyncio.run(run_trajectory(TrajectoryRequest(env_id="game:GuessTheNumber-v0-easy", seed=3)))
     print(result.status, result.reward, result.trajectory_uri)
 
+Training runs the same way: `start_training(TrainingRunConfig(steps=20), run_id="my-run")` returns the
+TrainingWorkflow's handle (its workflow id is the run id); `handle.query("progress")` shows where it is.
+
 Addresses come from the `TRAJFLOW_*` settings (the embedded stack's by default).
 """
 
@@ -18,6 +21,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from contracts import names
 from contracts.records import TrajectoryRecord
+from contracts.training import TrainingProgress, TrainingResult, TrainingRunConfig, TrainingStart
 from contracts.trajectory import TrajectoryRequest, TrajectoryResult
 from infra.settings import Settings, load_settings
 from infra.store import open_store
@@ -71,3 +75,33 @@ def load_trajectory(uri: str, settings: Settings | None = None) -> TrajectoryRec
         settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region
     )
     return TrajectoryRecord.model_validate(store.get_json(uri))
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:10]}"
+
+
+async def start_training(
+    run: TrainingRunConfig | None = None,
+    *,
+    run_id: str | None = None,
+    client: Client | None = None,
+    settings: Settings | None = None,
+    task_queue: str = names.WORKFLOW_QUEUE,
+) -> WorkflowHandle[object, TrainingResult]:
+    """Start a TrainingWorkflow (workflow id = run id) and return a handle to the run's newest execution, so
+    queries and the result follow it through continue-as-new."""
+    client = client or await connect(settings or load_settings())
+    started = await client.start_workflow(
+        names.TRAINING_WORKFLOW,
+        TrainingStart(run=run or TrainingRunConfig()),
+        id=run_id or new_run_id(),
+        task_queue=task_queue,
+        result_type=TrainingResult,
+    )
+    return client.get_workflow_handle(started.id, result_type=TrainingResult)
+
+
+async def training_progress(handle: WorkflowHandle) -> TrainingProgress:  # type: ignore[type-arg]
+    """The run's live state (version, buffer, counters, last step) from the workflow's `progress` query."""
+    return await handle.query("progress", result_type=TrainingProgress)

@@ -36,13 +36,22 @@ def decode_workers(
 
 
 async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> None:
+    import torch
+
+    from infra.policies import PolicyStore
     from rl.engine import load_engine
 
+    store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+    worker_id = new_worker_id()
     engine = load_engine(
-        model.name_or_path, settings.cache_dir / "models", max_batch=model.max_batch, batch_wait_ms=model.batch_wait_ms
+        model.name_or_path,
+        settings.cache_dir / "models",
+        max_batch=model.max_batch,
+        batch_wait_ms=model.batch_wait_ms,
+        dtype=None if model.dtype == "auto" else getattr(torch, model.dtype),
+        weights=PolicyStore(store, settings.cache_dir / "policies" / worker_id),
     )
     await engine.start()
-    log.info("engine %s ready (policy v%d)", engine.name, engine.version)
-    store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+    log.info("engine %s ready", engine.name)
     client = await wait_until_reachable(settings)
-    await run_until_signalled(decode_workers(client, engine, store, pools, new_worker_id()), on_stop=engine.close)
+    await run_until_signalled(decode_workers(client, engine, store, pools, worker_id), on_stop=engine.close)

@@ -9,9 +9,10 @@ from contracts import names
 from infra.settings import Settings
 from infra.temporal import wait_until_reachable
 from workers.common import run_until_signalled
+from workflows.training import TrainingWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
-WORKFLOWS = [TrajectoryWorkflow]
+WORKFLOWS = [TrajectoryWorkflow, TrainingWorkflow]
 
 
 def orchestrator_workers(client: Client, task_queue: str = names.WORKFLOW_QUEUE) -> list[Worker]:

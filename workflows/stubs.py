@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         ScoreInput,
         ScoreResult,
     )
+    from contracts.training import TrainStepInput, TrainStepResult
 
 ENV_FATAL = [names.ERR_ENV, names.ERR_BAD_REQUEST]
 REWARD_FATAL = [names.ERR_REWARD_REJECTED, names.ERR_REWARD_BAD_ANSWER, names.ERR_BAD_REQUEST]
@@ -132,4 +133,22 @@ async def trajectory_save(pool: str, inp: SaveTrajectoryInput) -> SaveTrajectory
         task_queue=names.reward_queue(pool),
         start_to_close_timeout=timedelta(seconds=60),
         retry_policy=RetryPolicy(maximum_attempts=10, non_retryable_error_types=[names.ERR_BAD_REQUEST]),
+    )
+
+
+async def train_step(pool: str, inp: TrainStepInput) -> TrainStepResult:
+    # Retried without limit on infra errors (a trainer killed mid-step resumes from its last checkpoint; the
+    # activity is idempotent: a step already published is returned, not trained twice).
+    return await workflow.execute_activity(
+        names.TRAIN_STEP,
+        inp,
+        result_type=TrainStepResult,
+        task_queue=names.trainer_queue(pool),
+        start_to_close_timeout=timedelta(hours=2),
+        heartbeat_timeout=timedelta(seconds=120),
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(seconds=2),
+            maximum_interval=timedelta(seconds=30),
+            non_retryable_error_types=[names.ERR_BAD_REQUEST],
+        ),
     )

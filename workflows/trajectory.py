@@ -150,6 +150,7 @@ class TrajectoryWorkflow:
                 system_prompt=req.system_prompt,
                 sampling=req.sampling,
                 min_policy_version=req.min_policy_version,
+                policy=req.policy,
             ),
         )
         t1 = workflow.time()
@@ -267,7 +268,8 @@ class TrajectoryWorkflow:
         self._upsert(*updates)
 
     async def _report(self, result: TrajectoryResult) -> None:
-        if not self.req.report_to:
+        target = self.req.report_target()
+        if not target:
             return
         report = TrajectoryReport(
             workflow_id=result.workflow_id,
@@ -278,11 +280,11 @@ class TrajectoryWorkflow:
             status=result.status,
         )
         try:
-            await workflow.get_external_workflow_handle(self.req.report_to).signal(
+            await workflow.get_external_workflow_handle(target).signal(
                 names.SIGNAL_TRAJECTORY_FINISHED, report
             )
         except ApplicationError as e:
-            workflow.logger.warning("could not report to %s: %s", self.req.report_to, e)
+            workflow.logger.warning("could not report to %s: %s", target, e)
 
     def _upsert(self, *updates) -> None:  # type: ignore[no-untyped-def]
         workflow.upsert_search_attributes(list(updates))

@@ -113,6 +113,13 @@ def test_list_and_exists(store: S3Store) -> None:
     assert not store.exists(store.uri_for("runs/r1/zzz"))
 
 
+def test_delete_is_idempotent(store: S3Store) -> None:
+    uri = store.put_bytes("runs/r1/gone.bin", b"x")
+    store.delete(uri)
+    assert not store.exists(uri)
+    store.delete(uri)
+
+
 def test_missing_object_is_object_not_found(store: S3Store) -> None:
     uri = store.uri_for("never/written")
     with pytest.raises(ObjectNotFound) as info:

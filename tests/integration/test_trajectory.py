@@ -32,12 +32,12 @@ class GatedEngine:
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         return getattr(self.inner, name)
 
-    async def generate(self, prompt_ids, params):  # type: ignore[no-untyped-def]
+    async def generate(self, prompt_ids, params, policy=""):  # type: ignore[no-untyped-def]
         call, self.calls = self.calls, self.calls + 1
         if call == self.gate_at:
             self.reached.set()
             await self.released.wait()
-        return await self.inner.generate(prompt_ids, params)
+        return await self.inner.generate(prompt_ids, params, policy)
 
 
 @pytest.fixture(scope="module")

@@ -162,3 +162,13 @@ def test_open_store_s3_forms() -> None:
 def test_open_store_rejects_other_urls(url: str) -> None:
     with pytest.raises(ValueError, match="s3://bucket"):
         open_store(url)
+
+
+def test_delete_removes_an_object_and_is_idempotent(store: LocalStore) -> None:
+    uri = store.put_bytes("runs/r1/a.bin", b"x")
+    keep = store.put_bytes("runs/r1/b.bin", b"y")
+    store.delete(uri)
+    assert not store.exists(uri) and store.exists(keep)
+    store.delete(uri)  # already gone: fine
+    with pytest.raises(ValueError):
+        store.delete("s3://bucket/runs/r1/b.bin")

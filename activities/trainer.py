@@ -1,0 +1,182 @@
+"""Trainer activity: one optimizer step of one run, on the trainer pool (stateful: the worker keeps the model and
+optimizer in memory between steps and reloads them from the store's checkpoint when it has to).
+
+A step is idempotent: its result is recorded in the store before the new version is published, and a retried
+step whose version is already published returns that record instead of training again. Per step it writes, in
+this order: the trainer checkpoint (model + optimizer + version) of version v+1, the step record, then the
+policy weights of v+1 and the `latest` pointer decode workers follow. Old checkpoints and versions are pruned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from contracts import names
+from contracts.records import TrajectoryRecord
+from contracts.training import TrainStepInput, TrainStepResult
+from infra.policies import PolicyStore, delete_prefix, get_dir, put_dir
+from infra.policies import safe_name as _safe
+from infra.store import ObjectNotFound, ObjectStore
+
+HEARTBEAT_EVERY_S = 10.0
+CHECKPOINTS_KEPT = 2
+
+
+def step_key(run_id: str, version: int) -> str:
+    return f"runs/{run_id}/steps/v{version:06d}.json"
+
+
+def checkpoint_prefix(run_id: str, version: int) -> str:
+    return f"runs/{run_id}/trainer/v{version:06d}"
+
+
+class TrainerActivities:
+    def __init__(self, store: ObjectStore, policies: PolicyStore, model_path: Path, work_dir: Path) -> None:
+        self.store = store
+        self.policies = policies
+        self.model_path = Path(model_path)
+        self.work_dir = Path(work_dir)
+        self.run_id: str | None = None
+        self.trainer: Any = None
+        # One thread: steps never overlap, and torch state stays on one thread.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
+
+    @activity.defn(name=names.TRAIN_STEP)
+    async def train_step(self, inp: TrainStepInput) -> TrainStepResult:
+        done = await asyncio.to_thread(self._recorded, inp.run_id, inp.version + 1)
+        if done is not None:
+            return done.model_copy(update={"resumed": True})
+        if not inp.refs:
+            raise ApplicationError("a train step needs at least one trajectory", type=names.ERR_BAD_REQUEST)
+        if inp.trainer.simulate_step_s > 0:
+            return await self._simulated(inp)
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._executor, self._train, inp)
+        while True:
+            finished, _ = await asyncio.wait({work}, timeout=HEARTBEAT_EVERY_S)
+            if finished:
+                return work.result()
+            activity.heartbeat(f"training v{inp.version + 1}")
+
+    def _recorded(self, run_id: str, version: int) -> TrainStepResult | None:
+        """The result of a step already taken and published, if any."""
+        if self.policies.latest_version(run_id, fresh=True) < version:
+            return None
+        try:
+            return TrainStepResult.model_validate(self.store.get_json(self.store.uri_for(step_key(run_id, version))))
+        except ObjectNotFound:
+            return None
+
+    async def _simulated(self, inp: TrainStepInput) -> TrainStepResult:
+        """Benchmarks: a fixed-length sleep instead of a step; versions still advance (pointer only)."""
+        started = time.monotonic()
+        await asyncio.sleep(inp.trainer.simulate_step_s)
+        result = TrainStepResult(
+            version=inp.version + 1,
+            weights_uri=None,
+            metrics={"simulated": 1.0},
+            seconds=time.monotonic() - started,
+        )
+        await asyncio.to_thread(self._publish, inp.run_id, result, None)
+        return result
+
+    def _train(self, inp: TrainStepInput) -> TrainStepResult:
+        from rl.trainer import TrainSample
+
+        started = time.monotonic()
+        trainer = self._trainer_at(inp)
+        records = [TrajectoryRecord.model_validate(self.store.get_json(r.trajectory_uri)) for r in inp.refs]
+        samples = [
+            TrainSample(
+                token_ids=rec.context.token_ids,
+                behaviour_logprobs=rec.context.logprobs,
+                loss_mask=rec.context.loss_mask,
+                advantage=adv,
+                version=ref.policy_version,
+            )
+            for rec, ref, adv in zip(records, inp.refs, _advantages(inp), strict=True)
+            if rec.context is not None
+        ]
+        metrics = trainer.train_step(samples, inp.trainer)
+        version = inp.version + 1
+        ckpt_dir = self.work_dir / _safe(inp.run_id) / f"ckpt-v{version:06d}"
+        trainer.save_checkpoint(ckpt_dir)
+        put_dir(self.store, checkpoint_prefix(inp.run_id, version), ckpt_dir)
+        export_dir = self.work_dir / _safe(inp.run_id) / f"weights-v{version:06d}"
+        trainer.export_weights(export_dir, dtype=_checkpoint_dtype(self.model_path))
+        result = TrainStepResult(
+            version=version,
+            weights_uri=self.store.uri_for(f"{names.policy_prefix(inp.run_id)}/v{version:06d}/manifest.json"),
+            metrics={k: float(v) for k, v in metrics.items()},
+            seconds=time.monotonic() - started,
+        )
+        self._publish(inp.run_id, result, export_dir)
+        self._cleanup(inp.run_id, version)
+        return result
+
+    def _publish(self, run_id: str, result: TrainStepResult, export_dir: Path | None) -> None:
+        self.store.put_json(step_key(run_id, result.version), result)
+        self.policies.publish(run_id, result.version, export_dir)
+
+    def _trainer_at(self, inp: TrainStepInput) -> Any:
+        """The in-memory trainer at `inp.version`, reloaded from the store's checkpoint when it is not."""
+        from rl.trainer import PolicyTrainer
+
+        if self.run_id == inp.run_id and self.trainer is not None and self.trainer.version == inp.version:
+            return self.trainer
+        self.trainer = None
+        trainer = PolicyTrainer(self.model_path, inp.trainer)
+        if inp.version > 0:
+            local = self.work_dir / _safe(inp.run_id) / f"restore-v{inp.version:06d}"
+            try:
+                get_dir(self.store, checkpoint_prefix(inp.run_id, inp.version), local)
+            except ObjectNotFound:
+                raise ApplicationError(
+                    f"run {inp.run_id!r} has no trainer checkpoint at v{inp.version} to resume from",
+                    type=names.ERR_BAD_REQUEST,
+                ) from None
+            trainer.load_checkpoint(local)
+            activity.logger.info("resumed run %s at v%d from the store", inp.run_id, inp.version)
+        self.run_id, self.trainer = inp.run_id, trainer
+        return trainer
+
+    def _cleanup(self, run_id: str, version: int) -> None:
+        import shutil
+
+        old = version - CHECKPOINTS_KEPT
+        if old >= 1:
+            delete_prefix(self.store, checkpoint_prefix(run_id, old) + "/")
+        self.policies.prune(run_id, keep=CHECKPOINTS_KEPT)
+        for path in (self.work_dir / _safe(run_id)).glob("*-v*"):
+            if path.name.rsplit("-v", 1)[-1].isdigit() and int(path.name.rsplit("-v", 1)[-1]) < version:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _advantages(inp: TrainStepInput) -> list[float]:
+    """Group-relative advantages from the refs' groups and rewards (the workflow's grouping is authoritative)."""
+    from rl.advantages import group_advantages
+
+    by_group: dict[str, list[int]] = {}
+    for i, ref in enumerate(inp.refs):
+        by_group.setdefault(ref.group, []).append(i)
+    out = [0.0] * len(inp.refs)
+    for idx in by_group.values():
+        advs = group_advantages([inp.refs[i].reward for i in idx], normalize_std=inp.trainer.normalize_adv_std)
+        for i, a in zip(idx, advs, strict=True):
+            out[i] = a
+    return out
+
+
+def _checkpoint_dtype(model_path: Path) -> str:
+    """Published weights keep the dtype of the initial checkpoint (what decode workers were sized for)."""
+    import json
+
+    config = json.loads((model_path / "config.json").read_text())
+    return str(config.get("dtype") or config.get("torch_dtype") or "float32")

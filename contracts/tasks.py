@@ -1,0 +1,50 @@
+"""A task: what to roll out (env, prompt, sampling, reward) and which pool serves each of its stages."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contracts.trajectory import (
+    DEFAULT_ENV_ID,
+    DEFAULT_SYSTEM_PROMPT,
+    JsonScalar,
+    SamplingParams,
+    StagePools,
+    TrajectoryRequest,
+)
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskConfig(_Config):
+    name: str = "default"
+    """A short name for the task, used in summaries."""
+    env_id: str = DEFAULT_ENV_ID
+    env_kwargs: dict[str, JsonScalar] = Field(default_factory=dict)
+    max_turns: Annotated[int, Field(ge=1, le=200)] = 8
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    sampling: SamplingParams = SamplingParams()
+    reward_fn: str = "env_outcome"
+    pools: StagePools = StagePools()
+    """Which pool serves each stage of this task (hardware affinity)."""
+    weight: Annotated[float, Field(gt=0.0)] = 1.0
+    """Relative share of this task's trajectories in a mixed run."""
+
+    def request(self, seed: int, **overrides: object) -> TrajectoryRequest:
+        """A trajectory request for this task with the given seed."""
+        fields: dict[str, object] = {
+            "env_id": self.env_id,
+            "env_kwargs": dict(self.env_kwargs),
+            "seed": seed,
+            "max_turns": self.max_turns,
+            "system_prompt": self.system_prompt,
+            "sampling": self.sampling,
+            "reward_fn": self.reward_fn,
+            "pools": self.pools,
+        }
+        fields.update(overrides)
+        return TrajectoryRequest.model_validate(fields)

@@ -1,0 +1,251 @@
+"""Inputs, results, state and config of the training workflow and the trainer: everything of training that
+crosses Temporal.
+
+The run is described by one `TrainingRunConfig` (every field defaulted, so `{}` from the Temporal UI starts a
+small default run). The trainer step takes references to trajectories in the object store, never tokens.
+Policy version `v` = number of completed optimizer steps; version 0 is the initial model.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from contracts.tasks import TaskConfig
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+LossKind = Literal["ppo_clip", "tis", "cispo", "topr", "decoupled_ppo"]
+
+
+class LossConfig(_Model):
+    """The policy loss and its off-policy correction. Ratios compare the trainer's policy with the rollout
+    (behaviour) policy whose logprobs the decode worker recorded, except where noted."""
+
+    kind: LossKind = "ppo_clip"
+    """`ppo_clip` (GRPO's clipped surrogate against the rollout logprobs), `tis` (REINFORCE with a truncated
+    importance weight), `cispo` (REINFORCE with a clipped, stop-gradient importance weight), `topr` (tapered
+    off-policy REINFORCE: plain for positive advantages, weight clipped to [0, 1] for negative ones),
+    `decoupled_ppo` (PPO-clip against the trainer's own pre-step logprobs, times a capped behaviour weight)."""
+    clip_low: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
+    """PPO-clip lower bound: the ratio is clipped at 1 - clip_low (ppo_clip, decoupled_ppo, cispo)."""
+    clip_high: Annotated[float, Field(ge=0.0, le=10.0)] = 0.28
+    """PPO-clip upper bound: the ratio is clipped at 1 + clip_high (clip-higher, as in DAPO)."""
+    tis_cap: Annotated[float, Field(gt=0.0)] = 2.0
+    """TIS: the importance weight is min(ratio, tis_cap); decoupled_ppo: the cap of the behaviour weight."""
+    aggregation: Literal["token_mean", "seq_mean"] = "token_mean"
+    """`token_mean`: mean over every generated token of the batch; `seq_mean`: mean per sequence, then over
+    sequences."""
+
+
+class TrainerConfig(_Model):
+    loss: LossConfig = LossConfig()
+    lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-5
+    """AdamW learning rate (constant)."""
+    weight_decay: Annotated[float, Field(ge=0.0)] = 0.0
+    grad_clip: Annotated[float, Field(gt=0.0)] = 1.0
+    """Global gradient-norm clip."""
+    micro_batch: Annotated[int, Field(ge=1, le=1024)] = 8
+    """Sequences per forward/backward; gradients accumulate over micro-batches into one optimizer step."""
+    normalize_adv_std: bool = True
+    """GRPO advantages (r - group mean) / group std; False keeps r - group mean (Dr. GRPO)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Trainer weights and optimizer state dtype; published weights are written in the decode dtype."""
+    simulate_step_s: Annotated[float, Field(ge=0.0)] = 0.0
+    """Benchmarks only: > 0 replaces the optimizer step by a sleep of this long and publishes no weights."""
+
+
+class EvalConfig(_Model):
+    episodes: Annotated[int, Field(ge=0, le=10_000)] = 50
+    """Held-out episodes evaluated greedily before and after training by `trajflow train` (0: no eval)."""
+    first_seed: int = 1_000_000
+    """Held-out seeds are first_seed, first_seed+1, ...; training seeds must not reach them."""
+
+
+class TrainSettings(_Model):
+    """How much to train and how stale a sample may be: a run config's `[train]` section."""
+
+    steps: Annotated[int, Field(ge=1, le=1_000_000)] = 4
+    """Optimizer steps to take; the run ends at policy version `steps`."""
+    batch_size: Annotated[int, Field(ge=1, le=100_000)] = 8
+    """B: trajectories per optimizer step; a multiple of group_size."""
+    group_size: Annotated[int, Field(ge=1, le=1024)] = 4
+    """n: samples of one prompt (seed) trained together, advantages relative to the group."""
+    redundancy: Annotated[int, Field(ge=0, le=1024)] = 0
+    """r: extra samples started per group; the first n to complete make the group, the rest are cancelled."""
+    alpha: Annotated[int, Field(ge=0, le=1000)] = 1
+    """Staleness bound: a sample of version u may be trained on at trainer version v only if v - u <= alpha."""
+    sync: bool = False
+    """Batch barrier (needs alpha = 0): generate B, train, repeat. The baseline every speed claim is
+    measured against."""
+    first_seed: int = 0
+    """Group k rolls out env seed first_seed + k."""
+    max_group_restarts: Annotated[int, Field(ge=0, le=1000)] = 4
+    """Replacement samples started for a group whose members failed before it has n completed; past it the
+    group is abandoned (counted)."""
+    trainer: TrainerConfig = TrainerConfig()
+    trainer_pool: str = "default"
+    """The trainer worker pool (task queue) that runs the optimizer steps."""
+    eval: EvalConfig = EvalConfig()
+    history_events_before_continue: Annotated[int, Field(ge=50, le=40_000)] = 10_000
+    """The workflow continues as new once its history holds this many events (Temporal's limit is 51,200)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainSettings:
+        if self.batch_size % self.group_size:
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})")
+        if self.sync and self.alpha != 0:
+            raise ValueError(f"sync mode is the alpha = 0 barrier; got alpha = {self.alpha}")
+        groups_needed = (self.steps + self.alpha + 1) * self.batch_size // self.group_size * (1 + self.max_group_restarts)
+        if self.first_seed <= self.eval.first_seed < self.first_seed + groups_needed:
+            raise ValueError(
+                f"training seeds start at {self.first_seed} and may reach {self.first_seed + groups_needed}; "
+                f"eval.first_seed ({self.eval.first_seed}) must lie outside them (held-out seeds)"
+            )
+        return self
+
+
+class TrainRef(_Model):
+    """One trajectory of a step's batch, as the trainer needs it: where it is, its group and its reward."""
+
+    workflow_id: str
+    trajectory_uri: str
+    group: str
+    reward: float
+    policy_version: int
+
+
+class TrainStepInput(_Model):
+    run_id: str
+    version: int
+    """The trainer's version before this step; the step publishes version + 1."""
+    refs: list[TrainRef]
+    trainer: TrainerConfig
+
+
+class TrainStepResult(_Model):
+    version: int
+    """The new policy version (input version + 1)."""
+    weights_uri: str | None
+    """Where the new weights are in the store (None when simulated)."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    seconds: float = 0.0
+    resumed: bool = False
+    """True when this step's result was found already published (a retried step is not trained twice)."""
+
+
+class TrainingRunConfig(TrainSettings):
+    """One training run: the settings and what to roll out."""
+
+    tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
+    """What to roll out; groups are drawn from the tasks in proportion to their weights."""
+
+
+class GroupState(_Model):
+    """One group of samples (one seed) as the training workflow tracks it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    group: str
+    seed: int
+    task: int
+    """Index into `TrainingRunConfig.tasks`."""
+    started_version: int
+    members_started: int = 0
+    running: list[str] = Field(default_factory=list)
+    """Workflow ids still running."""
+    completed: list[TrainRef] = Field(default_factory=list)
+    failed: int = 0
+    external: bool = False
+    """Made of trajectories a user started with this run's id, not by the workflow."""
+
+
+class TrainingCounters(_Model):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    started: int = 0
+    completed: int = 0
+    failed: int = 0
+    infra_failed: int = 0
+    cancelled: int = 0
+    """Redundant samples cancelled once their group was full."""
+    external: int = 0
+    """Reports from trajectories the workflow did not start (a user started them with this run id)."""
+    duplicates: int = 0
+    """Reports ignored because that trajectory had already been reported."""
+    late: int = 0
+    """Reports ignored because their group had already been trained on, dropped or abandoned (a redundant
+    sample that finished before its cancellation landed)."""
+    consumed: int = 0
+    """Trajectories trained on."""
+    dropped_stale: int = 0
+    groups_abandoned: int = 0
+    max_in_flight: int = 0
+
+
+class StepRecord(_Model):
+    step: int
+    """The version this step produced."""
+    time_s: float
+    """Seconds since the run started (workflow time)."""
+    reward_mean: float
+    trajectories: int
+    stale_dropped_total: int
+    staleness: list[int] = Field(default_factory=list)
+    """v_train - version of every trajectory trained on in this step."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    train_s: float = 0.0
+
+
+class TrainingState(_Model):
+    """Everything the training workflow needs to continue: carried through continue-as-new whole."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    run_id: str = ""
+    version: int = 0
+    next_group: int = 0
+    groups: dict[str, GroupState] = Field(default_factory=dict)
+    consumed_groups: list[str] = Field(default_factory=list)
+    """Groups already trained on (or dropped): a late or repeated report for them is ignored."""
+    counters: TrainingCounters = Field(default_factory=TrainingCounters)
+    history: list[StepRecord] = Field(default_factory=list)
+    started_at: float = 0.0
+    """Workflow time (seconds) when the run began, kept across continue-as-new."""
+    continued: int = 0
+    """How many times the workflow continued as new."""
+
+
+class TrainingStart(_Model):
+    """What starts a TrainingWorkflow (the UI's one JSON input): `{}` runs the default config."""
+
+    run: TrainingRunConfig = TrainingRunConfig()
+    resume: TrainingState | None = None
+    """Set by continue-as-new to carry the state over; leave it out when starting a run."""
+
+
+class TrainingResult(_Model):
+    run_id: str
+    version: int
+    counters: TrainingCounters
+    history: list[StepRecord]
+    wall_seconds: float
+
+
+class TrainingProgress(_Model):
+    """What the `progress` query answers."""
+
+    run_id: str
+    version: int
+    steps: int
+    alpha: int
+    running: int
+    buffered: int
+    """Completed samples waiting in groups that are not yet trained on."""
+    counters: TrainingCounters
+    last: StepRecord | None
+    elapsed_s: float

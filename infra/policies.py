@@ -1,0 +1,136 @@
+"""Published policy weights in the object store: the trainer publishes, decode workers follow.
+
+Layout under `runs/<run>/policy/`:
+    v000003/<files of a Hugging Face checkpoint directory>
+    v000003/manifest.json          written after the files: a version directory is complete once it exists
+    latest.json                    {"version": 3, "weights": true} written last: the pointer decode workers read
+
+A version is published by writing its files, then its manifest, then moving the pointer, so a reader never sees
+a pointer to a half-written version. `PolicyStore` is also the `WeightSource` the engines use: `latest_version`
+reads the pointer (cached for `pointer_ttl_s`), `latest` downloads a version once into a local cache directory.
+Simulated runs (benchmarks) publish pointers without weights (`weights: false`).
+
+Not covered: garbage collection of a run's store objects beyond `prune` (keeping the newest few versions).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from contracts.names import policy_prefix
+from infra.store import ObjectNotFound, ObjectStore
+from rl.engine import PolicyWeights
+
+
+class PolicyStore:
+    def __init__(self, store: ObjectStore, cache_dir: Path, *, pointer_ttl_s: float = 0.5) -> None:
+        self.store = store
+        self.cache_dir = Path(cache_dir)
+        self.pointer_ttl_s = pointer_ttl_s
+        self._pointers: dict[str, tuple[float, int, bool]] = {}
+        self._lock = threading.Lock()
+
+    # --- publishing (trainer side) ---------------------------------------------------------------------------
+
+    def publish(self, run_id: str, version: int, directory: Path | None) -> str | None:
+        """Upload a checkpoint directory as `version` of `run_id` and point `latest` at it; None publishes a
+        version pointer without weights (simulated training). Returns the version's manifest URI."""
+        prefix = f"{policy_prefix(run_id)}/v{version:06d}"
+        manifest_uri = put_dir(self.store, prefix, directory) if directory is not None else None
+        self.store.put_json(
+            f"{policy_prefix(run_id)}/latest.json", {"version": version, "weights": directory is not None}
+        )
+        with self._lock:
+            self._pointers[run_id] = (time.monotonic(), version, directory is not None)
+        return manifest_uri
+
+    def prune(self, run_id: str, keep: int = 2) -> None:
+        """Delete all but the newest `keep` published versions of a run (the pointer's target is always kept)."""
+        newest = self.latest_version(run_id, fresh=True)
+        for uri in self.store.list(f"{policy_prefix(run_id)}/v"):
+            name = uri.rsplit("/policy/", 1)[1].split("/", 1)[0]
+            if name.startswith("v") and name[1:].isdigit() and int(name[1:]) <= newest - keep:
+                self.store.delete(uri)
+
+    # --- following (decode side): the WeightSource protocol -------------------------------------------------
+
+    def latest_version(self, policy: str, *, fresh: bool = False) -> int:
+        return self._pointer(policy, fresh)[0]
+
+    def latest(self, policy: str) -> PolicyWeights | None:
+        version, has_weights = self._pointer(policy, False)
+        if version == 0 or not has_weights:
+            return None
+        return PolicyWeights(policy=policy, version=version, path=self.fetch(policy, version))
+
+    def _pointer(self, policy: str, fresh: bool) -> tuple[int, bool]:
+        if not policy:
+            return 0, False
+        now = time.monotonic()
+        with self._lock:
+            cached = self._pointers.get(policy)
+        if cached and not fresh and now - cached[0] < self.pointer_ttl_s:
+            return cached[1], cached[2]
+        try:
+            data = self.store.get_json(self.store.uri_for(f"{policy_prefix(policy)}/latest.json"))
+            version, weights = int(data["version"]), bool(data.get("weights", True))
+        except ObjectNotFound:
+            version, weights = 0, False
+        with self._lock:
+            self._pointers[policy] = (now, version, weights)
+        return version, weights
+
+    def fetch(self, run_id: str, version: int) -> Path:
+        """The local directory of a published version, downloaded once (a complete copy or nothing)."""
+        target = self.cache_dir / safe_name(run_id) / f"v{version:06d}"
+        if (target / "manifest.json").is_file():
+            return target
+        get_dir(self.store, f"{policy_prefix(run_id)}/v{version:06d}", target)
+        self._prune_cache(run_id, keep_from=version - 1)
+        return target
+
+    def _prune_cache(self, run_id: str, keep_from: int) -> None:
+        for old in (self.cache_dir / safe_name(run_id)).glob("v*"):
+            if old.name[1:].isdigit() and int(old.name[1:]) < keep_from:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def put_dir(store: ObjectStore, prefix: str, directory: Path) -> str:
+    """Upload the files of `directory` under `prefix`, then a manifest naming them; returns the manifest URI.
+    A reader that finds the manifest finds every file."""
+    files = sorted(p for p in Path(directory).iterdir() if p.is_file())
+    for path in files:
+        store.put_bytes(f"{prefix}/{path.name}", path.read_bytes())
+    return store.put_json(f"{prefix}/manifest.json", {"files": [p.name for p in files]})
+
+
+def get_dir(store: ObjectStore, prefix: str, target: Path) -> Path:
+    """Download what `put_dir` uploaded under `prefix` into `target` (replaced whole); ObjectNotFound if absent."""
+    manifest = store.get_json(store.uri_for(f"{prefix}/manifest.json"))
+    tmp = target.with_name(f".{target.name}-{uuid.uuid4().hex}")
+    tmp.mkdir(parents=True)
+    try:
+        for name in manifest["files"]:
+            (tmp / name).write_bytes(store.get_bytes(store.uri_for(f"{prefix}/{name}")))
+        (tmp / "manifest.json").write_text(json.dumps(manifest))
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def delete_prefix(store: ObjectStore, prefix: str) -> None:
+    for uri in store.list(prefix):
+        store.delete(uri)
+
+
+def safe_name(run_id: str) -> str:
+    """A run id as one safe path segment."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)

@@ -1,0 +1,158 @@
+"""TrainingWorkflow against the real Temporal dev server, real Docker sandboxes and the real reward service.
+
+These tests check the loop's bookkeeping (admission under α, the hard staleness bound, groups with
+redundancy, the sync barrier, continue-as-new, worker restarts), so the policy is scripted and the trainer step
+is the simulated one (a fixed sleep that still publishes versions). Real training is in test_training_real.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from transformers import AutoTokenizer
+
+from contracts.tasks import TaskConfig
+from contracts.trajectory import SamplingParams, StagePools, TrajectoryReport, TrajectoryStatus
+from contracts.training import TrainerConfig, TrainingRunConfig, TrainingState
+from infra.policies import PolicyStore
+from rl.engine import ScriptedEngine
+from tests.conftest import async_wait_for, running_stack
+from trajflow.client import start_training, training_progress
+
+pytestmark = pytest.mark.integration
+
+
+def run_config(pools: str, **fields) -> TrainingRunConfig:  # type: ignore[no-untyped-def]
+    task = TaskConfig(
+        max_turns=1,
+        sampling=SamplingParams(temperature=0.0, max_new_tokens=16),
+        pools=StagePools(decode=pools, env=pools, reward=pools),
+    )
+    fields.setdefault("trainer", TrainerConfig(simulate_step_s=0.3))
+    return TrainingRunConfig(tasks=[task], trainer_pool=pools, **fields)
+
+
+@pytest.fixture()
+def engine(tiny_model, store, tmp_path):  # type: ignore[no-untyped-def]
+    """A scripted policy that stamps each turn with the run's newest published version."""
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    return ScriptedEngine(tok, "\\boxed{5}", weights=PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0))
+
+
+async def children(client, run_id: str) -> list:  # type: ignore[no-untyped-def]
+    """Every trajectory the run started (its child workflows), from Temporal visibility."""
+    out = []
+    async for wf in client.list_workflows(f"WorkflowType = 'TrajectoryWorkflow' AND TrajflowRun = '{run_id}'"):
+        out.append(wf)
+    return out
+
+
+async def test_async_run_respects_admission_and_staleness_bounds(
+    temporal_env, reward_service, store, sandbox_manager, engine
+) -> None:
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+        cfg = run_config(st.pools, steps=3, batch_size=4, group_size=2, redundancy=1, alpha=1)
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+        result = await asyncio.wait_for(handle.result(), timeout=240)
+        state = await handle.query("state", result_type=TrainingState)
+        progress = await training_progress(handle)
+        runs = await children(st.client, run_id)
+        start_versions = {w.id: await _min_policy_version(st.client, w.id) for w in runs}
+
+    c = result.counters
+    assert result.version == 3 and len(result.history) == 3
+    assert c.consumed == 12 and c.dropped_stale == 0
+    assert all(0 <= lag <= 1 for step in result.history for lag in step.staleness)
+    assert state.next_group >= 6
+    assert len(runs) == c.started and c.started >= 6 * 3  # n + r = 3 started per group
+    # admission: group k (n = 2 samples) may start only once (k + 1)·n <= (v + α + 1)·B at its start version v
+    for wid, start_version in start_versions.items():
+        k = int(wid.split("-g")[1].split("-")[0])
+        assert (k + 1) * 2 <= (start_version + 1 + 1) * 4, f"group {k} started at v{start_version}"
+    # redundancy: the first 2 complete samples make a group; the third is cancelled or arrives late
+    assert c.cancelled + c.late >= 1
+    assert progress.version == 3 and progress.counters.consumed == 12
+
+
+async def _min_policy_version(client, workflow_id: str) -> int:  # type: ignore[no-untyped-def]
+    from contracts.trajectory import TrajectoryRequest
+
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
+        if event.HasField("workflow_execution_started_event_attributes"):
+            payload = event.workflow_execution_started_event_attributes.input.payloads[0]
+            return TrajectoryRequest.model_validate_json(payload.data).min_policy_version
+    raise AssertionError(f"{workflow_id} has no start event")
+
+
+async def test_sync_mode_is_a_batch_barrier(temporal_env, reward_service, store, sandbox_manager, engine) -> None:
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+        cfg = run_config(st.pools, steps=3, batch_size=4, group_size=2, alpha=0, sync=True)
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+        result = await asyncio.wait_for(handle.result(), timeout=240)
+        runs = await children(st.client, run_id)
+    assert result.version == 3
+    assert all(lag == 0 for step in result.history for lag in step.staleness)
+    assert result.counters.started == 12 == len(runs)  # exactly B per step: nothing generated ahead
+    # every trajectory of step s was generated by version s
+    for wf in runs:
+        k = int(wf.id.split("-g")[1].split("-")[0])
+        assert await _min_policy_version(st.client, wf.id) == k // 2
+
+
+async def test_stale_samples_are_dropped_never_trained(
+    temporal_env, reward_service, store, sandbox_manager, engine
+) -> None:
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+        cfg = run_config(st.pools, steps=4, batch_size=2, group_size=2, alpha=0, trainer=TrainerConfig(simulate_step_s=1.0))
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+
+        async def at_v2():  # type: ignore[no-untyped-def]
+            return (await training_progress(handle)).version >= 2
+
+        await async_wait_for(at_v2, timeout_s=120, what="version 2")
+        # a user-started group whose samples were generated by version 0: more than α = 0 behind
+        for i in range(2):
+            report = TrajectoryReport(
+                workflow_id=f"user-traj-{i}",
+                trajectory_uri="file:///nonexistent/never-read.json",
+                group="user-group",
+                policy_version=0,
+                reward=1.0,
+                status=TrajectoryStatus.COMPLETED,
+            )
+            await handle.signal("trajectory_finished", report)
+        result = await asyncio.wait_for(handle.result(), timeout=240)
+    assert result.counters.external == 2
+    assert result.counters.dropped_stale == 2
+    assert result.version == 4
+    assert all(lag == 0 for step in result.history for lag in step.staleness)
+
+
+async def test_continue_as_new_and_worker_restart_keep_the_run(
+    temporal_env, reward_service, store, sandbox_manager, engine
+) -> None:
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+        tag = st.tag
+        cfg = run_config(
+            st.pools, steps=6, batch_size=2, group_size=2, alpha=1, history_events_before_continue=60
+        )
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+
+        async def at_v2():  # type: ignore[no-untyped-def]
+            return (await training_progress(handle)).version >= 2
+
+        await async_wait_for(at_v2, timeout_s=120, what="version 2")
+    # every worker is gone now (mid-run); new ones on the same queues pick the run up where it was
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, tag=tag):
+        result = await asyncio.wait_for(handle.result(), timeout=300)
+        state = await handle.query("state", result_type=TrainingState)
+    assert result.version == 6
+    assert result.counters.consumed == 12
+    assert state.continued >= 1, "the history limit of 60 events should have forced continue-as-new"
+    assert [s.step for s in result.history] == [1, 2, 3, 4, 5, 6]

@@ -1,0 +1,51 @@
+"""Trainer worker: one process per trainer pool host, keeping one run's model and optimizer in memory and
+taking that run's optimizer steps one at a time."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.trainer import TrainerActivities
+from contracts import names
+from contracts.config import ModelConfig
+from infra.policies import PolicyStore
+from infra.settings import Settings
+from infra.store import ObjectStore, open_store
+from infra.temporal import wait_until_reachable
+from workers.common import new_worker_id, run_until_signalled
+
+log = logging.getLogger("trajflow.trainer")
+
+
+def trainer_workers(
+    client: Client, store: ObjectStore, model_path: Path, work_dir: Path, pools: Sequence[str], cache_dir: Path
+) -> list[Worker]:
+    acts = TrainerActivities(store, PolicyStore(store, cache_dir), model_path, work_dir)
+    return [
+        Worker(
+            client,
+            task_queue=names.trainer_queue(pool),
+            activities=[acts.train_step],
+            max_concurrent_activities=1,  # one optimizer step at a time: the model is one object
+        )
+        for pool in pools
+    ]
+
+
+async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> None:
+    from rl.models import resolve_model
+
+    model_path = resolve_model(model.name_or_path, settings.cache_dir / "models")
+    store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+    client = await wait_until_reachable(settings)
+    worker_id = new_worker_id()
+    log.info("trainer %s for %s, pools %s", worker_id, model_path, list(pools))
+    work_dir = settings.state_dir / "trainer" / worker_id
+    await run_until_signalled(
+        trainer_workers(client, store, model_path, work_dir, pools, settings.cache_dir / "policies" / worker_id)
+    )
