@@ -201,6 +201,38 @@ def rollout(
 
 
 @app.command()
+def train(
+    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="Run config (TOML) with a [train] section.")],
+    run_id: Annotated[Optional[str], typer.Option(help="Run id = the TrainingWorkflow's id (default: generated).")] = None,
+    json_summary: Annotated[Optional[Path], typer.Option(help="Also write the JSON summary here.")] = None,
+    no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the held-out evaluation before and after.")] = False,
+) -> None:
+    """Train on the running stack: eval, the TrainingWorkflow with live progress, eval; summary + plots."""
+    from infra.settings import load_settings
+    from infra.store import open_store
+    from infra.temporal import connect
+    from trajflow.client import new_run_id
+    from trajflow.train import train as run_training
+
+    config = _config(config_path)
+    settings = load_settings()
+    rid = run_id or new_run_id()
+    run_dir = settings.state_dir / "runs" / rid
+
+    async def main() -> dict:
+        client = await connect(settings)
+        store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+        return await run_training(config, settings, client, store, rid, run_dir, _say, skip_eval=no_eval)
+
+    summary = asyncio.run(main())
+    if json_summary:
+        json_summary.parent.mkdir(parents=True, exist_ok=True)
+        json_summary.write_text(json.dumps(summary, indent=2))
+    typer.echo(json.dumps({k: summary[k] for k in ("eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds")}, indent=2))
+    _exit(0)
+
+
+@app.command()
 def demo(
     n: Annotated[Optional[int], typer.Option("--n", help="Trajectories to run (default: the config's).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the summary as JSON here.")] = None,

@@ -61,10 +61,10 @@ def test_bad_config_is_a_clear_error(cli_stack, tmp_path) -> None:  # type: igno
 def test_restart_keeps_workflows_and_down_stops_exactly_what_up_started(cli_stack) -> None:  # type: ignore[no-untyped-def]
     first = json.loads(cli_stack.trajflow("rollout", "-c", str(cli_stack.config), "--seed", "11", "--json").stdout)
     records = ProcessTable(cli_stack.state_dir / "run").load()
-    assert len(records) == 6 and all(is_alive(r) for r in records)
+    assert len(records) == 7 and all(is_alive(r) for r in records)
 
     out = cli_stack.trajflow("down").stdout
-    assert "stopped 6" in out
+    assert "stopped 7" in out
     assert not any(is_alive(r) for r in records)
 
     cli_stack.trajflow("up", "-c", str(cli_stack.config))

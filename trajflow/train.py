@@ -1,0 +1,207 @@
+"""What `trajflow train CONFIG` does: evaluate, train through the TrainingWorkflow with live progress, evaluate
+again, then write a JSON summary and plots to the run directory.
+
+Evaluation rolls out held-out seeds (`[train.eval]`, disjoint from the training seeds by validation) greedily
+(temperature 0) as ordinary trajectories pinned to a policy version; success = the episode's last env reward is
+at least 1 (a win), and the mean reward is reported beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+
+from contracts.config import RunConfig
+from contracts.records import TrajectoryRecord
+from contracts.training import StepRecord, TrainingProgress, TrainingResult, TrainingRunConfig
+from contracts.trajectory import SamplingParams, TrajectoryStatus
+from infra.settings import Settings
+from infra.store import ObjectStore
+from trajflow.client import start_trajectory, start_training, training_progress
+
+Say = Callable[[str], None]
+
+
+async def evaluate(
+    client: Client, store: ObjectStore, run: TrainingRunConfig, policy: str, version: int, say: Say
+) -> dict[str, Any]:
+    """Greedy rollouts of the held-out seeds with `policy` at `version` (0: the initial model)."""
+    n = run.eval.episodes
+    started = time.monotonic()
+    handles = []
+    for i in range(n):
+        task = run.tasks[i % len(run.tasks)]
+        req = task.request(
+            run.eval.first_seed + i,
+            sampling=SamplingParams(**{**task.sampling.model_dump(), "temperature": 0.0}),
+            policy=policy,
+            min_policy_version=version,
+            group=f"eval-v{version}",
+        )
+        handles.append(await start_trajectory(req, client=client, workflow_id=f"{policy or 'base'}-eval-v{version}-{i}"))
+    results = await asyncio.gather(*(h.result() for h in handles))
+    wins, rewards, lost = 0, [], 0
+    for res in results:
+        if res.status is not TrajectoryStatus.COMPLETED or res.trajectory_uri is None:
+            lost += 1
+            continue
+        record = TrajectoryRecord.model_validate(await asyncio.to_thread(store.get_json, res.trajectory_uri))
+        wins += bool(record.turns and record.turns[-1].env_reward >= 1.0)
+        rewards.append(res.reward or 0.0)
+    out = {
+        "version": version,
+        "episodes": n,
+        "scored": len(rewards),
+        "not_completed": lost,
+        "success_rate": wins / n if n else 0.0,
+        "mean_reward": statistics.fmean(rewards) if rewards else 0.0,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    say(
+        f"eval v{version}: success {wins}/{n} ({out['success_rate']:.0%}), mean reward {out['mean_reward']:.3f} "
+        f"({out['seconds']:.0f}s)"
+    )
+    return out
+
+
+def progress_line(p: TrainingProgress, first_t: float) -> str:
+    c = p.counters
+    rate = c.completed / p.elapsed_s if p.elapsed_s > 0 else 0.0
+    reward = f"{p.last.reward_mean:.3f}" if p.last else "-"
+    return (
+        f"[{time.monotonic() - first_t:6.0f}s] step {p.version}/{p.steps}  reward {reward}  running {p.running}  "
+        f"buffered {p.buffered}  trained {c.consumed}  stale-dropped {c.dropped_stale}  failed {c.failed}+"
+        f"{c.infra_failed} infra  {rate:.2f} traj/s"
+    )
+
+
+async def train(
+    config: RunConfig,
+    settings: Settings,
+    client: Client,
+    store: ObjectStore,
+    run_id: str,
+    run_dir: Path,
+    say: Say,
+    *,
+    skip_eval: bool = False,
+) -> dict[str, Any]:
+    run = config.training_run()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(run.model_dump_json(indent=2))
+    say(
+        f"run {run_id}: {run.steps} steps of B={run.batch_size} (groups of {run.group_size}+{run.redundancy}), "
+        f"alpha={run.alpha}{' sync' if run.sync else ''}, loss {run.trainer.loss.kind}, lr {run.trainer.lr:g}"
+    )
+    evaluate_now = not skip_eval and run.eval.episodes > 0
+    before = await evaluate(client, store, run, run_id, 0, say) if evaluate_now else None
+    t0 = time.monotonic()
+    handle = await start_training(run, run_id=run_id, client=client)
+    say(f"training workflow {run_id} started (Temporal UI: http://{settings.temporal_address.rsplit(':', 1)[0]}:{settings.temporal_ui_port}/namespaces/{settings.temporal_namespace}/workflows/{run_id})")
+    result = await _follow(handle, say)
+    wall = time.monotonic() - t0
+    after = await evaluate(client, store, run, run_id, result.version, say) if evaluate_now else None
+    summary = summarise(run, run_id, result, wall, before, after)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    plots = write_plots(result.history, before, after, run_dir)
+    say(f"summary: {run_dir / 'summary.json'}; plots: {', '.join(str(p) for p in plots)}")
+    return summary
+
+
+async def _follow(handle, say: Say) -> TrainingResult:  # type: ignore[no-untyped-def]
+    """Print a line per finished step and a heartbeat line every 20 s until the run ends."""
+    first = time.monotonic()
+    result_task = asyncio.ensure_future(handle.result())
+    last_version, last_line = -1, 0.0
+    while not result_task.done():
+        await asyncio.wait({result_task}, timeout=2.0)
+        if result_task.done():
+            break
+        try:
+            p = await training_progress(handle)
+        except Exception as e:  # the workflow may be between runs (continue-as-new) or the worker restarting
+            say(f"(progress unavailable: {type(e).__name__})")
+            continue
+        if p.version != last_version or time.monotonic() - last_line > 20:
+            say(progress_line(p, first))
+            last_version, last_line = p.version, time.monotonic()
+    return result_task.result()
+
+
+def summarise(
+    run: TrainingRunConfig,
+    run_id: str,
+    result: TrainingResult,
+    wall: float,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+) -> dict[str, Any]:
+    c = result.counters
+    staleness = [lag for step in result.history for lag in step.staleness]
+    return {
+        "run_id": run_id,
+        "eval_before": before,
+        "eval_after": after,
+        "steps": result.version,
+        "trajectories_trained": c.consumed,
+        "trajectories_dropped_stale": c.dropped_stale,
+        "wall_seconds": round(wall, 1),
+        "trajectories_per_s": round(c.completed / wall, 3) if wall > 0 else 0.0,
+        "alpha": run.alpha,
+        "sync": run.sync,
+        "batch_size": run.batch_size,
+        "group_size": run.group_size,
+        "loss": run.trainer.loss.kind,
+        "counters": c.model_dump(),
+        "staleness_histogram": {str(k): staleness.count(k) for k in sorted(set(staleness))},
+        "reward_by_step": [round(s.reward_mean, 4) for s in result.history],
+        "time_by_step": [round(s.time_s, 1) for s in result.history],
+        "last_metrics": result.history[-1].metrics if result.history else {},
+    }
+
+
+def write_plots(history: list[StepRecord], before: dict | None, after: dict | None, run_dir: Path) -> list[Path]:
+    """reward.png (mean training reward against step and against wall time) and staleness.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [s.step for s in history]
+    rewards = [s.reward_mean for s in history]
+    times = [s.time_s / 60 for s in history]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, xs, label in ((ax1, steps, "optimizer step"), (ax2, times, "wall time (min)")):
+        ax.plot(xs, rewards, marker="o", ms=3, label="training batch mean reward")
+        ax.set_xlabel(label)
+        ax.set_ylabel("reward")
+        ax.grid(alpha=0.3)
+    for ev, style in ((before, "r--"), (after, "g--")):
+        if ev:
+            ax1.axhline(ev["mean_reward"], color=style[0], ls="--", label=f"held-out mean reward v{ev['version']}")
+    ax1.legend(fontsize=8)
+    fig.suptitle("trajflow training run")
+    fig.tight_layout()
+    reward_png = run_dir / "reward.png"
+    fig.savefig(reward_png, dpi=100)
+    plt.close(fig)
+
+    lags = [lag for s in history for lag in s.staleness]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    if lags:
+        ax.hist(lags, bins=range(0, max(lags) + 2), align="left", rwidth=0.8)
+    ax.set_xlabel("staleness (trainer version - sample version)")
+    ax.set_ylabel("trajectories trained")
+    ax.set_title("staleness of trained samples")
+    fig.tight_layout()
+    stale_png = run_dir / "staleness.png"
+    fig.savefig(stale_png, dpi=100)
+    plt.close(fig)
+    return [reward_png, stale_png]
