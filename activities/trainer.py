@@ -100,6 +100,8 @@ class TrainerActivities:
                 loss_mask=rec.context.loss_mask,
                 advantage=adv,
                 version=ref.policy_version,
+                # behaviour logprobs were taken at the sampling temperature (greedy reports T = 1)
+                temperature=rec.request.sampling.temperature or 1.0,
             )
             for rec, ref, adv in zip(records, inp.refs, _advantages(inp), strict=True)
             if rec.context is not None

@@ -27,7 +27,7 @@ reproducible across runs.
 Weights: with a `WeightSource`, each request names a policy (a training run id; "" is the initial model).
 Batches never mix policies. Right before a batch runs, in the same worker thread that runs batches (so never
 during one), the engine asks the source for the newest version of the batch's policy and, if it differs from
-what is loaded, copies it into the model in place (`rl.weights.load_weights_into`). Every completion carries
+what is loaded, copies it into the model in place (`rl.weights.apply_weights`). Every completion carries
 the version that generated it. Switching between two policies reloads each time: one engine serves one run at
 a time well.
 """
@@ -355,9 +355,9 @@ class HFEngine:
         want = (newest.policy, newest.version) if newest else ("", 0)
         if want == (self.policy, self.version):
             return
-        from rl.weights import load_weights_into
+        from rl.weights import apply_weights
 
-        load_weights_into(self.model, newest.path if newest else self.model_path)
+        apply_weights(self.model, newest.path if newest else self.model_path)
         self.policy, self.version = want
         self._stats.weight_loads += 1
 

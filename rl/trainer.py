@@ -1,0 +1,379 @@
+"""The policy trainer: one optimizer step on a batch of scored trajectories, checkpoints, and weight export.
+
+One trajectory is one training sequence: all its turns, with prompt and observation tokens masked out of the
+loss. `samples_from_records` turns stored `TrajectoryRecord`s into `TrainSample`s with group-relative
+advantages; `PolicyTrainer.train_step` takes exactly one optimizer step on them:
+
+- samples are sharded over processes (`samples[process_index::num_processes]`) and split into right-padded
+  micro-batches of `micro_batch` sequences;
+- a teacher-forced forward pass gives the logprob of token t from the logits at t - 1, divided by the
+  sample's sampling temperature and normalised in float32 (the first token has no logprob and must have loss
+  mask 0);
+- each micro-batch's loss is divided by the whole batch's token (token_mean) or non-empty sequence (seq_mean)
+  count, times the process count that data-parallel gradient averaging divides by again, so the accumulated
+  gradient is exactly the gradient of the full batch's aggregated loss, whatever `micro_batch` is;
+- `prox_logprobs` (decoupled_ppo) are the same forward pass, detached: with one optimizer step per batch the
+  proximal policy is the current one, so r' = 1 and decoupled_ppo's gradient equals a capped-IS REINFORCE;
+- the gradient norm is clipped, AdamW steps, `version` (completed optimizer steps) increments.
+
+Checkpoints (`save_checkpoint` / `load_checkpoint`) hold the weights (safetensors), AdamW state, version and
+RNG state, written to a temp dir beside the target and renamed, so a reader sees an old or a new one, whole.
+`export_weights` writes a Hugging Face checkpoint (config, safetensors, tokenizer) in the decode dtype;
+`rl.weights.apply_weights` copies such a checkpoint into an existing model in place, so an engine can switch weights
+between batches without rebuilding its model.
+
+Limits: one optimizer step per batch (no PPO epochs or mini-batches); constant learning rate; pure bf16 when
+`dtype` is bfloat16 (no fp32 master weights); no sequence packing, so padding costs compute. Multi-GPU is
+plain data parallelism through `accelerate launch` of code that uses PolicyTrainer (DDP-style replicated
+weights; FSDP/DeepSpeed state dicts are not handled); that path is untested here, where there is no GPU. The
+float32 logits of a whole micro-batch are kept for backward: `micro_batch` x length x vocabulary floats.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from contracts.records import TrajectoryRecord
+from contracts.training import TrainerConfig
+from contracts.trajectory import TrajectoryStatus
+from rl.advantages import group_advantages
+from rl.losses import merge_metrics, policy_loss
+from rl.weights import apply_weights
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_STATE_FILE = "trainer_state.json"
+_OPTIMIZER_FILE = "optimizer.pt"
+
+
+@dataclass
+class TrainSample:
+    """One training sequence: aligned token ids, behaviour logprobs (0.0 where not generated) and loss mask."""
+
+    token_ids: list[int]
+    behaviour_logprobs: list[float]
+    loss_mask: list[int]
+    advantage: float
+    version: int = 0
+    """The policy version that generated it (the oldest of its turns)."""
+    temperature: float = 1.0
+    """The sampling temperature its behaviour logprobs were computed at (greedy decoding records T = 1)."""
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.behaviour_logprobs) != n or len(self.loss_mask) != n:
+            raise ValueError(
+                f"token_ids ({n}), behaviour_logprobs ({len(self.behaviour_logprobs)}) and loss_mask "
+                f"({len(self.loss_mask)}) must be aligned"
+            )
+        if n == 0:
+            raise ValueError("a training sample needs at least one token")
+        if self.loss_mask[0]:
+            raise ValueError("the first token has no logprob (nothing precedes it): its loss mask must be 0")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("loss_mask holds 0 or 1 only")
+        if not math.isfinite(self.advantage) or self.temperature <= 0:
+            raise ValueError(f"advantage must be finite and temperature > 0, got {self.advantage}, {self.temperature}")
+
+
+def samples_from_records(records: Sequence[TrajectoryRecord], *, normalize_std: bool) -> list[TrainSample]:
+    """TrainSamples in the records' order, advantages relative to each `request.group` (every record with the
+    same group id, "" included, is one group). A record that is not completed, has no reward or has no token
+    context raises ValueError: unscored trajectories are never trained on."""
+    by_group: dict[str, list[int]] = defaultdict(list)
+    for index, record in enumerate(records):
+        if record.status != TrajectoryStatus.COMPLETED or record.reward is None:
+            raise ValueError(
+                f"trajectory {record.workflow_id} is {record.status.value} with reward {record.reward}: only "
+                "completed, scored trajectories are trained on"
+            )
+        if record.context is None or not record.context.token_ids:
+            raise ValueError(f"trajectory {record.workflow_id} has no token context; nothing to train on")
+        by_group[record.request.group].append(index)
+    advantages = [0.0] * len(records)
+    for indices in by_group.values():
+        rewards = [float(records[i].reward or 0.0) for i in indices]
+        for i, adv in zip(indices, group_advantages(rewards, normalize_std=normalize_std), strict=True):
+            advantages[i] = adv
+    samples = []
+    for record, adv in zip(records, advantages, strict=True):
+        ctx = record.context
+        assert ctx is not None  # checked above
+        temperature = record.request.sampling.temperature
+        samples.append(
+            TrainSample(
+                token_ids=list(ctx.token_ids),
+                behaviour_logprobs=list(ctx.logprobs),
+                loss_mask=list(ctx.loss_mask),
+                advantage=adv,
+                version=min(ctx.turn_versions, default=0),
+                temperature=temperature if temperature > 0 else 1.0,
+            )
+        )
+    return samples
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def _micro_batches(samples: Sequence[TrainSample], size: int) -> list[list[TrainSample]]:
+    return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+def _replace_dir(tmp: Path, target: Path) -> None:
+    """Rename the finished `tmp` to `target`, replacing an older `target` (never leaving a half-written one)."""
+    old = target.with_name(f".{target.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if target.exists():
+        target.rename(old)
+    tmp.rename(target)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def _fresh_tmp(target: Path) -> Path:
+    tmp = target.with_name(f".{target.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _save_in_dtype(model: Any, out: Path, dtype: torch.dtype) -> None:
+    """`save_pretrained` with every tensor cast to `dtype` (tied tensors stay tied) and the config saying so."""
+    import copy
+
+    cast: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key not in cast:
+            cast[key] = tensor.detach().to(device="cpu", dtype=dtype)
+        state[name] = cast[key]
+    model.save_pretrained(out, state_dict=state)
+    config = copy.deepcopy(model.config)
+    config.dtype = dtype
+    config.save_pretrained(out)
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class _Collated:
+    """A right-padded micro-batch, on the training device."""
+
+    ids: torch.Tensor
+    attention: torch.Tensor
+    behaviour: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor
+    temperatures: torch.Tensor
+
+
+class PolicyTrainer:
+    """A causal LM, its AdamW optimizer and its policy version; see the module docstring."""
+
+    def __init__(self, model_path: Path, config: TrainerConfig, *, seed: int = 0, accelerator: Any = None) -> None:
+        """Load `model_path` in `config.dtype`. `accelerator` None builds an `accelerate.Accelerator` (CPU when
+        there is no CUDA); pass one to share it with the rest of a launched program."""
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        set_seed(seed)
+        self.model_path = Path(model_path)
+        self.config = config
+        self.version = 0
+        """Completed optimizer steps (the policy version of the current weights)."""
+        self.accelerator = accelerator if accelerator is not None else Accelerator(cpu=not torch.cuda.is_available())
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_as_dtype(config.dtype))
+        # Eval mode: no dropout, so the policy being trained is the policy that was sampled. Gradients still flow.
+        model.eval()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        pad = self.tokenizer.pad_token_id
+        self._pad_id = int(pad) if pad is not None else 0
+
+    @property
+    def unwrapped_model(self) -> Any:
+        return self.accelerator.unwrap_model(self.model)
+
+    def _collate(self, batch: Sequence[TrainSample]) -> _Collated:
+        width = max(len(s.token_ids) for s in batch)
+        ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        behaviour = torch.zeros((len(batch), width), dtype=torch.float32)
+        mask = torch.zeros((len(batch), width), dtype=torch.float32)
+        for row, s in enumerate(batch):
+            n = len(s.token_ids)
+            ids[row, :n] = torch.tensor(s.token_ids, dtype=torch.long)
+            attention[row, :n] = 1
+            behaviour[row, :n] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+            mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        advantages = torch.tensor([s.advantage for s in batch], dtype=torch.float32)
+        temperatures = torch.tensor([s.temperature for s in batch], dtype=torch.float32)
+        device = self.accelerator.device
+        return _Collated(*(t.to(device) for t in (ids, attention, behaviour, mask, advantages, temperatures)))
+
+    def _token_logprobs(self, batch: _Collated) -> torch.Tensor:
+        """[B, L - 1]: column t - 1 is the logprob of token t given tokens < t (float32, at each row's temperature)."""
+        logits = self.model(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False).logits
+        logits = logits[:, :-1].float() / batch.temperatures[:, None, None]
+        chosen = logits.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
+        return chosen - torch.logsumexp(logits, dim=-1)
+
+    def logprobs(self, samples: Sequence[TrainSample], micro_batch: int | None = None) -> list[list[float]]:
+        """The current policy's teacher-forced logprob of every token (0.0 for the first), aligned with token_ids."""
+        out: list[list[float]] = []
+        with torch.no_grad():
+            for batch in _micro_batches(samples, micro_batch or self.config.micro_batch):
+                values = self._token_logprobs(self._collate(batch)).cpu()
+                out += [[0.0, *values[row, : len(s.token_ids) - 1].tolist()] for row, s in enumerate(batch)]
+        return out
+
+    def _apply_hyperparameters(self, cfg: TrainerConfig) -> None:
+        if cfg.dtype != self.config.dtype:
+            raise ValueError(f"the trainer holds {self.config.dtype} weights; a step cannot switch to {cfg.dtype}")
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr
+            group["weight_decay"] = cfg.weight_decay
+
+    def _micro_step(
+        self, batch: Sequence[TrainSample], cfg: TrainerConfig, denominator: float
+    ) -> tuple[float, float, dict[str, float]]:
+        """Forward and backward of one micro-batch; returns (its loss share, its masked tokens, its metrics)."""
+        data = self._collate(batch)
+        logp = self._token_logprobs(data)
+        mask = data.mask[:, 1:]
+        loss, metrics = policy_loss(
+            cfg.loss, logp, data.behaviour[:, 1:], data.advantages, mask, logp.detach(), denominator=denominator
+        )
+        self.accelerator.backward(loss)
+        return float(loss.detach().item()), float(mask.sum().item()), metrics
+
+    def _global_metrics(self, loss: float, parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+        """This process's loss share and metrics combined with every other process's."""
+        local = merge_metrics(parts)
+        names = sorted(local)
+        tokens = sum(t for t, _ in parts)
+        row = torch.tensor(
+            [loss, tokens, *(local[n] for n in names)], dtype=torch.float64, device=self.accelerator.device
+        )
+        rows = self.accelerator.gather(row[None]).reshape(-1, len(row)).cpu().tolist()
+        merged = merge_metrics([(r[1], dict(zip(names, r[2:], strict=True))) for r in rows])
+        return {"loss": sum(r[0] for r in rows) / len(rows), **merged}
+
+    def train_step(self, samples: Sequence[TrainSample], config: TrainerConfig | None = None) -> dict[str, float]:
+        """One optimizer step on `samples` (the whole batch, every process passes the same list); see the module
+        docstring. Returns loss, grad_norm, the loss metrics, tokens, sequences, seconds."""
+        if not samples:
+            raise ValueError("train_step needs at least one sample")
+        cfg = config or self.config
+        self._apply_hyperparameters(cfg)
+        started = time.perf_counter()
+        acc = self.accelerator
+        masks = [s.loss_mask for s in samples]
+        full = sum(map(sum, masks)) if cfg.loss.aggregation == "token_mean" else sum(1 for m in masks if any(m))
+        # Data-parallel backward averages gradients over processes; multiplying back by their count keeps the
+        # sum of every process's micro-batch losses equal to the full batch's loss.
+        denominator = full / acc.num_processes
+        local = list(samples[acc.process_index :: acc.num_processes])
+        # A process without samples still joins the gradient all-reduce, with a zero loss.
+        local = local or [TrainSample([self._pad_id], [0.0], [0], 0.0)]
+        micro = _micro_batches(local, cfg.micro_batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_share = 0.0
+        parts: list[tuple[float, dict[str, float]]] = []
+        for index, batch in enumerate(micro):
+            last = index == len(micro) - 1
+            with contextlib.nullcontext() if last else acc.no_sync(self.model):
+                share, tokens, metrics = self._micro_step(batch, cfg, denominator)
+            loss_share += share
+            parts.append((tokens, metrics))
+        grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        result = self._global_metrics(loss_share, parts)
+        return {
+            **result,
+            "grad_norm": float(grad_norm),
+            "tokens": float(sum(map(sum, masks))),
+            "sequences": float(len(samples)),
+            "seconds": time.perf_counter() - started,
+        }
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """Weights, AdamW state, version and RNG state into `directory` (replaced whole, via a temp dir)."""
+        acc = self.accelerator
+        directory = Path(directory)
+        tmp = directory.with_name(f".{directory.name}.tmp")
+        if acc.is_main_process:
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            tmp = _fresh_tmp(directory)
+            self.unwrapped_model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            torch.save(self.optimizer.state_dict(), tmp / _OPTIMIZER_FILE)
+            state = {"version": self.version, "num_processes": acc.num_processes, "config": self.config.model_dump()}
+            (tmp / _STATE_FILE).write_text(json.dumps(state, indent=2))
+        acc.wait_for_everyone()
+        torch.save(_rng_state(), tmp / f"rng-{acc.process_index}.pt")
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            _replace_dir(tmp, directory)
+        acc.wait_for_everyone()
+
+    def load_checkpoint(self, directory: Path) -> None:
+        """Resume from `save_checkpoint`'s directory: weights, AdamW state, version and (this rank's) RNG."""
+        directory = Path(directory)
+        state = json.loads((directory / _STATE_FILE).read_text())
+        apply_weights(self.unwrapped_model, directory)
+        optimizer_state = torch.load(directory / _OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(optimizer_state)
+        rng_file = directory / f"rng-{self.accelerator.process_index}.pt"
+        if rng_file.exists():
+            _set_rng_state(torch.load(rng_file, weights_only=True))
+        self.version = int(state["version"])
+
+    def export_weights(self, directory: Path, dtype: str | torch.dtype) -> None:
+        """A Hugging Face checkpoint of the current weights in `dtype`, with the tokenizer, for decode workers
+        (`from_pretrained(directory)` or `apply_weights`). Replaces `directory` whole, via a temp dir."""
+        acc = self.accelerator
+        if acc.is_main_process:
+            target = Path(directory)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = _fresh_tmp(target)
+            _save_in_dtype(self.unwrapped_model, tmp, _as_dtype(dtype))
+            self.tokenizer.save_pretrained(tmp)
+            _replace_dir(tmp, target)
+        acc.wait_for_everyone()
