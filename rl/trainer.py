@@ -132,6 +132,24 @@ def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+def _trainable_parameters(model: torch.nn.Module, last_layers: int) -> list[torch.nn.Parameter]:
+    """Every parameter (last_layers = 0), or only those of the last `last_layers` decoder blocks and the final
+    norm, the rest frozen (requires_grad False, so autograd never goes below the lowest trainable block)."""
+    if last_layers == 0:
+        return list(model.parameters())
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    if layers is None or not hasattr(base, "norm"):
+        raise ValueError(f"train_last_layers needs a decoder with .model.layers and .model.norm; {type(model).__name__} has none")
+    if last_layers > len(layers):
+        raise ValueError(f"train_last_layers = {last_layers} but the model has {len(layers)} blocks")
+    model.requires_grad_(False)
+    trainable = [*layers[-last_layers:], base.norm]
+    for module in trainable:
+        module.requires_grad_(True)
+    return [p for m in trainable for p in m.parameters()]
+
+
 def _micro_batches(samples: Sequence[TrainSample], size: int) -> list[list[TrainSample]]:
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
 
@@ -219,7 +237,8 @@ class PolicyTrainer:
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_as_dtype(config.dtype))
         # Eval mode: no dropout, so the policy being trained is the policy that was sampled. Gradients still flow.
         model.eval()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        trainable = _trainable_parameters(model, config.train_last_layers)
+        optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         pad = self.tokenizer.pad_token_id
         self._pad_id = int(pad) if pad is not None else 0
@@ -247,7 +266,9 @@ class PolicyTrainer:
 
     def _token_logprobs(self, batch: _Collated) -> torch.Tensor:
         """[B, L - 1]: column t - 1 is the logprob of token t given tokens < t (float32, at each row's temperature)."""
-        logits = self.model(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False).logits
+        device_type = self.accelerator.device.type
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.config.autocast_bf16):
+            logits = self.model(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False).logits
         logits = logits[:, :-1].float() / batch.temperatures[:, None, None]
         chosen = logits.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
         return chosen - torch.logsumexp(logits, dim=-1)
@@ -264,6 +285,9 @@ class PolicyTrainer:
     def _apply_hyperparameters(self, cfg: TrainerConfig) -> None:
         if cfg.dtype != self.config.dtype:
             raise ValueError(f"the trainer holds {self.config.dtype} weights; a step cannot switch to {cfg.dtype}")
+        if cfg.train_last_layers != self.config.train_last_layers:
+            raise ValueError("train_last_layers is fixed when the trainer is built; a step cannot change it")
+        self.config = cfg
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr
             group["weight_decay"] = cfg.weight_decay

@@ -31,6 +31,13 @@ oneDNN at load time and empties the original parameters, so that fails with "Att
 layer it loads, but a tied lm_head is not in the checkpoint, so its packed copy would keep the old embedding
 (completions then matched neither version's logprobs, by up to ~0.7 nats); `WorkerExtension` repacks it.
 
+Measured on this 2-core CPU (vLLM binds its threads to one core and leaves the other free), SmolLM2-135M,
+64-token completions: bfloat16 35 / 160 / 231 tok/s at 1 / 16 / 64 concurrent requests with `enforce_eager`
+(engine start ~70 s), 44 / 297 / 373 tok/s compiled (start ~180 s); float32 eager 23 / 183 / 206. A weight
+switch of the 260 MB checkpoint took 0.8 s (bfloat16) to 1.7 s (float32, or compiled). Logprobs against a
+float32 teacher-forced HF pass: float32 within 3e-5 (1e-6 on the tiny test model); bfloat16 up to 0.19 nats
+(mean 0.035), as with `HFEngine`.
+
 Limits: switching between two policies drains and reloads every time (one engine serves one run at a time
 well); a cancelled request is aborted inside vLLM; with `seed=None` a random engine seed is drawn, so sampled
 outputs are not reproducible across runs. CPU threads are bound by vLLM itself; set the process environment
@@ -217,8 +224,11 @@ class VLLMEngine:
 
     async def _enter(self, policy: str) -> int:
         """Admit a request once the newest weights of `policy` are loaded; returns their version."""
-        await self._admitting.wait()
         wanted = await self._wanted(policy)
+        # Nothing may await between this wait and the admission: a switch ends by reopening admission before it
+        # releases the switch lock, so requests waiting here for the version just loaded get in before the next
+        # switch can close admission again.
+        await self._admitting.wait()
         if self._admitting.is_set() and wanted == self._loaded:
             return self._admit()
         return await self._switch_and_admit(policy)

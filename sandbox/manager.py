@@ -206,8 +206,9 @@ class SandboxManager:
         self._lock = threading.Lock()
         self._sandboxes: dict[str, Sandbox] = {}
 
-    def start(self) -> Sandbox:
-        """Start a container and return it once its runner answers `ping`."""
+    def start(self, env_hint: str = "") -> Sandbox:
+        """Start a container and return it once its runner answers `ping`. `env_hint` names the env it will
+        host, so the runner imports only what that env needs (a non-`rg:` env skips reasoning_gym)."""
         sandbox_id = uuid.uuid4().hex[:12]
         host_dir = self._make_host_dir(sandbox_id)
         try:
@@ -222,6 +223,7 @@ class SandboxManager:
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
                 pids_limit=512,
+                environment={"TRAJFLOW_ENV_HINT": env_hint} if env_hint else None,
             )
         except docker.errors.DockerException as e:
             shutil.rmtree(host_dir, ignore_errors=True)

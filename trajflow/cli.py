@@ -81,7 +81,7 @@ def up(config: ConfigOpt = DEFAULT_CONFIG) -> None:
     prepare(settings, cfg, _say)
     try:
         stack.up(settings, cfg, config, _say)
-    except (RuntimeError, TimeoutError) as e:
+    except (RuntimeError, TimeoutError, ValueError) as e:
         typer.secho(f"trajflow up failed: {e}", fg="red", err=True)
         _exit(1)
     typer.echo(f"up: Temporal Web UI at http://127.0.0.1:{settings.temporal_ui_port}  (stop with `trajflow down`)")
@@ -245,6 +245,38 @@ def demo(
     if json_path:
         json_path.write_text(json.dumps(summary, indent=2))
     _exit(1 if summary["lost"] else 0)
+
+
+bench_app = typer.Typer(help="Benchmarks: measure and report, on a labelled workload.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("pipeline")
+def bench_pipeline(
+    quick: Annotated[bool, typer.Option("--quick", help="Smoke run in under a minute (B=16, 2 steps, short unit).")] = False,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures as JSON here.")] = None,
+    unit_s: Annotated[Optional[float], typer.Option("--unit-s", help="Seconds per workload unit (the median LLM turn).")] = None,
+    env_mean: Annotated[Optional[float], typer.Option("--env-mean", help="Mean env step delay, units (default 5).")] = None,
+    env_sigma: Annotated[Optional[float], typer.Option("--env-sigma", help="Env delay σ of the training runs, units (default 5).")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Trainer steps per mode (default 6; quick 2).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the simulated engine.")] = 0,
+) -> None:
+    """Sync vs async (α = 1, 2) throughput and trajectory- vs batch-level env interaction, on one embedded stack."""
+    from infra.settings import load_settings
+    from trajflow.bench_pipeline import main as bench_main
+    from trajflow.bench_workload import Workload, quick_workload
+
+    fields = {
+        k: v
+        for k, v in {"unit_s": unit_s, "env_mean": env_mean, "env_sigma": env_sigma, "steps": steps, "seed": seed}.items()
+        if v is not None
+    }
+    try:
+        workload = quick_workload(**fields) if quick else Workload(**fields)
+    except ValueError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+    _exit(bench_main(workload, json_path, load_settings().cache_dir / "models"))
 
 
 if __name__ == "__main__":

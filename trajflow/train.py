@@ -115,24 +115,36 @@ async def train(
     return summary
 
 
-async def _follow(handle, say: Say) -> TrainingResult:  # type: ignore[no-untyped-def]
-    """Print a line per finished step and a heartbeat line every 20 s until the run ends."""
+async def _follow(handle, say: Say, give_up_after_s: float = 600.0) -> TrainingResult:  # type: ignore[no-untyped-def]
+    """Print a line per finished step and a heartbeat line every 20 s until the run ends.
+
+    Polls (describe + the progress query) instead of holding one long call open, so the command rides out a
+    restart of the Temporal server or the workers: the run itself is durable, only this view pauses.
+    """
+    from temporalio.client import WorkflowExecutionStatus
+
     first = time.monotonic()
-    result_task = asyncio.ensure_future(handle.result())
-    last_version, last_line = -1, 0.0
-    while not result_task.done():
-        await asyncio.wait({result_task}, timeout=2.0)
-        if result_task.done():
-            break
+    last_version, last_line, unreachable_since = -1, 0.0, None
+    while True:
         try:
+            status = (await handle.describe()).status
+            if status is not WorkflowExecutionStatus.RUNNING:
+                return await handle.result()
             p = await training_progress(handle)
-        except Exception as e:  # the workflow may be between runs (continue-as-new) or the worker restarting
-            say(f"(progress unavailable: {type(e).__name__})")
+            unreachable_since = None
+        except Exception as e:  # server restarting, workers down, between runs of continue-as-new
+            now = time.monotonic()
+            if unreachable_since is None:
+                unreachable_since = now
+                say(f"(progress unavailable: {type(e).__name__}: {str(e)[:120]}; the run continues, retrying)")
+            elif now - unreachable_since > give_up_after_s:
+                raise
+            await asyncio.sleep(2.0)
             continue
         if p.version != last_version or time.monotonic() - last_line > 20:
             say(progress_line(p, first))
             last_version, last_line = p.version, time.monotonic()
-    return result_task.result()
+        await asyncio.sleep(2.0)
 
 
 def summarise(

@@ -50,6 +50,7 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
         batch_wait_ms=model.batch_wait_ms,
         dtype=None if model.dtype == "auto" else getattr(torch, model.dtype),
         weights=PolicyStore(store, settings.cache_dir / "policies" / worker_id),
+        engine=model.engine,
     )
     await engine.start()
     log.info("engine %s ready", engine.name)

@@ -37,7 +37,7 @@ CLICK_WAIT_MS = 1500
 right after filling it may do nothing and is repeated."""
 
 
-async def _start_from_ui(page, ui_url: str, workflow_id: str, payload: str) -> None:  # type: ignore[no-untyped-def]
+async def _start_from_ui(page, ui_url: str, workflow_id: str, payload: str, workflow_type: str = "TrajectoryWorkflow") -> None:  # type: ignore[no-untyped-def]
     """Open the UI as the README says (the workflow list, then *Start Workflow*), fill the form and submit it."""
     from playwright.async_api import TimeoutError as PlaywrightTimeout
 
@@ -47,7 +47,7 @@ async def _start_from_ui(page, ui_url: str, workflow_id: str, payload: str) -> N
 
     await page.locator("#workflowId").fill(workflow_id)
     await page.locator("#taskQueue").fill("trajflow")
-    await page.locator("#workflowType").fill("TrajectoryWorkflow")
+    await page.locator("#workflowType").fill(workflow_type)
     # CodeMirror auto-closes `{` when typed: replace the whole document with the text in one insertion instead.
     editor = page.locator(".cm-content")
     await editor.click()
@@ -160,3 +160,33 @@ async def _screenshots(page, ui_url: str, workflow_id: str, started: bool, tmp_p
         except Exception as exc:  # noqa: BLE001 - debugging aid only; never hide the real failure
             lines.append(f"no {name} screenshot: {exc!r}")
     return "\n".join(lines)
+
+
+async def test_start_training_run_from_web_ui(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A TrainingWorkflow started from the form: one real optimizer step of the tiny model on one group."""
+    from playwright.async_api import async_playwright
+    from temporalio.client import Client
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from contracts.training import TrainingResult
+
+    run_id = f"ui-run-{uuid.uuid4().hex[:8]}"
+    payload = '{"run": {"steps": 1, "batch_size": 4, "group_size": 4, "tasks": [{"max_turns": 1}]}}'
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            try:
+                await _start_from_ui(page, cli_stack.ui_url, run_id, payload, workflow_type="TrainingWorkflow")
+            except Exception as exc:
+                shots = await _screenshots(page, cli_stack.ui_url, run_id, False, tmp_path)
+                raise AssertionError(f"starting {run_id} from the Web UI failed: {exc}\n{shots}") from exc
+        finally:
+            await browser.close()
+    client = await Client.connect(
+        cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"], namespace=NAMESPACE, data_converter=pydantic_data_converter
+    )
+    result = await asyncio.wait_for(client.get_workflow_handle(run_id, result_type=TrainingResult).result(), 300)
+    assert result.run_id == run_id and result.version == 1
+    assert result.counters.consumed == 4 and len(result.history) == 1
+    assert "loss" in result.history[0].metrics  # a real step, not a simulated one

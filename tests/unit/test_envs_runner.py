@@ -196,3 +196,28 @@ def test_json_safe_info() -> None:
     assert json_safe_info({"big": ["y" * 2000]})["big"] == str(["y" * 2000])[:1000]
     assert json_safe_info(None) == {}
     json.dumps(safe)
+
+
+def test_a_runner_started_for_a_game_skips_reasoning_gym(tmp_path: Path) -> None:
+    """With an env hint other than `rg:`, GEM loads without reasoning_gym (and sympy): games work, `rg:` ids are
+    refused clearly, and the import is much lighter."""
+    import os
+
+    path = tmp_path / "env.sock"
+    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)], env={**os.environ, "TRAJFLOW_ENV_HINT": GUESS})
+    try:
+        _wait_for_socket(path, proc)
+        c = Client(path)
+        out = c(op="reset", env_id=GUESS, seed=3)
+        assert out["ok"] and "Guess The Number" in out["observation"]
+        step = c(op="step", action="\\boxed{5}")
+        assert step["ok"]
+        refused = c(op="reset", env_id=RG, seed=0)
+        assert not refused["ok"] and refused["error"]["type"] == "BadRequest" and RG in refused["error"]["message"]
+        c.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    from envs.runner import GemLoader
+
+    assert GemLoader(GUESS).light and not GemLoader(RG).light and not GemLoader("").light
