@@ -105,7 +105,7 @@ def put_dir(store: ObjectStore, prefix: str, directory: Path) -> str:
     A reader that finds the manifest finds every file."""
     files = sorted(p for p in Path(directory).iterdir() if p.is_file())
     for path in files:
-        store.put_bytes(f"{prefix}/{path.name}", path.read_bytes())
+        store.put_file(f"{prefix}/{path.name}", path)
     return store.put_json(f"{prefix}/manifest.json", {"files": [p.name for p in files]})
 
 

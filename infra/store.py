@@ -81,6 +81,11 @@ class ObjectStore(Protocol):
         """Remove the object at `uri`; absent objects are fine (deleting is idempotent)."""
         ...
 
+    def put_file(self, key: str, path: Path) -> str:
+        """Store the file at `path` under `key` (for large files: checkpoints, weights); returns its URI. The
+        file must not change afterwards (a local store may hard-link it instead of copying)."""
+        ...
+
     def list(self, prefix: str = "") -> list[str]:
         """URIs of all objects whose key starts with `prefix` (a plain string prefix, as in S3), sorted."""
         ...
@@ -189,6 +194,17 @@ class LocalStore:
 
     def delete(self, uri: str) -> None:
         self._path_of(uri).unlink(missing_ok=True)
+
+    def put_file(self, key: str, path: Path) -> str:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}{_TMP_MARK}{uuid.uuid4().hex}"
+        try:
+            os.link(path, tmp)  # same filesystem: no copy of a gigabyte checkpoint
+        except OSError:
+            return self.put_bytes(key, Path(path).read_bytes())
+        os.replace(tmp, target)
+        return target.as_uri()
 
     def list(self, prefix: str = "") -> list[str]:
         _check_prefix(prefix)
@@ -302,6 +318,10 @@ class S3Store:
 
     def delete(self, uri: str) -> None:
         self._client.delete_object(Bucket=self.bucket, Key=self._key_of(uri))
+
+    def put_file(self, key: str, path: Path) -> str:
+        self._client.upload_file(str(path), self.bucket, self._key(key))  # multipart for large files
+        return self.uri_for(key)
 
     def list(self, prefix: str = "") -> list[str]:
         _check_prefix(prefix)

@@ -55,6 +55,8 @@ from rl.weights import apply_weights
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _STATE_FILE = "trainer_state.json"
 _OPTIMIZER_FILE = "optimizer.pt"
+_TRAINABLE_FILE = "trainable.safetensors"
+"""With frozen lower blocks, a checkpoint holds only the trained parameters (the rest is the initial model)."""
 
 
 @dataclass
@@ -365,8 +367,16 @@ class PolicyTrainer:
         if acc.is_main_process:
             directory.parent.mkdir(parents=True, exist_ok=True)
             tmp = _fresh_tmp(directory)
-            self.unwrapped_model.save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
+            if self.config.train_last_layers:
+                # frozen parameters equal the initial model's: keep only what training changes
+                from safetensors.torch import save_file
+
+                model = self.unwrapped_model
+                trainable = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+                save_file(trainable, str(tmp / _TRAINABLE_FILE))
+            else:
+                self.unwrapped_model.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
             torch.save(self.optimizer.state_dict(), tmp / _OPTIMIZER_FILE)
             state = {"version": self.version, "num_processes": acc.num_processes, "config": self.config.model_dump()}
             (tmp / _STATE_FILE).write_text(json.dumps(state, indent=2))
@@ -381,7 +391,19 @@ class PolicyTrainer:
         """Resume from `save_checkpoint`'s directory: weights, AdamW state, version and (this rank's) RNG."""
         directory = Path(directory)
         state = json.loads((directory / _STATE_FILE).read_text())
-        apply_weights(self.unwrapped_model, directory)
+        if (directory / _TRAINABLE_FILE).exists():  # frozen blocks are the initial model's, already loaded
+            from safetensors.torch import load_file
+
+            saved = load_file(str(directory / _TRAINABLE_FILE))
+            params = dict(self.unwrapped_model.named_parameters())
+            expected = {n for n, p in params.items() if p.requires_grad}
+            if set(saved) != expected:
+                raise ValueError(f"{directory} holds other trainable tensors than this trainer trains")
+            with torch.no_grad():
+                for name, tensor in saved.items():
+                    params[name].copy_(tensor)
+        else:
+            apply_weights(self.unwrapped_model, directory)
         optimizer_state = torch.load(directory / _OPTIMIZER_FILE, map_location="cpu", weights_only=True)
         self.optimizer.load_state_dict(optimizer_state)
         rng_file = directory / f"rng-{self.accelerator.process_index}.pt"

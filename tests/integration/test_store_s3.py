@@ -113,6 +113,12 @@ def test_list_and_exists(store: S3Store) -> None:
     assert not store.exists(store.uri_for("runs/r1/zzz"))
 
 
+def test_put_file(store: S3Store, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    src = tmp_path / "w.bin"
+    src.write_bytes(b"x" * 100)
+    assert store.get_bytes(store.put_file("runs/r/w.bin", src)) == b"x" * 100
+
+
 def test_delete_is_idempotent(store: S3Store) -> None:
     uri = store.put_bytes("runs/r1/gone.bin", b"x")
     store.delete(uri)

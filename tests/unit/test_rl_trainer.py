@@ -116,15 +116,17 @@ def test_micro_batching_does_not_change_the_step(tiny_model: Path, loss: LossCon
     assert_same_params(params(whole), params(split), atol=5e-5)
 
 
-def test_checkpoint_resumes_exactly(tiny_model: Path, tmp_path: Path) -> None:
-    original = make_trainer(tiny_model)
+@pytest.mark.parametrize("last_layers", [0, 1], ids=["all-trained", "last-block-only"])
+def test_checkpoint_resumes_exactly(tiny_model: Path, tmp_path: Path, last_layers: int) -> None:
+    config = CONFIG.model_copy(update={"train_last_layers": last_layers})
+    original = make_trainer(tiny_model, config)
     samples = batch(original)
     original.train_step(samples[:2])
     original.save_checkpoint(tmp_path / "ckpt")
     original.save_checkpoint(tmp_path / "ckpt")  # replacing an existing checkpoint works
     continued = original.train_step(samples[2:])
 
-    resumed = make_trainer(tiny_model)
+    resumed = make_trainer(tiny_model, config)
     resumed.load_checkpoint(tmp_path / "ckpt")
     assert resumed.version == 1
     state = resumed.optimizer.state_dict()["state"]
@@ -135,6 +137,15 @@ def test_checkpoint_resumes_exactly(tiny_model: Path, tmp_path: Path) -> None:
     assert again["grad_norm"] == pytest.approx(continued["grad_norm"], rel=1e-6)
     assert_same_params(params(original), params(resumed), atol=1e-7)
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temp dir left behind
+    if last_layers:  # only the trained block and the norm are saved, and only they ever changed
+        assert (tmp_path / "ckpt" / "trainable.safetensors").exists()
+        assert not (tmp_path / "ckpt" / "model.safetensors").exists()
+        fresh = make_trainer(tiny_model, config)
+        frozen = [n for n, p in original.unwrapped_model.named_parameters() if not p.requires_grad]
+        assert frozen and all(
+            torch.equal(dict(original.unwrapped_model.named_parameters())[n], dict(fresh.unwrapped_model.named_parameters())[n])
+            for n in frozen
+        )
 
 
 def logits(model: Any, ids: list[int]) -> torch.Tensor:

@@ -172,3 +172,11 @@ def test_delete_removes_an_object_and_is_idempotent(store: LocalStore) -> None:
     store.delete(uri)  # already gone: fine
     with pytest.raises(ValueError):
         store.delete("s3://bucket/runs/r1/b.bin")
+
+
+def test_put_file_links_or_copies_whole(store: LocalStore, tmp_path: Path) -> None:
+    src = tmp_path / "weights.bin"
+    src.write_bytes(b"w" * 1000)
+    uri = store.put_file("runs/r/v1/weights.bin", src)
+    assert store.get_bytes(uri) == b"w" * 1000
+    assert store.list("runs/r/") == [uri]  # no temp file left
