@@ -1,9 +1,10 @@
 # The two commands of the quick start. Both set up (idempotently) and reuse .venv.
 .PHONY: demo test test-vllm vllm-venv setup setup-test down
 
+# The main job: start the embedded stack, then train SmolLM2 on the default config (eval before and after).
 demo: setup
 	.venv/bin/trajflow up
-	.venv/bin/trajflow demo
+	.venv/bin/trajflow train configs/default.toml
 
 # pytest's exit code 5 ("no tests ran") is turned into a loud failure, never mistaken for success.
 test: setup-test

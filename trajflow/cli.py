@@ -206,6 +206,8 @@ def train(
     run_id: Annotated[Optional[str], typer.Option(help="Run id = the TrainingWorkflow's id (default: generated).")] = None,
     json_summary: Annotated[Optional[Path], typer.Option(help="Also write the JSON summary here.")] = None,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the held-out evaluation before and after.")] = False,
+    sync: Annotated[bool, typer.Option("--sync", help="The synchronous baseline: alpha = 0 with the batch barrier.")] = False,
+    alpha: Annotated[Optional[int], typer.Option(help="Override the config's train.alpha.")] = None,
 ) -> None:
     """Train on the running stack: eval, the TrainingWorkflow with live progress, eval; summary + plots."""
     from infra.settings import load_settings
@@ -215,6 +217,18 @@ def train(
     from trajflow.train import train as run_training
 
     config = _config(config_path)
+    overrides = {"sync": True, "alpha": 0} if sync else {}
+    if alpha is not None:
+        overrides["alpha"] = alpha
+    if overrides:
+        from contracts.training import TrainSettings
+
+        try:
+            train_cfg = TrainSettings.model_validate({**config.train.model_dump(), **overrides})
+        except ValueError as e:
+            typer.secho(f"invalid override: {e}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        config = config.model_copy(update={"train": train_cfg})
     settings = load_settings()
     rid = run_id or new_run_id()
     run_dir = settings.state_dir / "runs" / rid

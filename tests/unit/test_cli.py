@@ -29,3 +29,21 @@ def test_every_command_documents_itself() -> None:
         result = runner.invoke(app, [*cmd, "--help"])
         assert result.exit_code == 0, (cmd, result.output)
         assert "Usage" in result.output
+
+
+def test_train_rejects_contradictory_overrides_before_touching_the_stack() -> None:
+    from typer.testing import CliRunner
+
+    from trajflow.cli import app
+
+    r = CliRunner().invoke(app, ["train", "configs/smoke.toml", "--sync", "--alpha", "2"])
+    assert r.exit_code == 2 and "sync mode is the alpha = 0 barrier" in r.output
+
+
+def test_train_with_a_bad_config_exits_2() -> None:
+    from typer.testing import CliRunner
+
+    from trajflow.cli import app
+
+    r = CliRunner().invoke(app, ["train", "configs/does-not-exist.toml"])
+    assert r.exit_code == 2 and "config file not found" in r.output
