@@ -51,6 +51,7 @@ class Settings(BaseSettings):
 
         return self.vllm_python or Path(sys.prefix).parent / ".vllm-venv" / "bin" / "python"
 
+    @property
     def resolved_store_url(self) -> str:
         return self.store_url or (self.state_dir / "store").resolve().as_uri()
 

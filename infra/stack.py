@@ -59,7 +59,7 @@ def _decode_argv(settings: Settings, config: RunConfig, cfg: str) -> list[str]:
     argv = _trajflow("worker", "decode", "--config", cfg, *_pool_args(config.pools.decode))
     if config.model.engine != "vllm":
         return argv
-    python = settings.resolved_vllm_python()
+    python = settings.resolved_vllm_python
     if not python.exists():
         raise ValueError(
             f"the config asks for the vllm engine, but {python} does not exist: build it with `make vllm-venv` "
