@@ -182,9 +182,9 @@ class TrainingCounters(_Model):
     external: int = 0
     """Reports from trajectories the workflow did not start (a user started them with this run id)."""
     duplicates: int = 0
-    """Reports ignored because that trajectory had already been reported."""
+    """Reports ignored because that trajectory's completed sample was already in its group."""
     late: int = 0
-    """Reports ignored because their group had already been trained on, dropped or abandoned (a redundant
+    """Reports ignored because their group was already full, trained on, dropped or abandoned (a redundant
     sample that finished before its cancellation landed)."""
     consumed: int = 0
     """Trajectories trained on."""

@@ -118,8 +118,9 @@ async def train(
 async def _follow(handle, say: Say, give_up_after_s: float = 600.0) -> TrainingResult:  # type: ignore[no-untyped-def]
     """Print a line per finished step and a heartbeat line every 20 s until the run ends.
 
-    Polls (describe + the progress query) instead of holding one long call open, so the command rides out a
-    restart of the Temporal server or the workers: the run itself is durable, only this view pauses.
+    Polls (describe + the progress query) instead of holding one long call open; the client retries calls
+    while the Temporal server restarts, and other errors are reported and retried, so the command rides out
+    a restart of the stack: the run itself is durable, only this view pauses.
     """
     from temporalio.client import WorkflowExecutionStatus
 
@@ -129,7 +130,13 @@ async def _follow(handle, say: Say, give_up_after_s: float = 600.0) -> TrainingR
         try:
             status = (await handle.describe()).status
             if status is not WorkflowExecutionStatus.RUNNING:
-                return await handle.result()
+                result: TrainingResult = await handle.result()
+                c = result.counters
+                say(
+                    f"[{time.monotonic() - first:6.0f}s] finished: step {result.version}, trained {c.consumed}, "
+                    f"stale-dropped {c.dropped_stale}, failed {c.failed}+{c.infra_failed} infra"
+                )
+                return result
             p = await training_progress(handle)
             unreachable_since = None
         except Exception as e:  # server restarting, workers down, between runs of continue-as-new

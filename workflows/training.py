@@ -290,7 +290,7 @@ class TrainingWorkflow:
         if g.external:
             c.external += 1
         elif report.workflow_id not in g.running:
-            c.duplicates += 1  # a second report from the same trajectory (e.g. after a reset)
+            c.late += 1  # a redundant sample of a full group that ended before its cancellation landed
             return
         else:
             g.running.remove(report.workflow_id)
