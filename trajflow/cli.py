@@ -267,7 +267,7 @@ app.add_typer(bench_app, name="bench")
 
 @bench_app.command("pipeline")
 def bench_pipeline(
-    quick: Annotated[bool, typer.Option("--quick", help="Smoke run in under a minute (B=16, 2 steps, short unit).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Smoke run in under a minute (B=8, 2 steps, 0.01 s units).")] = False,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures as JSON here.")] = None,
     unit_s: Annotated[Optional[float], typer.Option("--unit-s", help="Seconds per workload unit (the median LLM turn).")] = None,
     env_mean: Annotated[Optional[float], typer.Option("--env-mean", help="Mean env step delay, units (default 5).")] = None,

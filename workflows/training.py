@@ -75,7 +75,7 @@ class TrainingWorkflow:
             while self.s.version < cfg.steps:
                 groups = await self._wait_for_batch()
                 await self._train(groups)
-                if self._history_is_long():
+                if self.s.version < cfg.steps and self._history_is_long():
                     await self._continue_as_new(admission)
         finally:
             admission.cancel()
@@ -100,8 +100,8 @@ class TrainingWorkflow:
             while self.replacements and not self.pause_admission:
                 key, missing = self.replacements.pop(0)
                 if key in self.s.groups:
-                    for _ in range(missing):
-                        await self._start_member(self.s.groups[key])
+                    group = self.s.groups[key]
+                    await asyncio.gather(*(self._start_member(group) for _ in range(missing)))
             for _ in range(self._groups_to_admit()):
                 await self._start_group()
 
@@ -117,8 +117,8 @@ class TrainingWorkflow:
         if cfg.sync and (self.training or self._open_groups()):
             return 0  # the barrier: the next batch starts only after this one is trained
         budget = (s.version + cfg.alpha + 1) * cfg.batch_size - (s.counters.consumed + self._running())
-        # never start more than the run can still use
-        remaining = (cfg.steps - s.version) * cfg.batch_size - self._running()
+        # never start more than the run can still use (a batch being trained is already consumed)
+        remaining = cfg.steps * cfg.batch_size - s.counters.consumed - self._running()
         return max(0, min(budget, remaining) // cfg.group_size)
 
     def _running(self) -> int:
@@ -134,8 +134,8 @@ class TrainingWorkflow:
         task = self._pick_task(k)
         group = GroupState(group=f"g{k:06d}", seed=cfg.first_seed + k, task=task, started_version=s.version)
         s.groups[group.group] = group
-        for _ in range(cfg.group_size + cfg.redundancy):
-            await self._start_member(group)
+        # the group's starts go out in one workflow activation, not one round trip each
+        await asyncio.gather(*(self._start_member(group) for _ in range(cfg.group_size + cfg.redundancy)))
 
     def _pick_task(self, k: int) -> int:
         """Weighted round robin: the task whose share of started groups lags its weight most."""

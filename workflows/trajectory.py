@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from contracts import names
@@ -84,7 +84,9 @@ class TrajectoryWorkflow:
             status, error = TrajectoryStatus.FAILED, str(e)
         except InfraFault as e:
             status, error = TrajectoryStatus.INFRA_FAILED, str(e)
-        except ActivityError as e:  # the decode pool failed past its retries
+        except ActivityError as e:  # the decode pool failed past its retries, or the trajectory was cancelled
+            if isinstance(e.cause, CancelledError):
+                raise asyncio.CancelledError("llm.generate cancelled") from e
             bad = stubs.error_type(e) == names.ERR_BAD_REQUEST
             status = TrajectoryStatus.FAILED if bad else TrajectoryStatus.INFRA_FAILED
             error = f"llm.generate: {stubs.describe(e)}"
@@ -207,7 +209,10 @@ class TrajectoryWorkflow:
                 await self._open_sandbox()
 
     def _infra_failure_or_raise(self, err: ActivityError, what: str) -> None:
-        """Classify a failed env activity: env faults end the episode; infra faults spend the budget."""
+        """Classify a failed env activity: env faults end the episode; infra faults spend the budget; a
+        cancellation of this trajectory (e.g. a redundant sample no longer needed) ends it, never "recovers"."""
+        if isinstance(err.cause, CancelledError):
+            raise asyncio.CancelledError(f"{what} cancelled") from err
         if stubs.is_env_fault(err):
             raise EnvFault(f"{what}: {stubs.describe(err)}") from err
         self.recoveries += 1

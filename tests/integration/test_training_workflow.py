@@ -62,6 +62,14 @@ async def test_async_run_respects_admission_and_staleness_bounds(
         runs = await children(st.client, run_id)
         start_versions = {w.id: await _min_policy_version(st.client, w.id) for w in runs}
 
+        async def all_closed():  # type: ignore[no-untyped-def]
+            return all(w.status.name != "RUNNING" for w in await children(st.client, run_id))
+
+        # cancelled redundant samples and leftovers end (cancelled), they do not run on or "recover"
+        await async_wait_for(all_closed, timeout_s=60, what="every trajectory of the run to close")
+        statuses = {w.status.name for w in await children(st.client, run_id)}
+        assert statuses <= {"COMPLETED", "CANCELED"}, statuses
+
     c = result.counters
     assert result.version == 3 and len(result.history) == 3
     assert c.consumed == 12 and c.dropped_stale == 0
