@@ -90,6 +90,35 @@ class TrajectoryRequest(_Model):
     def report_target(self) -> str | None:
         return self.report_to or self.run_id or None
 
+    def generate_input(self, trajectory_id: str, turn: int, context_uri: str | None, observation: str) -> GenerateInput:
+        """The LLM step of `turn`: the new observation on top of the stored context, with this request's
+        prompt, sampling and policy."""
+        return GenerateInput(
+            trajectory_id=trajectory_id,
+            turn=turn,
+            context_uri=context_uri,
+            user_message=observation,
+            system_prompt=self.system_prompt,
+            sampling=self.sampling,
+            min_policy_version=self.min_policy_version,
+            policy=self.policy,
+        )
+
+    def score_request(
+        self, actions: list[str], env_rewards: list[float], terminated: bool, truncated: bool, final_info: dict
+    ) -> ScoreRequest:
+        """What the reward service scores: the episode's actions, env rewards and how it ended."""
+        return ScoreRequest(
+            reward_fn=self.reward_fn,
+            env_id=self.env_id,
+            seed=self.seed,
+            actions=actions,
+            env_rewards=env_rewards,
+            terminated=terminated,
+            truncated=truncated,
+            final_info=final_info,
+        )
+
 
 class SandboxHandle(_Model):
     """A live sandbox: which env worker holds it and the queue its steps must go to."""
@@ -197,6 +226,17 @@ class TurnSummary(_Model):
     policy_version: int
     completion_tokens: int
     decode_pool: str
+
+    @classmethod
+    def of(cls, gen: GenerateResult, step: EnvStepResult) -> TurnSummary:
+        return cls(
+            action=gen.text,
+            observation=step.observation,
+            env_reward=step.reward,
+            policy_version=gen.policy_version,
+            completion_tokens=gen.completion_tokens,
+            decode_pool=gen.pool,
+        )
 
 
 class SaveTrajectoryInput(_Model):

@@ -22,12 +22,10 @@ with workflow.unsafe.imports_passed_through():
     from contracts.bench import BATCH_ROLLOUT_WORKFLOW, BatchRolloutInput, BatchRolloutResult
     from contracts.trajectory import (
         EnvResetInput,
-        GenerateInput,
         GenerateResult,
         SandboxHandle,
         SaveTrajectoryInput,
         ScoreInput,
-        ScoreRequest,
         TrajectoryRequest,
         TrajectoryStatus,
         TurnSummary,
@@ -93,16 +91,7 @@ class BatchRolloutWorkflow:
         req = e.req
         return await stubs.llm_generate(
             req.pools.decode,
-            GenerateInput(
-                trajectory_id=f"{e.id}/{workflow.info().run_id}",
-                turn=len(e.turns),
-                context_uri=e.context_uri,
-                user_message=e.observation,
-                system_prompt=req.system_prompt,
-                sampling=req.sampling,
-                min_policy_version=req.min_policy_version,
-                policy=req.policy,
-            ),
+            req.generate_input(f"{e.id}/{workflow.info().run_id}", len(e.turns), e.context_uri, e.observation),
         )
 
     async def _step(self, e: _Episode, gen: GenerateResult) -> None:
@@ -111,16 +100,7 @@ class BatchRolloutWorkflow:
         step = await stubs.env_step(e.handle, gen.text, timedelta(seconds=e.handle.step_timeout_s))
         e.observation = step.observation
         e.done, e.truncated, e.info = step.terminated or step.truncated, step.truncated, dict(step.info)
-        e.turns.append(
-            TurnSummary(
-                action=gen.text,
-                observation=step.observation,
-                env_reward=step.reward,
-                policy_version=gen.policy_version,
-                completion_tokens=gen.completion_tokens,
-                decode_pool=gen.pool,
-            )
-        )
+        e.turns.append(TurnSummary.of(gen, step))
 
     async def _score(self, e: _Episode) -> float | None:
         if not e.turns:
@@ -129,15 +109,12 @@ class BatchRolloutWorkflow:
             e.req.pools.reward,
             ScoreInput(
                 pool=e.req.pools.reward,
-                request=ScoreRequest(
-                    reward_fn=e.req.reward_fn,
-                    env_id=e.req.env_id,
-                    seed=e.req.seed,
-                    actions=[t.action for t in e.turns],
-                    env_rewards=[t.env_reward for t in e.turns],
-                    terminated=e.done and not e.truncated,
-                    truncated=e.truncated or not e.done,
-                    final_info=e.info,
+                request=e.req.score_request(
+                    [t.action for t in e.turns],
+                    [t.env_reward for t in e.turns],
+                    e.done and not e.truncated,
+                    e.truncated or not e.done,
+                    e.info,
                 ),
             ),
         )

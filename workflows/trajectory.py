@@ -21,11 +21,9 @@ with workflow.unsafe.imports_passed_through():
     from contracts.trajectory import (
         EnvResetInput,
         EnvStepResult,
-        GenerateInput,
         SandboxHandle,
         SaveTrajectoryInput,
         ScoreInput,
-        ScoreRequest,
         TrajectoryReport,
         TrajectoryRequest,
         TrajectoryResult,
@@ -144,15 +142,8 @@ class TrajectoryWorkflow:
         t0 = workflow.time()
         gen = await stubs.llm_generate(
             req.pools.decode,
-            GenerateInput(
-                trajectory_id=f"{workflow.info().workflow_id}/{workflow.info().run_id}",
-                turn=len(self.turns),
-                context_uri=self.context_uri,
-                user_message=self.observation,
-                system_prompt=req.system_prompt,
-                sampling=req.sampling,
-                min_policy_version=req.min_policy_version,
-                policy=req.policy,
+            req.generate_input(
+                f"{workflow.info().workflow_id}/{workflow.info().run_id}", len(self.turns), self.context_uri, self.observation
             ),
         )
         t1 = workflow.time()
@@ -162,16 +153,7 @@ class TrajectoryWorkflow:
         self.timings["env_s"] += workflow.time() - t1
         self.actions.append(gen.text)
         self.observation = step.observation
-        self.turns.append(
-            TurnSummary(
-                action=gen.text,
-                observation=step.observation,
-                env_reward=step.reward,
-                policy_version=gen.policy_version,
-                completion_tokens=gen.completion_tokens,
-                decode_pool=gen.pool,
-            )
-        )
+        self.turns.append(TurnSummary.of(gen, step))
         return step
 
     async def _open_sandbox(self) -> None:
@@ -244,15 +226,8 @@ class TrajectoryWorkflow:
                 self.req.pools.reward,
                 ScoreInput(
                     pool=self.req.pools.reward,
-                    request=ScoreRequest(
-                        reward_fn=self.req.reward_fn,
-                        env_id=self.req.env_id,
-                        seed=self.req.seed,
-                        actions=self.actions,
-                        env_rewards=env_rewards,
-                        terminated=last.terminated,
-                        truncated=last.truncated or not last.terminated,
-                        final_info=last.info,
+                    request=self.req.score_request(
+                        self.actions, env_rewards, last.terminated, last.truncated or not last.terminated, last.info
                     ),
                 ),
             )
