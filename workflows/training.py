@@ -95,8 +95,7 @@ class TrainingWorkflow:
             await workflow.wait_condition(
                 lambda: bool(self.to_cancel or self.replacements) or self._groups_to_admit() > 0
             )
-            while self.to_cancel:
-                await self._cancel(self.to_cancel.pop())
+            await self._send_cancels()
             while self.replacements and not self.pause_admission:
                 key, missing = self.replacements.pop(0)
                 if key in self.s.groups:
@@ -195,6 +194,10 @@ class TrainingWorkflow:
             )
             workflow.logger.warning("trajectory %s ended without a report: %s", wid, e)
 
+    async def _send_cancels(self) -> None:
+        while self.to_cancel:
+            await self._cancel(self.to_cancel.pop())
+
     async def _cancel(self, wid: str) -> None:
         try:
             await workflow.get_external_workflow_handle(wid).cancel()
@@ -263,11 +266,15 @@ class TrainingWorkflow:
         del s.history[:-HISTORY_KEPT]
         workflow.upsert_search_attributes([SA_VERSION.value_set(s.version)])
 
-    def _close_group(self, g: GroupState) -> None:
-        """The group leaves the pipeline (trained, dropped or abandoned); its running members are cancelled."""
+    def _cancel_running(self, g: GroupState) -> None:
+        """Queue the group's running members for cancellation (the admission loop sends it) and count them."""
         self.to_cancel.extend(g.running)
         self.s.counters.cancelled += len(g.running)
         g.running = []
+
+    def _close_group(self, g: GroupState) -> None:
+        """The group leaves the pipeline (trained, dropped or abandoned); its running members are cancelled."""
+        self._cancel_running(g)
         self.s.groups.pop(g.group, None)
         self.s.consumed_groups.append(g.group)
 
@@ -322,9 +329,7 @@ class TrainingWorkflow:
         n = self.cfg.group_size
         if len(g.completed) >= n:
             g.completed = g.completed[:n]
-            self.to_cancel.extend(g.running)  # the group is full: redundant samples are not needed
-            self.s.counters.cancelled += len(g.running)
-            g.running = []
+            self._cancel_running(g)  # the group is full: redundant samples are not needed
             return
         if g.external or g.running:
             return
@@ -369,8 +374,7 @@ class TrainingWorkflow:
 
     async def _continue_as_new(self, admission: asyncio.Task[None]) -> None:
         self.pause_admission = True
-        while self.to_cancel:
-            await self._cancel(self.to_cancel.pop())
+        await self._send_cancels()
         await workflow.wait_condition(workflow.all_handlers_finished)
         admission.cancel()
         self.s.continued += 1
@@ -378,11 +382,8 @@ class TrainingWorkflow:
 
     async def _cancel_leftovers(self) -> None:
         for g in list(self.s.groups.values()):
-            self.to_cancel.extend(g.running)
-            self.s.counters.cancelled += len(g.running)
-            g.running = []
-        while self.to_cancel:
-            await self._cancel(self.to_cancel.pop())
+            self._cancel_running(g)
+        await self._send_cancels()
 
     def _upsert_status(self, status: str) -> None:
         workflow.upsert_search_attributes([SA_RUN.value_set(self.s.run_id), SA_STATUS.value_set(status)])
