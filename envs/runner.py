@@ -1,4 +1,5 @@
-"""Hosts ONE GEM environment behind a Unix socket: the program a sandbox container runs.
+"""Hosts ONE environment (GEM, or a shell task: `shell:<task>`, see `envs/shell.py`) behind a Unix socket: the
+program a sandbox container runs.
 
 Protocol: newline-delimited JSON, one request -> one response line, sequential per connection. Several
 connections may be open (a host that lost its connection reconnects); they share the one environment,
@@ -40,6 +41,8 @@ from typing import Any
 DEFAULT_SOCKET = "/run/trajflow/env.sock"
 MAX_INFO_CHARS = 1000
 MAX_SLEEP_S = 3600.0
+SHELL_PREFIX = "shell:"
+"""Env ids `shell:<task>` are shell tasks (`envs/shell.py`), hosted without GEM."""
 
 Response = dict[str, Any]
 
@@ -148,6 +151,8 @@ class EnvHost:
         env_kwargs = request.get("env_kwargs") or {}
         if not isinstance(env_kwargs, dict):
             raise RequestError("BadRequest", "env_kwargs must be a JSON object")
+        if env_id.startswith(SHELL_PREFIX):
+            return self._reset_shell(env_id[len(SHELL_PREFIX) :], seed, env_kwargs)
         if self._loader.light and env_id.startswith("rg:"):
             raise RequestError("BadRequest", f"this sandbox was started for a non-rg env and cannot host {env_id!r}")
         gem = self._loader.get()
@@ -163,6 +168,22 @@ class EnvHost:
             raise RequestError("EnvError", _describe(e, f"reset of {env_id!r} failed")) from e
         self._env = env
         return {"ok": True, "observation": str(observation), "info": json_safe_info(info)}
+
+    def _reset_shell(self, task: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
+        shell = _shell_module()
+        self._env = None
+        try:
+            env = shell.ShellEnv(task, **env_kwargs)
+        except shell.ShellTaskError as e:
+            raise RequestError("UnknownEnv", str(e)) from e
+        except TypeError as e:
+            raise RequestError("BadRequest", f"bad env_kwargs for a shell task: {e}") from e
+        try:
+            observation, info = env.reset(seed=seed)
+        except Exception as e:
+            raise RequestError("EnvError", _describe(e, f"reset of shell task {task!r} failed")) from e
+        self._env = env
+        return {"ok": True, "observation": observation, "info": json_safe_info(info)}
 
     def _step(self, request: dict[str, Any]) -> Response:
         action = _field(request, "action", str)
@@ -180,6 +201,15 @@ class EnvHost:
             "truncated": bool(truncated),
             "info": json_safe_info(info),
         }
+
+
+def _shell_module() -> ModuleType:
+    """`envs/shell.py`: beside this file in the sandbox image, in the `envs` package on the host."""
+    if __package__:
+        from envs import shell
+    else:
+        import shell  # type: ignore[no-redef]
+    return shell
 
 
 def _field(request: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -236,10 +266,11 @@ def serve(path: str, *, preload: bool = True) -> None:
     """Listen on `path` until killed."""
     if os.path.exists(path):
         os.unlink(path)  # a stale socket from a previous run of this container
-    loader = GemLoader(os.environ.get("TRAJFLOW_ENV_HINT", ""))
+    hint = os.environ.get("TRAJFLOW_ENV_HINT", "")
+    loader = GemLoader(hint)
     server = _Server(path, EnvHost(loader))
     os.chmod(path, 0o666)  # the host side may connect as another user
-    if preload:
+    if preload and not hint.startswith(SHELL_PREFIX):  # a shell task needs no GEM
         loader.start()
     server.serve_forever()
 
