@@ -1,7 +1,7 @@
 """The errors of the sandbox layer, split by who is at fault.
 
 Infra (retry with a fresh sandbox, never score): `SandboxLost`, `SandboxStepTimeout` (a kind of lost),
-`SandboxStartError`. The environment itself (not infra, retrying the same request will not help): `EnvError`.
+`SandboxStartError`, `ImageBuildError`. The environment itself (not infra, retrying the same request will not help): `EnvError`.
 Limits: plain exceptions with a message and a few fields; mapping them to Temporal errors is the activities' job.
 """
 
@@ -32,6 +32,10 @@ class SandboxStepTimeout(SandboxLost):
 
 class SandboxStartError(SandboxError):
     """A container could not be started, or its runner never answered within the start timeout."""
+
+
+class ImageBuildError(SandboxError):
+    """The image an env needs could not be built (or found). Infra: retried; it never scores an episode."""
 
 
 class EnvError(SandboxError):

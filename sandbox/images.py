@@ -1,4 +1,4 @@
-"""Locally built, content-hashed sandbox images: a Debian+Python base layer and the GEM runtime on top.
+"""Locally built, content-hashed sandbox images in three layers: Debian+Python base, env runtime, task files.
 
 No image registry is reachable, so every image is built here and named by a hash of what defines it:
 
@@ -8,7 +8,11 @@ No image registry is reachable, so every image is built here and named by a hash
 - `trajflow-runtime:<hash>`: a Dockerfile `FROM` the base that installs wheels downloaded on the host
   (`pip wheel`, so sdists are built here once and the build is offline) and copies in `envs/runner.py`;
   its CMD runs the runner as an unprivileged user. The hash covers the base tag, the requirements, the
-  wheels' sha256 and the runner source, so editing the runner rebuilds only this layer.
+  wheels' sha256 and the runner sources (`envs/runner.py`, `envs/shell.py`), so editing the runner rebuilds
+  only this layer and the ones above it.
+- `trajflow-task:<name>-<hash>`: a shell task's files (`envs/shell_tasks/<name>/`, less its host-only
+  reference solution) copied `FROM` the runtime layer. The hash covers the runtime tag and every file, so
+  editing a task rebuilds only its own layer. GEM envs need no task layer: they run on the runtime image.
 
 Concurrency: an fcntl lock in `cache_dir` makes many callers (threads or processes) build once.
 Limits: Linux x86_64 hosts with CPython 3.11 (the wheels are fetched for the host's interpreter, which must
@@ -27,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +39,8 @@ from pathlib import Path
 
 import docker
 import docker.errors
+
+from sandbox.errors import ImageBuildError
 
 Progress = Callable[[str], None]
 
@@ -57,7 +64,15 @@ RUNTIME_REQUIREMENTS: tuple[str, ...] = (
 PIP_REQUIREMENT = "pip==26.3"
 """Debian minbase python3 has no pip: the image runs pip from this wheel."""
 
-RUNNER_SOURCE = Path(__file__).resolve().parent.parent / "envs" / "runner.py"
+ENVS_DIR = Path(__file__).resolve().parent.parent / "envs"
+RUNTIME_SOURCES: tuple[str, ...] = ("runner.py", "shell.py")
+"""The files of `envs/` copied into the runtime layer, beside each other in /opt/trajflow."""
+SHELL_TASKS_DIR = ENVS_DIR / "shell_tasks"
+TASK_REPO = "trajflow-task"
+TASK_FORMAT = 1
+TASKS_ROOT_IN_IMAGE = "/opt/trajflow/tasks"
+HOST_ONLY_TASK_FILES = frozenset({"solution.sh"})
+"""Files of a task directory that stay out of its image (a reference solution must not be visible to the agent)."""
 SANDBOX_UID = 65534
 """The unprivileged user (nobody) that the runner runs as inside the container."""
 RUNNER_SOCKET_DIR = "/run/trajflow"
@@ -78,14 +93,19 @@ def base_image_tag() -> str:
     return f"{BASE_REPO}:{_digest(parts)}"
 
 
-def runtime_image_tag(base_tag: str, wheel_hashes: dict[str, str], runner_source: bytes) -> str:
-    """The tag of the runtime layer built on `base_tag` from these wheels and this runner source."""
+def runtime_sources() -> dict[str, bytes]:
+    """The runtime layer's own files (the runner and the shell-task env), by name."""
+    return {name: (ENVS_DIR / name).read_bytes() for name in RUNTIME_SOURCES}
+
+
+def runtime_image_tag(base_tag: str, wheel_hashes: dict[str, str], sources: dict[str, bytes]) -> str:
+    """The tag of the runtime layer built on `base_tag` from these wheels and these source files."""
     parts = {
         "base": base_tag,
         "requirements": RUNTIME_REQUIREMENTS,
         "pip": PIP_REQUIREMENT,
         "wheels": wheel_hashes,
-        "runner": hashlib.sha256(runner_source).hexdigest(),
+        "sources": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(sources.items())},
         "dockerfile": runtime_dockerfile(base_tag, sorted(wheel_hashes)),
         "format": RUNTIME_FORMAT,
     }
@@ -143,17 +163,18 @@ def build_from_context(
     cache_dir: Path,
     *,
     tag: str,
-    wheels: Path,
+    wheels: Path | None,
     files: dict[str, bytes],
     dockerfile: str,
     labels: dict[str, str],
     progress: Progress,
 ) -> None:
-    """`docker build` a context of the cached wheels (hard-linked under wheels/), `files` and the Dockerfile."""
+    """`docker build` a context of the cached wheels (hard-linked under wheels/; none when `wheels` is None),
+    `files` and the Dockerfile."""
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix="context-") as context:
         ctx = Path(context)
         (ctx / "wheels").mkdir()
-        for wheel in sorted(wheels.glob("*.whl")):
+        for wheel in sorted(wheels.glob("*.whl")) if wheels is not None else ():
             os.link(wheel, ctx / "wheels" / wheel.name)  # same filesystem: no copy
         for name, data in files.items():
             target = ctx / name
@@ -290,7 +311,7 @@ def runtime_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
     return wheel_build_stage(base_tag, wheel_names, RUNTIME_REQUIREMENTS, "/opt/trajflow/site") + f"""
 FROM {base_tag}
 COPY --from=build /opt/trajflow/site /opt/trajflow/site
-COPY runner.py /opt/trajflow/runner.py
+COPY runner.py shell.py /opt/trajflow/
 RUN mkdir -p {RUNNER_SOCKET_DIR} && chown {SANDBOX_UID}:{SANDBOX_UID} {RUNNER_SOCKET_DIR}
 ENV PYTHONPATH=/opt/trajflow/site HOME=/tmp MPLCONFIGDIR=/tmp/matplotlib PYTHONUNBUFFERED=1 \\
     PYTHONDONTWRITEBYTECODE=1 TRAJFLOW_ENV_SOCKET={RUNNER_SOCKET_DIR}/env.sock
@@ -311,7 +332,7 @@ def build_runtime_image(
         cache_dir,
         tag=tag,
         wheels=wheels,
-        files={"runner.py": RUNNER_SOURCE.read_bytes()},
+        files=runtime_sources(),
         dockerfile=runtime_dockerfile(base_tag, sorted(p.name for p in wheels.glob("*.whl"))),
         labels={"trajflow.layer": "runtime", "trajflow.hash": tag.partition(":")[2], "trajflow.base": base_tag},
         progress=progress,
@@ -334,7 +355,7 @@ def _cached_runtime_tag(client: docker.DockerClient, cache_dir: Path) -> str | N
     hashes = cached_wheels(cache_dir)
     if hashes is None or not image_exists(client, base_image_tag()):
         return None
-    tag = runtime_image_tag(base_image_tag(), hashes, RUNNER_SOURCE.read_bytes())
+    tag = runtime_image_tag(base_image_tag(), hashes, runtime_sources())
     return tag if image_exists(client, tag) else None
 
 
@@ -355,7 +376,114 @@ def ensure_runtime_image(client: docker.DockerClient, cache_dir: Path, progress:
         if not image_exists(client, base):
             build_base_image(client, cache_dir, base, report)
         hashes = cached_wheels(cache_dir) or download_wheels(cache_dir, report)
-        tag = runtime_image_tag(base, hashes, RUNNER_SOURCE.read_bytes())
+        tag = runtime_image_tag(base, hashes, runtime_sources())
         if not image_exists(client, tag):
             build_runtime_image(client, cache_dir, base, tag, report)
+        return tag
+
+
+class UnknownTask(ValueError):
+    """No shell task of that name ships with trajflow."""
+
+
+def shell_task_names(tasks_dir: Path = SHELL_TASKS_DIR) -> list[str]:
+    """The shell tasks that ship with trajflow (directories with a task.json)."""
+    return sorted(p.parent.name for p in tasks_dir.glob("*/task.json"))
+
+
+def task_files(name: str, tasks_dir: Path = SHELL_TASKS_DIR) -> dict[str, bytes]:
+    """The files of shell task `name` that go into its layer, by path relative to the task's directory."""
+    root = tasks_dir / name
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name) or not (root / "task.json").is_file():
+        raise UnknownTask(f"no shell task {name!r}; the shipped ones are {', '.join(shell_task_names(tasks_dir))}")
+    return {
+        path.relative_to(root).as_posix(): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.name not in HOST_ONLY_TASK_FILES and "__pycache__" not in path.parts
+    }
+
+
+def task_image_tag(runtime_tag: str, name: str, files: dict[str, bytes]) -> str:
+    """The tag of task `name`'s layer on `runtime_tag`; it changes with the runtime layer or any task file."""
+    parts = {
+        "runtime": runtime_tag,
+        "task": name,
+        "files": {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(files.items())},
+        "dockerfile": task_dockerfile(runtime_tag, name),
+        "format": TASK_FORMAT,
+    }
+    return f"{TASK_REPO}:{name}-{_digest(parts)}"
+
+
+def task_dockerfile(runtime_tag: str, name: str) -> str:
+    return f"""\
+FROM {runtime_tag}
+COPY task/ {TASKS_ROOT_IN_IMAGE}/{name}/
+"""
+
+
+def ensure_task_image(
+    client: docker.DockerClient, cache_dir: Path, name: str, progress: Progress | None = None
+) -> str:
+    """Shell task `name`'s image tag (its layer on the runtime layer), building whatever layer is missing."""
+    report = progress or _quiet
+    cache_dir = Path(cache_dir)
+    files = task_files(name)
+    runtime = ensure_runtime_image(client, cache_dir, progress)
+    tag = task_image_tag(runtime, name, files)
+    if image_exists(client, tag):
+        return tag
+    with _build_lock(cache_dir):
+        if image_exists(client, tag):  # another caller built it while we waited
+            report(f"task image {tag} was built by another caller")
+            return tag
+        started = time.monotonic()
+        report(f"building task image {tag} on {runtime}")
+        build_from_context(
+            client,
+            cache_dir,
+            tag=tag,
+            wheels=None,
+            files={f"task/{rel}": data for rel, data in files.items()},
+            dockerfile=task_dockerfile(runtime, name),
+            labels={"trajflow.layer": "task", "trajflow.hash": tag.partition(":")[2], "trajflow.base": runtime},
+            progress=report,
+        )
+        report(f"built task image {tag} in {time.monotonic() - started:.1f}s")
+    return tag
+
+
+def image_for_env(client: docker.DockerClient, cache_dir: Path, env_id: str, progress: Progress | None = None) -> str:
+    """The image that hosts `env_id`: a shell task's own layer for `shell:<task>`, else the runtime layer."""
+    if env_id.startswith("shell:"):
+        return ensure_task_image(client, cache_dir, env_id.removeprefix("shell:"), progress)
+    return ensure_runtime_image(client, cache_dir, progress)
+
+
+class ImageResolver:
+    """Env id -> image tag for one env worker: builds what a task needs on first use, once however many
+    trajectories ask at the same moment (the build lock), and remembers the answer (a restarted worker
+    re-hashes, so edited task files take effect on restart). Build failures raise `ImageBuildError`."""
+
+    def __init__(self, client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None) -> None:
+        self.client = client
+        self.cache_dir = Path(cache_dir)
+        self.progress = progress
+        self._tags: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def image_for(self, env_id: str) -> str:
+        key = env_id if env_id.startswith("shell:") else ""
+        with self._lock:
+            tag = self._tags.get(key)
+        if tag is not None:
+            return tag
+        try:
+            tag = image_for_env(self.client, self.cache_dir, env_id, self.progress)
+        except UnknownTask:
+            raise
+        except Exception as e:  # noqa: BLE001 — any failure to build is the same infra fault to the caller
+            raise ImageBuildError(f"cannot build the image for {env_id!r}: {type(e).__name__}: {e}") from e
+        with self._lock:
+            self._tags[key] = tag
         return tag

@@ -15,14 +15,48 @@ def test_base_tag_is_stable_and_named() -> None:
     assert images.base_image_tag().startswith("trajflow-base:")
 
 
-def test_runtime_tag_covers_base_wheels_and_runner() -> None:
+def test_runtime_tag_covers_base_wheels_and_runner_sources() -> None:
     wheels = {"gem_llm-0.1.0-py3-none-any.whl": "aa"}
-    tag = images.runtime_image_tag("trajflow-base:1", wheels, b"print(1)")
+    src = {"runner.py": b"print(1)", "shell.py": b"x = 1"}
+    tag = images.runtime_image_tag("trajflow-base:1", wheels, src)
     assert tag.startswith("trajflow-runtime:")
-    assert tag == images.runtime_image_tag("trajflow-base:1", dict(wheels), b"print(1)")
-    assert tag != images.runtime_image_tag("trajflow-base:2", wheels, b"print(1)")
-    assert tag != images.runtime_image_tag("trajflow-base:1", {"gem_llm-0.1.0-py3-none-any.whl": "bb"}, b"print(1)")
-    assert tag != images.runtime_image_tag("trajflow-base:1", wheels, b"print(2)")
+    assert tag == images.runtime_image_tag("trajflow-base:1", dict(wheels), dict(src))
+    assert tag != images.runtime_image_tag("trajflow-base:2", wheels, src)
+    assert tag != images.runtime_image_tag("trajflow-base:1", {"gem_llm-0.1.0-py3-none-any.whl": "bb"}, src)
+    assert tag != images.runtime_image_tag("trajflow-base:1", wheels, {**src, "runner.py": b"print(2)"})
+    assert tag != images.runtime_image_tag("trajflow-base:1", wheels, {**src, "shell.py": b"x = 2"})
+
+
+def test_runtime_sources_are_the_runner_and_the_shell_env() -> None:
+    assert set(images.runtime_sources()) == {"runner.py", "shell.py"}
+    assert "COPY runner.py shell.py /opt/trajflow/" in images.runtime_dockerfile("trajflow-base:x", ["a.whl"])
+
+
+def test_task_layer_holds_the_task_but_not_its_solution() -> None:
+    names = images.shell_task_names()
+    assert len(names) >= 5
+    for name in names:
+        files = images.task_files(name)
+        assert "task.json" in files and "solution.sh" not in files
+        assert any(rel.startswith("repo/tests/") for rel in files), name
+        assert not any("__pycache__" in rel for rel in files)
+
+
+def test_task_tag_changes_only_with_its_inputs(tmp_path: Path) -> None:
+    files = images.task_files("slugify")
+    tag = images.task_image_tag("trajflow-runtime:1", "slugify", files)
+    assert tag.startswith("trajflow-task:slugify-")
+    assert tag == images.task_image_tag("trajflow-runtime:1", "slugify", dict(files))
+    assert tag != images.task_image_tag("trajflow-runtime:2", "slugify", files)
+    edited = {**files, "repo/text.py": files["repo/text.py"] + b"\n"}
+    assert tag != images.task_image_tag("trajflow-runtime:1", "slugify", edited)
+    assert images.task_dockerfile("trajflow-runtime:1", "slugify").startswith("FROM trajflow-runtime:1\n")
+
+
+def test_unknown_or_unsafe_task_names_are_refused() -> None:
+    for bad in ("no-such-task", "../etc", "Slugify", ""):
+        with pytest.raises(images.UnknownTask, match="shipped ones are"):
+            images.task_files(bad)
 
 
 def test_dockerfile_installs_from_wheels_and_runs_the_runner() -> None:
