@@ -1,6 +1,6 @@
 """Env activities: reset, step and close sandboxes held by this env worker.
 
-`env.reset` runs on the pool's shared queue and answers with a handle naming this worker's own host queue;
+`env.reset` runs on the pool's shared queue, takes a started sandbox from the warm pool (or starts one), and answers with a handle naming this worker's own host queue;
 `env.step` and `env.close` run there. Sandbox calls are blocking (docker SDK, a Unix socket) and run in
 threads. Failures are classified once: infra (`SandboxLost`, start errors) vs the env's own (`EnvError`).
 """
@@ -25,7 +25,9 @@ from contracts.trajectory import (
 )
 from envs.formatting import observation_message
 from sandbox.errors import EnvError, SandboxError, SandboxLost, SandboxStartError, SandboxStepTimeout
+from sandbox.images import ImageResolver, UnknownTask
 from sandbox.manager import SandboxManager
+from sandbox.pool import WarmPool
 
 T = TypeVar("T")
 
@@ -33,8 +35,18 @@ T = TypeVar("T")
 class EnvActivities:
     """The env activities of one pool on one env worker; the sandbox manager is shared across pools."""
 
-    def __init__(self, manager: SandboxManager, pool: str, worker_id: str, step_timeout_s: float) -> None:
+    def __init__(
+        self,
+        manager: SandboxManager,
+        pool: str,
+        worker_id: str,
+        step_timeout_s: float,
+        warm: WarmPool | None = None,
+        images: ImageResolver | None = None,
+    ) -> None:
         self.manager = manager
+        self.warm = warm
+        self.images = images
         self.pool = pool
         self.worker_id = worker_id
         self.host_queue = names.env_host_queue(pool, worker_id)
@@ -42,7 +54,12 @@ class EnvActivities:
 
     @activity.defn(name=names.ENV_RESET)
     async def reset(self, inp: EnvResetInput) -> EnvResetResult:
-        box = await _guarded(lambda: self.manager.start(inp.env_id))
+        image = self.manager.image
+        if self.images is not None:
+            activity.heartbeat("finding or building the image")
+            image = await _guarded(lambda: self.images.image_for(inp.env_id))  # type: ignore[union-attr]
+        take = self.warm.take if self.warm is not None else self.manager.start
+        box = await _guarded(lambda: take(inp.env_id, image))
         try:
             out = await _guarded(lambda: box.reset(inp.env_id, inp.seed, dict(inp.env_kwargs)))
             observation = observation_message(out["observation"], out.get("info") or {})
@@ -59,7 +76,7 @@ class EnvActivities:
             container_id=box.container_id,
             host_queue=self.host_queue,
             worker_id=self.worker_id,
-            image=self.manager.image,
+            image=image,
             step_timeout_s=self.step_timeout_s,
         )
         return EnvResetResult(handle=handle, observation=observation, replayed=len(inp.replay_actions), done=done)
@@ -92,6 +109,8 @@ async def _guarded(fn: Callable[[], T]) -> T:
     try:
         return await asyncio.to_thread(fn)
     except EnvError as e:
+        raise ApplicationError(str(e), type=names.ERR_ENV, non_retryable=True) from e
+    except UnknownTask as e:  # a `shell:` env id that names no shipped task: bad input, not infra
         raise ApplicationError(str(e), type=names.ERR_ENV, non_retryable=True) from e
     except (SandboxLost, SandboxStepTimeout) as e:
         # Retrying on a dead sandbox cannot help: the workflow restores a fresh one by replay.

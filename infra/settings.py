@@ -39,7 +39,11 @@ class Settings(BaseSettings):
     sandbox_network: bool = False
     """Give sandboxes a network (off by default: no network inside containers)."""
     sandbox_mem_limit: str = "1g"
+    sandbox_cpus: float = 1.0
+    sandbox_pids_limit: int = 256
     sandbox_step_timeout_s: float = 60.0
+    sandbox_warm_pool: int = 4
+    """Started sandboxes kept waiting per env (per env hint) on each env worker; 0 turns the warm pool off."""
 
     @property
     def resolved_reward_url(self) -> str:

@@ -1,8 +1,9 @@
 """Starts, talks to and removes sandbox containers, each hosting one environment runner.
 
-A `SandboxManager` starts a container from the runtime image with no network, a memory limit, all
-capabilities dropped and owner labels (see `sandbox.labels`), bind-mounts a private host directory at
-`/run/trajflow`, and waits (bounded polling) until the runner answers `ping` on its Unix socket. A
+A `SandboxManager` starts a container from the runtime image hardened by `SandboxLimits` (no network; CPU,
+memory and pids limits; an unprivileged user; a read-only root with small writable tmpfs at /tmp and /work; all
+capabilities dropped; no new privileges) and owner labels (see `sandbox.labels`), bind-mounts a private host
+directory at `/run/trajflow`, and waits (bounded polling) until the runner answers `ping` on its Unix socket. A
 `Sandbox` then sends `reset`/`step` over one persistent connection, each with the step timeout.
 
 Errors: a dead container or a broken socket -> `SandboxLost`; a request past its timeout kills the
@@ -22,6 +23,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -33,6 +35,8 @@ from sandbox.errors import EnvError, SandboxLost, SandboxStartError, SandboxStep
 from sandbox.images import RUNNER_SOCKET_DIR, SANDBOX_UID
 
 SOCKET_NAME = "env.sock"
+WORK_DIR = "/work"
+"""The sandbox's writable work directory (a tmpfs owned by the sandbox user); the root filesystem is read-only."""
 MAX_SOCKET_PATH = 107
 _RECV_BYTES = 1 << 16
 
@@ -70,6 +74,7 @@ class Sandbox:
         self._sock: socket.socket | None = None
         self._buffer = b""
         self._lost: str | None = None
+        self.image = ""
 
     def reset(self, env_id: str, seed: int, env_kwargs: dict[str, Any] | None = None) -> ResetReply:
         """Make `env_id` with `env_kwargs` and reset it with `seed`."""
@@ -180,6 +185,38 @@ def _ping(socket_path: Path, timeout_s: float) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What a sandbox may use. Tmpfs sizes count against `mem_limit` (tmpfs pages are the container's memory)."""
+
+    network_disabled: bool = True
+    mem_limit: str = "1g"
+    cpus: float = 1.0
+    pids_limit: int = 256
+    tmp_size: str = "64m"
+    work_size: str = "256m"
+    read_only_root: bool = True
+
+    def container_options(self) -> dict[str, Any]:
+        """The hardening part of `docker run`'s keyword arguments."""
+        owner = f"uid={SANDBOX_UID},gid={SANDBOX_UID}"
+        return {
+            "network_mode": "none" if self.network_disabled else None,
+            "mem_limit": self.mem_limit,
+            "memswap_limit": self.mem_limit,  # no swap: past the limit the kernel's OOM killer acts
+            "nano_cpus": int(self.cpus * 1e9),
+            "pids_limit": self.pids_limit,
+            "user": f"{SANDBOX_UID}:{SANDBOX_UID}",
+            "read_only": self.read_only_root,
+            "tmpfs": {
+                "/tmp": f"rw,nosuid,nodev,size={self.tmp_size},mode=1777",
+                WORK_DIR: f"rw,nosuid,nodev,size={self.work_size},mode=0755,{owner}",
+            },
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+        }
+
+
 class SandboxManager:
     """Starts and tracks the sandboxes of one owner (an env worker) on the local Docker engine."""
 
@@ -190,8 +227,7 @@ class SandboxManager:
         runtime_dir: Path,
         owner_id: str,
         *,
-        network_disabled: bool = True,
-        mem_limit: str = "1g",
+        limits: SandboxLimits | None = None,
         start_timeout_s: float = 30,
         step_timeout_s: float = 60,
     ) -> None:
@@ -199,36 +235,35 @@ class SandboxManager:
         self.image = image
         self.runtime_dir = Path(runtime_dir)
         self.owner_id = owner_id
-        self.network_disabled = network_disabled
-        self.mem_limit = mem_limit
+        self.limits = limits or SandboxLimits()
         self.start_timeout_s = start_timeout_s
         self.step_timeout_s = step_timeout_s
         self._lock = threading.Lock()
         self._sandboxes: dict[str, Sandbox] = {}
 
-    def start(self, env_hint: str = "") -> Sandbox:
-        """Start a container and return it once its runner answers `ping`. `env_hint` names the env it will
-        host, so the runner imports only what that env needs (a non-`rg:` env skips reasoning_gym)."""
+    def start(self, env_hint: str = "", image: str | None = None) -> Sandbox:
+        """Start a container from `image` (default: the manager's) and return it once its runner answers
+        `ping`. `env_hint` names the env it will host, so the runner imports only what that env needs (a
+        non-`rg:` env skips reasoning_gym; a shell task imports no GEM at all)."""
+        image = image or self.image
         sandbox_id = uuid.uuid4().hex[:12]
         host_dir = self._make_host_dir(sandbox_id)
         try:
             container = self.client.containers.run(
-                self.image,
+                image,
                 detach=True,
                 name=f"trajflow-sb-{sandbox_id}",
                 labels=labels.owner_labels(self.owner_id, sandbox_id),
                 volumes={str(host_dir): {"bind": RUNNER_SOCKET_DIR, "mode": "rw"}},
-                network_mode="none" if self.network_disabled else None,
-                mem_limit=self.mem_limit,
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
-                pids_limit=512,
                 environment={"TRAJFLOW_ENV_HINT": env_hint} if env_hint else None,
+                working_dir=WORK_DIR,
+                **self.limits.container_options(),
             )
         except docker.errors.DockerException as e:
             shutil.rmtree(host_dir, ignore_errors=True)
-            raise SandboxStartError(f"cannot start a container from {self.image}: {e}") from e
+            raise SandboxStartError(f"cannot start a container from {image}: {e}") from e
         sandbox = Sandbox(self.client, sandbox_id, container.id, host_dir / SOCKET_NAME, self.step_timeout_s)
+        sandbox.image = image
         with self._lock:
             self._sandboxes[sandbox_id] = sandbox
         try:

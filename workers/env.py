@@ -1,7 +1,8 @@
 """Env worker: Docker sandboxes on this host for one or more env pools.
 
 At start it builds (or finds cached) the runtime image and reaps sandboxes left by dead env workers. It polls
-each pool's shared queue for resets and its own host queue for the steps of the sandboxes it holds.
+each pool's shared queue for resets and its own host queue for the steps of the sandboxes it holds. A warm pool
+keeps `sandbox_warm_pool` started sandboxes waiting for each env it has served.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from activities.env import EnvActivities
 from contracts import names
 from infra.settings import Settings
 from infra.temporal import wait_until_reachable
-from sandbox.manager import SandboxManager
+from sandbox.images import ImageResolver
+from sandbox.manager import SandboxLimits, SandboxManager
+from sandbox.pool import WarmPool
 from workers.common import new_worker_id, run_until_signalled
 
 log = logging.getLogger("trajflow.env")
@@ -30,10 +33,12 @@ def env_workers(
     worker_id: str,
     step_timeout_s: float,
     max_resets: int = 16,
+    warm: WarmPool | None = None,
+    images: ImageResolver | None = None,
 ) -> list[Worker]:
     workers = []
     for pool in pools:
-        acts = EnvActivities(manager, pool, worker_id, step_timeout_s)
+        acts = EnvActivities(manager, pool, worker_id, step_timeout_s, warm, images)
         workers.append(
             Worker(client, task_queue=names.env_queue(pool), activities=[acts.reset], max_concurrent_activities=max_resets)
         )
@@ -54,14 +59,14 @@ def build_manager(settings: Settings, worker_id: str) -> SandboxManager:
     if reaped:
         log.info("reaped %d orphaned sandboxes", len(reaped))
     image = ensure_runtime_image(client, settings.cache_dir / "images", progress=log.info)
-    return SandboxManager(
-        client,
-        image,
-        settings.sandbox_dir,
-        worker_id,
+    limits = SandboxLimits(
         network_disabled=not settings.sandbox_network,
         mem_limit=settings.sandbox_mem_limit,
-        step_timeout_s=settings.sandbox_step_timeout_s,
+        cpus=settings.sandbox_cpus,
+        pids_limit=settings.sandbox_pids_limit,
+    )
+    return SandboxManager(
+        client, image, settings.sandbox_dir, worker_id, limits=limits, step_timeout_s=settings.sandbox_step_timeout_s
     )
 
 
@@ -70,8 +75,14 @@ async def serve(settings: Settings, pools: Sequence[str]) -> None:
     manager = await asyncio.to_thread(build_manager, settings, worker_id)
     client = await wait_until_reachable(settings)
 
+    warm = WarmPool(manager, settings.sandbox_warm_pool)  # fills per env on first use
+    images = ImageResolver(manager.client, settings.cache_dir / "images", progress=log.info)
+
     async def close_all() -> None:
+        await asyncio.to_thread(warm.close)
         await asyncio.to_thread(manager.close_all)
 
-    workers = env_workers(client, manager, pools, worker_id, settings.sandbox_step_timeout_s)
+    workers = env_workers(
+        client, manager, pools, worker_id, settings.sandbox_step_timeout_s, warm=warm, images=images
+    )
     await run_until_signalled(workers, on_stop=close_all)
