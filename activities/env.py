@@ -1,6 +1,7 @@
 """Env activities: reset, step and close sandboxes held by this env worker.
 
-`env.reset` runs on the pool's shared queue, takes a started sandbox from the warm pool (or starts one), and answers with a handle naming this worker's own host queue;
+`env.reset` runs on the pool's shared queue: it finds (or builds, on first use) the env's image, takes a started
+sandbox from the warm pool (or starts one), and answers with a handle naming this worker's own host queue;
 `env.step` and `env.close` run there. Sandbox calls are blocking (docker SDK, a Unix socket) and run in
 threads. Failures are classified once: infra (`SandboxLost`, start errors) vs the env's own (`EnvError`).
 """

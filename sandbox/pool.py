@@ -1,9 +1,9 @@
-"""A warm pool: started sandboxes waiting, per image and env hint, so that `env.reset` does not pay a container start.
+"""A warm pool: started sandboxes waiting, per image and env hint, so `env.reset` does not pay a container start.
 
-`WarmPool.take(env_hint, image)` hands out a waiting sandbox (checked alive first) or, when none waits, starts one
-cold; either way it asks a background thread to start a replacement. A sandbox is handed out once and never
-returns to the pool: every trajectory gets a fresh container. Keys are (image, env hint) pairs because the runner imports
-only what its hint needs (see `envs/runner.py`), together with the image (a shell task has its own layer).
+`WarmPool.take(env_hint, image)` hands out a waiting sandbox (checked alive first) or, when none waits, starts
+one cold; either way it asks a background thread to start a replacement. A sandbox is handed out once and never
+returns to the pool: every trajectory gets a fresh container. Keys are (image, env hint) pairs: a shell task has
+its own image layer, and the runner imports only what its hint needs (see `envs/runner.py`).
 
 Errors: `take` raises what `SandboxManager.start` raises (a cold start); a refill failure is logged and retried
 after a back-off, never raised to a caller. Thread-safety: `take` may be called from many threads.
@@ -144,7 +144,7 @@ class WarmPool:
                 box = self.manager.start(hint, image)
             except (SandboxError, docker.errors.DockerException, OSError) as e:
                 self.stats.refill_failures += 1
-                log.warning("warm pool: starting a %s sandbox for %r failed (retry in %.1fs): %s", image, hint, backoff, e)
+                log.warning("warm pool: starting %s for %r failed (retry in %.1fs): %s", image, hint, backoff, e)
                 with self._cond:
                     self._starting[key] -= 1
                     self._cond.wait(backoff)
