@@ -40,6 +40,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from envs.runner import SHELL_PREFIX
+from envs.shell import TASKS_ROOT
 from sandbox.errors import ImageBuildError
 
 Progress = Callable[[str], None]
@@ -70,7 +72,6 @@ RUNTIME_SOURCES: tuple[str, ...] = ("runner.py", "shell.py")
 SHELL_TASKS_DIR = ENVS_DIR / "shell_tasks"
 TASK_REPO = "trajflow-task"
 TASK_FORMAT = 1
-TASKS_ROOT_IN_IMAGE = "/opt/trajflow/tasks"
 HOST_ONLY_TASK_FILES = frozenset({"solution.sh"})
 """Files of a task directory that stay out of its image (a reference solution must not be visible to the agent)."""
 SANDBOX_UID = 65534
@@ -418,7 +419,7 @@ def task_image_tag(runtime_tag: str, name: str, files: dict[str, bytes]) -> str:
 def task_dockerfile(runtime_tag: str, name: str) -> str:
     return f"""\
 FROM {runtime_tag}
-COPY task/ {TASKS_ROOT_IN_IMAGE}/{name}/
+COPY task/ {TASKS_ROOT}/{name}/
 """
 
 
@@ -455,8 +456,8 @@ def ensure_task_image(
 
 def image_for_env(client: docker.DockerClient, cache_dir: Path, env_id: str, progress: Progress | None = None) -> str:
     """The image that hosts `env_id`: a shell task's own layer for `shell:<task>`, else the runtime layer."""
-    if env_id.startswith("shell:"):
-        return ensure_task_image(client, cache_dir, env_id.removeprefix("shell:"), progress)
+    if env_id.startswith(SHELL_PREFIX):
+        return ensure_task_image(client, cache_dir, env_id.removeprefix(SHELL_PREFIX), progress)
     return ensure_runtime_image(client, cache_dir, progress)
 
 
@@ -473,7 +474,7 @@ class ImageResolver:
         self._lock = threading.Lock()
 
     def image_for(self, env_id: str) -> str:
-        key = env_id if env_id.startswith("shell:") else ""
+        key = env_id if env_id.startswith(SHELL_PREFIX) else ""
         with self._lock:
             tag = self._tags.get(key)
         if tag is not None:

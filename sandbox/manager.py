@@ -30,13 +30,12 @@ from typing import Any, TypedDict
 import docker
 import docker.errors
 
+from envs.shell import WORK_DIR  # the sandbox's writable work dir (a tmpfs); the root is read-only
 from sandbox import labels
 from sandbox.errors import EnvError, SandboxLost, SandboxStartError, SandboxStepTimeout
 from sandbox.images import RUNNER_SOCKET_DIR, SANDBOX_UID
 
 SOCKET_NAME = "env.sock"
-WORK_DIR = "/work"
-"""The sandbox's writable work directory (a tmpfs owned by the sandbox user); the root filesystem is read-only."""
 MAX_SOCKET_PATH = 107
 _RECV_BYTES = 1 << 16
 
@@ -74,7 +73,6 @@ class Sandbox:
         self._sock: socket.socket | None = None
         self._buffer = b""
         self._lost: str | None = None
-        self.image = ""
 
     def reset(self, env_id: str, seed: int, env_kwargs: dict[str, Any] | None = None) -> ResetReply:
         """Make `env_id` with `env_kwargs` and reset it with `seed`."""
@@ -263,7 +261,6 @@ class SandboxManager:
             shutil.rmtree(host_dir, ignore_errors=True)
             raise SandboxStartError(f"cannot start a container from {image}: {e}") from e
         sandbox = Sandbox(self.client, sandbox_id, container.id, host_dir / SOCKET_NAME, self.step_timeout_s)
-        sandbox.image = image
         with self._lock:
             self._sandboxes[sandbox_id] = sandbox
         try:
