@@ -11,6 +11,7 @@ import asyncio
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.heartbeats import with_heartbeats
 from activities.keys import store_key
 from contracts import names
 from contracts.records import TurnContext
@@ -43,7 +44,9 @@ class DecodeActivities:
         if inp.context_uri:
             ctx = TurnContext.model_validate(await asyncio.to_thread(self.store.get_json, inp.context_uri))
         ctx, prompt_ids = append_user(ctx, self.engine.tokenizer, inp.user_message, inp.system_prompt)
-        completion = await _with_heartbeats(self.engine.generate(prompt_ids, inp.sampling, inp.policy))
+        completion = await with_heartbeats(
+            self.engine.generate(prompt_ids, inp.sampling, inp.policy), "generating", HEARTBEAT_EVERY_S
+        )
         version = completion.policy_version
         ctx = append_completion(ctx, completion.token_ids, completion.logprobs, completion.text, version)
         key = store_key(inp.trajectory_id, f"context-turn{inp.turn:03d}.json")
@@ -59,15 +62,3 @@ class DecodeActivities:
             worker_id=self.worker_id,
         )
 
-
-async def _with_heartbeats(coro):  # type: ignore[no-untyped-def]
-    """Await the engine while heartbeating, so a dead decode worker is noticed by its heartbeat timeout."""
-    task = asyncio.ensure_future(coro)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
-            if done:
-                return task.result()
-            activity.heartbeat("generating")
-    finally:
-        task.cancel()

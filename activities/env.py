@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.heartbeats import with_heartbeats
 from contracts import names
 from contracts.trajectory import (
     EnvCloseInput,
@@ -31,6 +32,8 @@ from sandbox.manager import SandboxManager
 from sandbox.pool import WarmPool
 
 T = TypeVar("T")
+RESET_HEARTBEAT_EVERY_S = 5.0
+"""Below a third of env.reset's heartbeat timeout (workflows/stubs.py)."""
 
 
 class EnvActivities:
@@ -55,6 +58,11 @@ class EnvActivities:
 
     @activity.defn(name=names.ENV_RESET)
     async def reset(self, inp: EnvResetInput) -> EnvResetResult:
+        # Heartbeats all along (an image build or a container start can take a while), so a reset on a worker
+        # that dies is retried elsewhere after the heartbeat timeout, not after start-to-close.
+        return await with_heartbeats(self._reset(inp), "resetting", RESET_HEARTBEAT_EVERY_S)
+
+    async def _reset(self, inp: EnvResetInput) -> EnvResetResult:
         image = self.manager.image
         if self.images is not None:
             activity.heartbeat("finding or building the image")

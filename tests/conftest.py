@@ -59,6 +59,24 @@ async def async_wait_for(predicate, timeout_s: float = 30.0, interval_s: float =
         await asyncio.sleep(interval_s)
 
 
+async def pending_work(client, run_id: str) -> str:  # type: ignore[no-untyped-def]
+    """What a run is waiting on: the training workflow's and its running trajectories' pending activities, for
+    the message of a test that timed out (a stuck run then says which activity, attempt and failure)."""
+    lines = []
+    query = f"(WorkflowId = '{run_id}' OR TrajflowRun = '{run_id}') AND ExecutionStatus = 'Running'"
+    async for wf in client.list_workflows(query):
+        desc = await client.get_workflow_handle(wf.id).describe()
+        pending = desc.raw_description.pending_activities
+        lines.append(f"{wf.id} ({wf.workflow_type}): {len(pending)} pending activities")
+        for a in pending:
+            failure = a.last_failure.message if a.HasField("last_failure") else ""
+            lines.append(
+                f"  {a.activity_type.name} state={a.state} attempt={a.attempt} "
+                f"last_worker={a.last_worker_identity!r} failure={failure!r}"
+            )
+    return "\n".join(lines) or f"no running workflow of run {run_id}"
+
+
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)

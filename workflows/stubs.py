@@ -61,7 +61,7 @@ async def env_reset(pool: str, inp: EnvResetInput) -> EnvResetResult:
         result_type=EnvResetResult,
         task_queue=names.env_queue(pool),
         start_to_close_timeout=timedelta(minutes=5),
-        heartbeat_timeout=timedelta(seconds=60),
+        heartbeat_timeout=timedelta(seconds=20),  # env.reset heartbeats every 5 s while it works
         retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=ENV_FATAL),
     )
 

@@ -18,7 +18,7 @@ from contracts.trajectory import SamplingParams, StagePools, TrajectoryReport, T
 from contracts.training import TrainerConfig, TrainingRunConfig, TrainingState
 from infra.policies import PolicyStore
 from rl.engine import ScriptedEngine
-from tests.conftest import async_wait_for, running_stack
+from tests.conftest import async_wait_for, pending_work, running_stack
 from trajflow.client import start_training, training_progress
 
 pytestmark = pytest.mark.integration
@@ -158,7 +158,10 @@ async def test_continue_as_new_and_worker_restart_keep_the_run(
         await async_wait_for(at_v2, timeout_s=120, what="version 2")
     # every worker is gone now (mid-run); new ones on the same queues pick the run up where it was
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, tag=tag):
-        result = await asyncio.wait_for(handle.result(), timeout=300)
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=300)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"the run did not finish:\n{await pending_work(st.client, run_id)}") from None
         state = await handle.query("state", result_type=TrainingState)
     assert result.version == 6
     assert result.counters.consumed == 12
