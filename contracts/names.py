@@ -71,6 +71,7 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
 """Name -> Temporal type, in the form `temporal server start-dev --search-attribute Name=Type` takes."""
 
 SIGNAL_TRAJECTORY_FINISHED = "trajectory_finished"
+SIGNAL_RESUME_ADMISSION = "resume_admission"
 """Signal a trajectory sends to `TrajectoryRequest.report_to` with a `TrajectoryReport`."""
 
 # Error types (ApplicationError.type) that cross the activity boundary. Infra errors lead to a fresh sandbox

@@ -97,6 +97,13 @@ class TrainSettings(_Model):
     trainer_pool: str = "default"
     """The trainer worker pool (task queue) that runs the optimizer steps."""
     eval: EvalConfig = EvalConfig()
+    pause_after_infra_failures: Annotated[int, Field(ge=1, le=100_000)] = 8
+    """Admission stops (loudly: status `paused`, an error log, the progress query) after this many infra-failed
+    trajectories in a row with none completed between them: a systemic failure (the Docker engine gone, a
+    pool down) must not burn through every trajectory of the run."""
+    pause_probe_s: Annotated[float, Field(gt=0, le=86_400)] = 60.0
+    """While paused, one probe group is admitted after this long (doubling up to 10 min); a completed
+    trajectory resumes admission, as does the `resume_admission` signal."""
     history_events_before_continue: Annotated[int, Field(ge=50, le=40_000)] = 10_000
     """The workflow continues as new once its history holds this many events (Temporal's limit is 51,200)."""
 
@@ -191,6 +198,8 @@ class TrainingCounters(_Model):
     dropped_stale: int = 0
     groups_abandoned: int = 0
     max_in_flight: int = 0
+    admission_pauses: int = 0
+    """Times admission stopped on a run of infra failures (see `pause_after_infra_failures`)."""
 
 
 class StepRecord(_Model):
@@ -224,6 +233,10 @@ class TrainingState(_Model):
     """Workflow time (seconds) when the run began, kept across continue-as-new."""
     continued: int = 0
     """How many times the workflow continued as new."""
+    infra_streak: int = 0
+    """Infra-failed trajectories reported in a row, with none completed or failed by the env between them."""
+    paused: str | None = None
+    """Why admission is stopped (a run of infra failures and the last error), or None while admitting."""
 
 
 class TrainingStart(_Model):
@@ -255,3 +268,5 @@ class TrainingProgress(_Model):
     counters: TrainingCounters
     last: StepRecord | None
     elapsed_s: float
+    paused: str | None = None
+    """Why admission is stopped, while it is."""

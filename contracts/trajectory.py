@@ -280,3 +280,5 @@ class TrajectoryReport(_Model):
     policy_version: int | None
     reward: float | None
     status: TrajectoryStatus
+    error: str | None = None
+    """Why it failed, when it did (the training workflow names it when it stops admission)."""

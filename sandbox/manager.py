@@ -29,6 +29,7 @@ from typing import Any, TypedDict
 
 import docker
 import docker.errors
+import requests.exceptions
 
 from envs.shell import WORK_DIR  # the sandbox's writable work dir (a tmpfs); the root is read-only
 from sandbox import labels
@@ -257,9 +258,10 @@ class SandboxManager:
                 working_dir=WORK_DIR,
                 **self.limits.container_options(),
             )
-        except docker.errors.DockerException as e:
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            # RequestException: the engine itself is unreachable (daemon stopped, socket gone)
             shutil.rmtree(host_dir, ignore_errors=True)
-            raise SandboxStartError(f"cannot start a container from {image}: {e}") from e
+            raise SandboxStartError(f"cannot start a container from {image}: {type(e).__name__}: {e}") from e
         sandbox = Sandbox(self.client, sandbox_id, container.id, host_dir / SOCKET_NAME, self.step_timeout_s)
         with self._lock:
             self._sandboxes[sandbox_id] = sandbox

@@ -79,7 +79,7 @@ def progress_line(p: TrainingProgress, first_t: float) -> str:
         f"[{time.monotonic() - first_t:6.0f}s] step {p.version}/{p.steps}  reward {reward}  running {p.running}  "
         f"buffered {p.buffered}  trained {c.consumed}  stale-dropped {c.dropped_stale}  failed {c.failed}+"
         f"{c.infra_failed} infra  {rate:.2f} traj/s"
-    )
+    ) + (f"\n  ADMISSION PAUSED: {p.paused}" if p.paused else "")
 
 
 async def train(

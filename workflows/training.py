@@ -10,7 +10,9 @@ Trajectories are child workflows (abandoned on close, so they outlive continue-a
 small `TrajectoryReport` signal; trajectories a user starts with this run's id report the same way and are
 trained in groups of their own. Redundant samples (r per group) are started on top of the budget and cancelled
 once n of their group completed. `sync` is the α = 0 barrier: one batch is started after each step and the step
-trains only when every sample of that batch has ended.
+trains only when every sample of that batch has ended. A run of `pause_after_infra_failures` infra-failed
+trajectories stops admission (a circuit breaker: status `paused`, an error log, `progress().paused`); probe
+groups test the infrastructure now and then, and the first trajectory that does not fail on it resumes admission.
 
 Limits: a child that dies without reporting (terminated by hand, a workflow bug) is noticed only while this run
 of the workflow is the one that started it (its watcher does not survive continue-as-new); its group then waits
@@ -63,14 +65,20 @@ class TrainingWorkflow:
         """(group, how many) replacement samples to start for groups whose members failed."""
         self.training = False
         self.pause_admission = False
+        """Set while the workflow continues as new."""
+        self.probe = False
+        """While paused on infra failures: admit one probe group now."""
+        self.prober: asyncio.Task[None] | None = None
 
     # --- the loop ------------------------------------------------------------------------------------------
 
     @workflow.run
     async def run(self, start: TrainingStart) -> TrainingResult:
         cfg = self.cfg
-        self._upsert_status("training")
+        self._upsert_status("paused" if self.s.paused else "training")
         admission = asyncio.create_task(self._admission_loop())
+        if self.s.paused:
+            self._start_prober()
         try:
             while self.s.version < cfg.steps:
                 groups = await self._wait_for_batch()
@@ -93,16 +101,22 @@ class TrainingWorkflow:
         """Start groups whenever the staleness budget allows, and cancel redundant samples no longer needed."""
         while True:
             await workflow.wait_condition(
-                lambda: bool(self.to_cancel or self.replacements) or self._groups_to_admit() > 0
+                lambda: bool(self.to_cancel)
+                or (bool(self.replacements) and self._may_replace())
+                or self._groups_to_admit() > 0
             )
             await self._send_cancels()
-            while self.replacements and not self.pause_admission:
+            while self.replacements and self._may_replace():
                 key, missing = self.replacements.pop(0)
                 if key in self.s.groups:
                     group = self.s.groups[key]
                     await asyncio.gather(*(self._start_member(group) for _ in range(missing)))
             for _ in range(self._groups_to_admit()):
                 await self._start_group()
+
+    def _may_replace(self) -> bool:
+        """Replacements for failed members wait while admission is paused (they would fail the same way)."""
+        return not (self.pause_admission or self.s.paused)
 
     def _groups_to_admit(self) -> int:
         """Admission control: at most (v + α + 1)·B − (consumed + running) samples started.
@@ -111,14 +125,15 @@ class TrainingWorkflow:
         consumed = v·B the bound keeps (α + 1)·B useful samples in the pipeline. Redundant extras come on top.
         """
         cfg, s = self.cfg, self.s
-        if self.pause_admission or s.version >= cfg.steps:
+        if self.pause_admission or s.version >= cfg.steps or (s.paused and not self.probe):
             return 0
         if cfg.sync and (self.training or self._open_groups()):
             return 0  # the barrier: the next batch starts only after this one is trained
         budget = (s.version + cfg.alpha + 1) * cfg.batch_size - (s.counters.consumed + self._running())
         # never start more than the run can still use (a batch being trained is already consumed)
         remaining = cfg.steps * cfg.batch_size - s.counters.consumed - self._running()
-        return max(0, min(budget, remaining) // cfg.group_size)
+        groups = max(0, min(budget, remaining) // cfg.group_size)
+        return min(groups, 1) if s.paused else groups
 
     def _running(self) -> int:
         return sum(self.cfg.group_size for g in self._open_groups())
@@ -130,6 +145,7 @@ class TrainingWorkflow:
         cfg, s = self.cfg, self.s
         k = s.next_group
         s.next_group += 1
+        self.probe = False
         task = self._pick_task(k)
         group = GroupState(group=f"g{k:06d}", seed=cfg.first_seed + k, task=task, started_version=s.version)
         s.groups[group.group] = group
@@ -317,13 +333,63 @@ class TrainingWorkflow:
         self._after_report(g)
 
     def _count(self, report: TrajectoryReport) -> None:
-        c = self.s.counters
+        s, c = self.s, self.s.counters
         if report.status is TrajectoryStatus.COMPLETED:
             c.completed += 1
         elif report.status is TrajectoryStatus.INFRA_FAILED:
             c.infra_failed += 1
         else:
             c.failed += 1
+        if report.status is not TrajectoryStatus.INFRA_FAILED:
+            s.infra_streak = 0
+            if s.paused:
+                self._resume(f"{report.workflow_id} ended {report.status.value}: the infrastructure works again")
+            return
+        s.infra_streak += 1
+        if not s.paused and s.infra_streak >= self.cfg.pause_after_infra_failures:
+            s.paused = (
+                f"{s.infra_streak} trajectories in a row failed on infrastructure, the last ({report.workflow_id}) "
+                f"with: {report.error or 'no error recorded'}"
+            )
+            c.admission_pauses += 1
+            self._upsert_status("paused")
+            workflow.logger.error(
+                "ADMISSION PAUSED for run %s: %s. A probe group is admitted every so often; a completed "
+                "trajectory, or the %r signal, resumes admission.",
+                s.run_id,
+                s.paused,
+                names.SIGNAL_RESUME_ADMISSION,
+            )
+            self._start_prober()
+
+    def _start_prober(self) -> None:
+        if self.prober is None or self.prober.done():
+            self.prober = asyncio.create_task(self._probe_while_paused())
+
+    async def _probe_while_paused(self) -> None:
+        """Half-open: admit one probe group after `pause_probe_s`, then after twice that (up to 10 min), until
+        admission resumes."""
+        delay = self.cfg.pause_probe_s
+        while self.s.paused:
+            try:
+                await workflow.wait_condition(lambda: not self.s.paused, timeout=delay)
+            except asyncio.TimeoutError:
+                workflow.logger.warning("admission paused for run %s: admitting a probe group", self.s.run_id)
+                self.probe = True
+                delay = min(delay * 2, 600.0)
+
+    @workflow.signal(name=names.SIGNAL_RESUME_ADMISSION)
+    def resume_admission(self) -> None:
+        """Resume admission now (after fixing what made trajectories fail on infrastructure)."""
+        if self.s.paused:
+            self._resume("resumed by signal")
+
+    def _resume(self, why: str) -> None:
+        workflow.logger.warning("admission resumed for run %s: %s", self.s.run_id, why)
+        self.s.paused = None
+        self.s.infra_streak = 0
+        self.probe = False
+        self._upsert_status("training")
 
     def _after_report(self, g: GroupState) -> None:
         n = self.cfg.group_size
@@ -358,6 +424,7 @@ class TrainingWorkflow:
             counters=s.counters,
             last=s.history[-1] if s.history else None,
             elapsed_s=workflow.time() - s.started_at,
+            paused=s.paused,
         )
 
     @workflow.query

@@ -258,6 +258,7 @@ class TrajectoryWorkflow:
             policy_version=result.policy_version,
             reward=result.reward,
             status=result.status,
+            error=result.error,
         )
         try:
             await workflow.get_external_workflow_handle(target).signal(

@@ -167,3 +167,50 @@ async def test_continue_as_new_and_worker_restart_keep_the_run(
     assert result.counters.consumed == 12
     assert state.continued >= 1, "the history limit of 60 events should have forced continue-as-new"
     assert [s.step for s in result.history] == [1, 2, 3, 4, 5, 6]
+
+
+async def test_a_dead_docker_engine_pauses_admission_and_a_live_one_resumes_it(
+    temporal_env, reward_service, store, sandbox_manager, engine, docker_client, tmp_path
+) -> None:
+    """Systemic failure: with the env worker's Docker engine unreachable every reset fails. Admission stops
+    after `pause_after_infra_failures` in a row instead of burning through the run; a probe group sent once
+    the engine is back completes, admission resumes and the run finishes, training on no failed sample."""
+    import docker
+
+    from sandbox.manager import SandboxManager
+
+    gone = docker.DockerClient(base_url=f"unix://{tmp_path}/no-docker.sock", version=docker_client.api.api_version)
+    dead = SandboxManager(gone, sandbox_manager.image, tmp_path / "sb", "test-dead-engine")
+    async with running_stack(temporal_env, reward_service, store, dead, engine) as st:
+        tag = st.tag
+        cfg = run_config(
+            st.pools, steps=2, batch_size=2, group_size=2, alpha=1, pause_after_infra_failures=3, pause_probe_s=3
+        )
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+
+        async def paused():  # type: ignore[no-untyped-def]
+            return (await training_progress(handle)).paused
+
+        reason = await async_wait_for(paused, timeout_s=120, what="admission to pause")
+        assert "3 trajectories in a row failed on infrastructure" in reason
+        assert "env.reset" in reason and "cannot start a container" in reason, reason
+        desc = await handle.describe()
+        assert desc.search_attributes.get("TrajflowStatus") == ["paused"]
+        p = await training_progress(handle)
+        assert p.counters.admission_pauses == 1 and p.counters.completed == 0 and p.version == 0
+        # in flight when it paused: the first two groups (4 samples) and their replacements; nothing more
+        # starts but the probe groups (one every 3, 6, 12... s)
+        started_at_pause = p.counters.started
+        await asyncio.sleep(4)
+        assert (await training_progress(handle)).counters.started <= started_at_pause + 2
+    # the engine is back: workers with a live one on the same queues
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, tag=tag):
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=180)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"the run did not finish:\n{await pending_work(st.client, run_id)}") from None
+    assert result.version == 2 and result.counters.consumed == 4
+    assert result.counters.admission_pauses == 1
+    assert result.counters.infra_failed >= 3
+    assert (await handle.describe()).search_attributes.get("TrajflowStatus") == ["done"]
