@@ -15,8 +15,10 @@ No image registry is reachable, so every image is built here and named by a hash
   editing a task rebuilds only its own layer. GEM envs need no task layer: they run on the runtime image.
 
 Concurrency: an fcntl lock in `cache_dir` makes many callers (threads or processes) build once.
+Listing and pruning old layers: `sandbox/layers.py`.
 Limits: Linux x86_64 hosts with CPython 3.11 (the wheels are fetched for the host's interpreter, which must
-match the image's Python 3.11); `debootstrap` needs root; old images are never garbage-collected here.
+match the image's Python 3.11); `debootstrap` needs root; old images go only when pruned (`sandbox/layers.py`); intermediate images
+that a build leaves untagged are not tracked.
 """
 
 from __future__ import annotations
@@ -352,7 +354,8 @@ def ensure_base_image(client: docker.DockerClient, cache_dir: Path, progress: Pr
     return base
 
 
-def _cached_runtime_tag(client: docker.DockerClient, cache_dir: Path) -> str | None:
+def cached_runtime_tag(client: docker.DockerClient, cache_dir: Path) -> str | None:
+    """The runtime tag when the wheels, the base and the runtime layer are all cached; else None (builds nothing)."""
     hashes = cached_wheels(cache_dir)
     if hashes is None or not image_exists(client, base_image_tag()):
         return None
@@ -364,12 +367,12 @@ def ensure_runtime_image(client: docker.DockerClient, cache_dir: Path, progress:
     """The runtime image tag, building the base layer, the wheels and the runtime layer where missing."""
     report = progress or _quiet
     cache_dir = Path(cache_dir)
-    tag = _cached_runtime_tag(client, cache_dir)
+    tag = cached_runtime_tag(client, cache_dir)
     if tag is not None:
         report(f"runtime image {tag} is cached")
         return tag
     with _build_lock(cache_dir):
-        tag = _cached_runtime_tag(client, cache_dir)  # another caller may have built it while we waited
+        tag = cached_runtime_tag(client, cache_dir)  # another caller may have built it while we waited
         if tag is not None:
             report(f"runtime image {tag} was built by another caller")
             return tag
@@ -488,3 +491,4 @@ class ImageResolver:
         with self._lock:
             self._tags[key] = tag
         return tag
+

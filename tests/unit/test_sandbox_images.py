@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
+import docker.errors
 import pytest
 
 from sandbox import images
@@ -133,3 +135,4 @@ def test_concurrent_callers_build_once(tmp_path: Path, monkeypatch: pytest.Monke
         t.join(timeout=30)
     assert sorted(builds) == ["base", "runtime", "wheels"]
     assert len(tags) == 8 and len(set(tags)) == 1
+
