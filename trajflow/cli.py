@@ -18,6 +18,8 @@ import typer
 app = typer.Typer(help="trajflow: agentic RL where every trajectory is a durable Temporal workflow.", no_args_is_help=True)
 worker_app = typer.Typer(help="Run one worker process of a pool kind (what `trajflow up` starts).", no_args_is_help=True)
 app.add_typer(worker_app, name="worker")
+images_app = typer.Typer(help="Sandbox images: the content-hashed layers (base, runtime, task).", no_args_is_help=True)
+app.add_typer(images_app, name="images")
 
 DEFAULT_CONFIG = Path("configs/default.toml")
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Run config (TOML).")]
@@ -261,6 +263,44 @@ def demo(
     _exit(1 if summary["lost"] else 0)
 
 
+@images_app.command("build")
+def images_build(
+    task: Annotated[
+        Optional[list[str]], typer.Option("--task", "-t", help="A shell task's layer (repeatable; default: all).")
+    ] = None,
+) -> None:
+    """Build the layers that are missing (base, runtime, each shell task's); print each one's tag, cached or built."""
+    from trajflow.images import UnknownTask, build
+
+    try:
+        lines = build(task or None, _say)
+    except UnknownTask as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo("\n".join(lines))
+
+
+@images_app.command("list")
+def images_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False) -> None:
+    """The layer images on this Docker engine: layer, tag, size, created, current or stale, used by a container."""
+    from trajflow.images import listing
+
+    typer.echo(listing(as_json))
+
+
+@images_app.command("prune")
+def images_prune(
+    tags: Annotated[
+        Optional[list[str]], typer.Argument(metavar="TAG", help="Only these stale layers (default: all).")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
+) -> None:
+    """Remove the stale layers (not what the current sources hash to), children first; keep any a container uses."""
+    from trajflow.images import prune
+
+    typer.echo(prune(tags or None, dry_run, typer.echo))
+
+
 bench_app = typer.Typer(help="Benchmarks: measure and report, on a labelled workload.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
@@ -291,6 +331,27 @@ def bench_pipeline(
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2) from None
     _exit(bench_main(workload, json_path, load_settings().cache_dir / "models"))
+
+
+@bench_app.command("sandbox")
+def bench_sandbox(
+    quick: Annotated[bool, typer.Option("--quick", help="Smoke run (~2 min): small N, no cold base.")] = False,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures as JSON here.")] = None,
+    env: Annotated[
+        str, typer.Option("--env", help="Env id, e.g. shell:roman-numerals or game:GuessTheNumber-v0-easy.")
+    ] = "shell:roman-numerals",
+    action: Annotated[
+        Optional[str], typer.Option("--action", help="The cheap action stepped (default: echo hi / \\boxed{5}).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Env seed and the killer's random seed.")] = 0,
+) -> None:
+    """Env sandboxes on this machine: warm/cold reset latency, layer builds, steps/s, resets while containers die."""
+    from infra.settings import load_settings
+    from trajflow.bench_sandbox import Plan, quick_plan
+    from trajflow.bench_sandbox import main as bench_main
+
+    fields = {"env_id": env, "action": action, "seed": seed}
+    raise typer.Exit(bench_main(quick_plan(**fields) if quick else Plan(**fields), json_path, load_settings()))
 
 
 if __name__ == "__main__":
