@@ -210,9 +210,11 @@ async def running_stack(
     decode_pools: dict[str, object] | None = None,
     trainer_model: Path | None = None,
     tag: str | None = None,
+    images=None,  # type: ignore[no-untyped-def]
 ) -> AsyncIterator[Stack]:
     """Start orchestrator, decode, env, reward and trainer workers in this process on a fresh set of queues
-    (or on the queues of `tag`, to restart a stack's workers)."""
+    (or on the queues of `tag`, to restart a stack's workers). With `images` (an `ImageResolver`) the env
+    worker resets each env on its own image, as a real one does (shell tasks on their task layer)."""
     import asyncio
     import tempfile
 
@@ -230,7 +232,7 @@ async def running_stack(
     reward_client = RewardClient(reward_url, timeout_s=10)
     worker_id = f"w{tag}"
     workers = orchestrator_workers(client, queue)
-    workers += env_workers(client, manager, [pools], worker_id, step_timeout_s=30)
+    workers += env_workers(client, manager, [pools], worker_id, step_timeout_s=30, images=images)
     workers += reward_workers(client, reward_client, store, [pools])
     for pool, pool_engine in (decode_pools or {pools: engine}).items():
         workers += decode_workers(client, pool_engine, store, [pool], f"{worker_id}-{pool}")
