@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -182,6 +182,8 @@ class Stack:
     store: object
     manager: object
     tag: str = ""
+    workers: list = field(default_factory=list)  # type: ignore[type-arg]
+    """The in-process workers, for tests that stop some of them (a host that dies)."""
 
     def request(self, **fields):  # type: ignore[no-untyped-def]
         from contracts.trajectory import StagePools, TrajectoryRequest
@@ -240,7 +242,7 @@ async def running_stack(
     workers += trainer_workers(client, store, trainer_model or Path("/nonexistent"), work, [pools], work / "cache")
     tasks = [asyncio.create_task(w.run()) for w in workers]
     try:
-        yield Stack(client=client, queue=queue, pools=pools, store=store, manager=manager, tag=tag)
+        yield Stack(client=client, queue=queue, pools=pools, store=store, manager=manager, tag=tag, workers=workers)
     finally:
         await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
         for t in tasks:

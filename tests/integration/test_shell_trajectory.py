@@ -90,3 +90,29 @@ async def test_escape_attempts_are_contained_and_the_episode_ends_scored(
     assert not Path("/etc/pwned").exists()
     after = {c.id for c in docker_client.containers.list(all=True)}
     assert not (after - before), "the episode's sandbox outlived it"
+
+
+async def test_a_hung_step_kills_its_container_and_past_the_budget_ends_infra_failed(
+    temporal_env, reward_service, store, docker_client, tiny_model, images, sandbox_manager, tmp_path
+) -> None:
+    """A step that outlives the sandbox's step timeout (here a command allowed longer than the step) has its
+    container killed; the fresh sandbox hangs the same way, so the trajectory ends infra-failed, never scored."""
+    import tempfile
+
+    from sandbox.manager import SandboxManager
+
+    short = SandboxManager(
+        docker_client, sandbox_manager.image, Path(tempfile.mkdtemp(prefix="tf-hung-")), "test-hung", step_timeout_s=2
+    )
+    engine = scripted(tiny_model, [bash("sleep 20")])
+    try:
+        async with running_stack(temporal_env, reward_service, store, short, engine, images=images) as st:
+            req = st.request(
+                env_id=f"shell:{TASK}", seed=0, max_turns=3, max_env_recoveries=1, env_kwargs={"command_timeout_s": 60}
+            )
+            result = await st.run(req)
+    finally:
+        short.close_all()
+    assert result.status is TrajectoryStatus.INFRA_FAILED and result.reward is None
+    assert result.env_recoveries == 2 and "exceeded its 2s timeout; the container was killed" in (result.error or "")
+    assert not docker_client.containers.list(all=True, filters={"label": "trajflow.owner=test-hung"})

@@ -206,3 +206,71 @@ async def test_a_reasoning_gym_env_runs_through_the_same_path(
     assert result.status is TrajectoryStatus.COMPLETED, result.error
     record = load_record(store, result.trajectory_uri)
     assert record.first_observation.strip() and result.turns >= 1
+
+
+async def test_a_dead_env_host_is_noticed_by_schedule_to_start_and_another_host_restores_the_episode(
+    temporal_env, reward_service, store, sandbox_manager, scripted
+):  # type: ignore[no-untyped-def]
+    from contracts import names
+    from workers.env import env_workers
+
+    engine = GatedEngine(scripted, gate_at=2)
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as stack:
+        req = stack.request(env_id="game:GuessTheNumber-v0-hard", seed=5, env_kwargs={"max_turns": 4}, max_turns=4)
+        handle = await stack.start(req)
+        await asyncio.wait_for(engine.reached.wait(), 60)
+        dead = await handle.query("progress")
+        # the env host dies: nothing polls its host queue or takes resets any more; a second host serves the pool
+        mine = {dead["host_queue"], names.env_queue(stack.pools)}
+        await asyncio.gather(*(w.shutdown() for w in stack.workers if w.task_queue in mine))
+        second = env_workers(stack.client, sandbox_manager, [stack.pools], f"second-{stack.tag}", step_timeout_s=30)
+        running = [asyncio.create_task(w.run()) for w in second]
+        try:
+            engine.released.set()
+            result = await asyncio.wait_for(handle.result(), 180)
+            after = await handle.query("progress")
+        finally:
+            await asyncio.gather(*(w.shutdown() for w in second), return_exceptions=True)
+            sandbox_manager.close(dead["sandbox"])  # the dead host's container (its reaper would remove it)
+    assert result.status is TrajectoryStatus.COMPLETED, result.error
+    assert result.env_recoveries == 1 and result.turns == 4
+    assert after["host_queue"] is None  # closed at the end; the restored sandbox lived on the second host
+    record = load_record(store, result.trajectory_uri)
+    # restored by replay on the second host: the game's own turn counter goes on without a gap
+    for i, turn in enumerate(record.turns[:-1]):
+        assert f"At turn {i + 1}, you guessed 999" in turn.observation
+
+
+class FailingImages:
+    """An image resolver whose builds fail `failures` times (then resolve as the real one does): the env worker's
+    handling of a failed image build, without breaking the machine's real image cache."""
+
+    def __init__(self, image: str, failures: int) -> None:
+        self.image = image
+        self.failures = failures
+        self.calls = 0
+
+    def image_for(self, env_id: str) -> str:
+        from sandbox.errors import ImageBuildError
+
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ImageBuildError(f"cannot build the image for {env_id!r}: injected build failure {self.calls}")
+        return self.image
+
+
+async def test_an_image_build_failure_is_retried_and_past_the_budget_ends_infra_failed_unscored(
+    temporal_env, reward_service, store, sandbox_manager, scripted
+):  # type: ignore[no-untyped-def]
+    once = FailingImages(sandbox_manager.image, failures=1)
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, scripted, images=once) as stack:
+        result = await stack.run(stack.request(env_id="game:GuessTheNumber-v0-hard", seed=6, max_turns=2))
+    assert result.status is TrajectoryStatus.COMPLETED, result.error
+    assert once.calls == 2 and result.env_recoveries == 0  # the activity's own retry built it on a second try
+    always = FailingImages(sandbox_manager.image, failures=10**6)
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, scripted, images=always) as stack:
+        req = stack.request(env_id="game:GuessTheNumber-v0-hard", seed=6, max_turns=2, max_env_recoveries=1)
+        result = await stack.run(req)
+    assert result.status is TrajectoryStatus.INFRA_FAILED and result.reward is None
+    assert "ImageBuildError" in (result.error or "") and "injected build failure" in (result.error or "")
+    assert always.calls == 6  # (1 + max_env_recoveries) resets x 3 activity attempts, then it stops
