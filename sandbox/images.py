@@ -443,18 +443,33 @@ def ensure_task_image(
             return tag
         started = time.monotonic()
         report(f"building task image {tag} on {runtime}")
-        build_from_context(
-            client,
-            cache_dir,
-            tag=tag,
-            wheels=None,
-            files={f"task/{rel}": data for rel, data in files.items()},
-            dockerfile=task_dockerfile(runtime, name),
-            labels={"trajflow.layer": "task", "trajflow.hash": tag.partition(":")[2], "trajflow.base": runtime},
-            progress=report,
-        )
+        build_task_image(client, cache_dir, runtime, name, tag, report)
         report(f"built task image {tag} in {time.monotonic() - started:.1f}s")
     return tag
+
+
+def build_task_image(
+    client: docker.DockerClient,
+    cache_dir: Path,
+    runtime: str,
+    name: str,
+    tag: str,
+    progress: Progress,
+    labels: dict[str, str] | None = None,
+) -> None:
+    """Build shell task `name`'s layer on `runtime` as `tag` (no lock, no cache check: `ensure_task_image` does
+    those)."""
+    build_from_context(
+        client,
+        cache_dir,
+        tag=tag,
+        wheels=None,
+        files={f"task/{rel}": data for rel, data in task_files(name).items()},
+        dockerfile=task_dockerfile(runtime, name),
+        labels={"trajflow.layer": "task", "trajflow.hash": tag.partition(":")[2], "trajflow.base": runtime}
+        | (labels or {}),
+        progress=progress,
+    )
 
 
 def image_for_env(client: docker.DockerClient, cache_dir: Path, env_id: str, progress: Progress | None = None) -> str:

@@ -73,11 +73,10 @@ from sandbox.images import (
     build_base_image,
     build_from_context,
     build_runtime_image,
+    build_task_image,
     download_wheels,
     ensure_runtime_image,
     image_for_env,
-    task_dockerfile,
-    task_files,
 )
 from sandbox.manager import SandboxManager
 from sandbox.pool import WarmPool
@@ -419,17 +418,8 @@ def _stand_in(client: docker.DockerClient, scratch: Path, source: str, tag: str,
 
 
 def _build_task(client: docker.DockerClient, scratch: Path, runtime: str, name: str, tag: str, say: Say) -> None:
-    """Shell task `name`'s layer on `runtime` under `tag`, from exactly the files `ensure_task_image` uses."""
-    build_from_context(
-        client,
-        scratch,
-        tag=tag,
-        wheels=None,
-        files={f"task/{rel}": data for rel, data in task_files(name).items()},
-        dockerfile=task_dockerfile(runtime, name),
-        labels={"trajflow.layer": "task", "trajflow.bench": "1"},
-        progress=_every(say),
-    )
+    """Shell task `name`'s layer on `runtime` under `tag`, built as `ensure_task_image` builds it."""
+    build_task_image(client, scratch, runtime, name, tag, _every(say), labels={"trajflow.bench": "1"})
 
 
 def remove_images(client: docker.DockerClient, tags: Sequence[str]) -> int:
