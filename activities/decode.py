@@ -20,7 +20,8 @@ from infra.store import ObjectStore
 from rl.chat import append_completion, append_user
 from rl.engine import Engine
 
-HEARTBEAT_EVERY_S = 10.0
+HEARTBEAT_EVERY_S = 5.0
+"""Below a fifth of the heartbeat timeout in workflows/stubs.py."""
 
 
 class DecodeActivities:

@@ -25,7 +25,8 @@ from infra.policies import PolicyStore, delete_prefix, get_dir, put_dir
 from infra.policies import safe_name as _safe
 from infra.store import ObjectNotFound, ObjectStore
 
-HEARTBEAT_EVERY_S = 10.0
+HEARTBEAT_EVERY_S = 5.0
+"""Below a fifth of the heartbeat timeout in workflows/stubs.py."""
 CHECKPOINTS_KEPT = 2
 
 

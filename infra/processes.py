@@ -79,6 +79,13 @@ class ProcessTable:
     def add(self, rec: ProcessRecord) -> None:
         self.save([r for r in self.load() if r.name != rec.name] + [rec])
 
+    def replace(self, rec: ProcessRecord) -> None:
+        """Record a restarted process in its predecessor's place (the order is the order `down` reverses)."""
+        records = self.load()
+        if rec.name not in {r.name for r in records}:
+            raise KeyError(f"{rec.name} is not in {self.path}")
+        self.save([rec if r.name == rec.name else r for r in records])
+
 
 def stop(rec: ProcessRecord, timeout_s: float = 15.0) -> bool:
     """SIGTERM the process group, then SIGKILL after the timeout. True if it was running."""
@@ -92,6 +99,16 @@ def stop(rec: ProcessRecord, timeout_s: float = 15.0) -> bool:
         time.sleep(0.1)
     _signal_group(rec, signal.SIGKILL)
     return True
+
+
+def kill(rec: ProcessRecord, timeout_s: float = 10.0) -> None:
+    """SIGKILL the process group at once (a crash, not a shutdown) and wait until it is gone."""
+    _signal_group(rec, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while is_alive(rec):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{rec.name} (pid {rec.pid}) still alive {timeout_s:.0f}s after SIGKILL")
+        time.sleep(0.05)
 
 
 def _signal_group(rec: ProcessRecord, sig: signal.Signals) -> None:

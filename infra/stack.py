@@ -18,9 +18,9 @@ import httpx
 
 from contracts import names
 from contracts.config import RunConfig
-from infra.processes import ProcessRecord, ProcessTable, is_alive, start_detached, stop
+from infra.processes import ProcessRecord, ProcessTable, is_alive, kill, start_detached, stop
 from infra.settings import Settings
-from infra.temporal import dev_server_command, pollers, wait_until_reachable
+from infra.temporal import dev_server_command, ensure_search_attributes, pollers, wait_until_reachable
 
 Progress = Callable[[str], None]
 
@@ -88,6 +88,8 @@ def up(settings: Settings, config: RunConfig, config_path: Path, progress: Progr
     for comp in components(settings, config, config_path):
         if comp.name in alive:
             progress(f"{comp.name}: already running")
+            if comp.name == "temporal":
+                _register_search_attributes(settings, progress)
             continue
         rec = start_detached(comp.name, comp.argv, settings.log_dir)
         table.add(rec)
@@ -99,6 +101,17 @@ def up(settings: Settings, config: RunConfig, config_path: Path, progress: Progr
             _wait_http(f"{settings.resolved_reward_url}/healthz", rec, timeout_s=60)
             progress(f"reward-service: healthy at {settings.resolved_reward_url}")
     asyncio.run(_wait_for_pollers(settings, config, progress, timeout_s))
+
+
+def _register_search_attributes(settings: Settings, progress: Progress) -> None:
+    """A server that was already running may predate a search attribute (see `ensure_search_attributes`)."""
+
+    async def register() -> list[str]:
+        return await ensure_search_attributes(await wait_until_reachable(settings, timeout_s=60))
+
+    added = asyncio.run(register())
+    if added:
+        progress(f"temporal: registered search attributes {', '.join(added)}")
 
 
 def down(settings: Settings, progress: Progress) -> int:
@@ -113,6 +126,49 @@ def down(settings: Settings, progress: Progress) -> int:
             progress(f"{rec.name}: was not running")
     table.save([])
     return stopped
+
+
+def crash_and_restart(settings: Settings, name: str, progress: Progress) -> tuple[ProcessRecord, ProcessRecord]:
+    """kill -9 one component of the running stack and start it again with the same command line: what a crash
+    and a supervisor's restart do. Returns (the killed record, the new one). Workers reconnect by themselves; a
+    caller that restarts the Temporal server waits for it (`wait_until_reachable`)."""
+    table = ProcessTable(settings.run_dir)
+    old = next((r for r in table.load() if r.name == name), None)
+    if old is None or not is_alive(old):
+        raise RuntimeError(f"{name} is not running (start the stack with `trajflow up`)")
+    kill(old)
+    _wait_ports_free(_ports(settings, name), name)
+    new = start_detached(name, old.argv, settings.log_dir)
+    table.replace(new)
+    progress(f"{name}: killed -9 (pid {old.pid}), restarted (pid {new.pid})")
+    return old, new
+
+
+def _ports(settings: Settings, name: str) -> list[int]:
+    if name == "temporal":
+        return [int(settings.temporal_address.rpartition(":")[2])] + ([settings.temporal_ui_port] if settings.temporal_ui_port else [])
+    if name == "reward-service":
+        return [settings.reward_port]
+    return []
+
+
+def _wait_ports_free(ports: list[int], name: str, timeout_s: float = 30.0) -> None:
+    """A killed multi-threaded process is reported gone (its leader a zombie) while its other threads still hold
+    its listening sockets for a moment; a restart that binds then fails. Wait until each port binds again."""
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    for port in ports:
+        while True:
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind(("127.0.0.1", port))
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"port {port} of {name} still in use {timeout_s:.0f}s after the kill") from None
+            time.sleep(0.1)
 
 
 def _wait_http(url: str, rec: ProcessRecord, timeout_s: float) -> None:

@@ -57,22 +57,60 @@ def dev_server_command(settings: Settings) -> list[str]:
     return cmd + search_attribute_args()
 
 
-async def connect(settings: Settings) -> Client:
+async def connect(settings: Settings, *, quiet: bool = False) -> Client:
+    """A client with the pydantic converter. `quiet`: the SDK core logs errors only (no warning per retried call
+    while the server restarts, for commands that ride out restarts on purpose)."""
     return await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,
         data_converter=pydantic_data_converter,
+        runtime=_quiet_runtime() if quiet else None,
     )
 
 
-async def wait_until_reachable(settings: Settings, timeout_s: float = 60.0) -> Client:
+_QUIET: list = []
+
+
+def _quiet_runtime():  # type: ignore[no-untyped-def]
+    from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+
+    if not _QUIET:
+        filt = TelemetryFilter(core_level="ERROR", other_level="ERROR")
+        _QUIET.append(Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=filt))))
+    return _QUIET[0]
+
+
+async def ensure_search_attributes(client: Client) -> list[str]:
+    """Register the project's custom search attributes that the server lacks; returns the names added.
+
+    A dev server started before an attribute joined `contracts.names.SEARCH_ATTRIBUTES` does not know it, and a
+    workflow that upserts an unknown attribute fails its workflow task (retried until it is registered); so
+    `trajflow up` calls this on every start, including when the server was already running.
+    """
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+
+    known = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=client.namespace))
+    missing = {
+        name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
+        for name, kind in SEARCH_ATTRIBUTES.items()
+        if name not in known.custom_attributes
+    }
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
+        )
+    return sorted(missing)
+
+
+async def wait_until_reachable(settings: Settings, timeout_s: float = 60.0, *, quiet: bool = False) -> Client:
     """Connect, retrying until the server answers or the timeout passes."""
     from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            client = await connect(settings)
+            client = await connect(settings, quiet=quiet)
             await client.workflow_service.get_system_info(GetSystemInfoRequest())
             return client
         except Exception as e:  # noqa: BLE001 - any failure here means "not up yet"

@@ -26,6 +26,11 @@ CACHE = Path(os.environ.get("TRAJFLOW_TEST_CACHE", Path.home() / ".cache" / "tra
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: real pretrained model; minutes")
+    # A workflow whose __init__ raises (bad input, workflows/inputs.py) never runs the coroutine the SDK made for its
+    # run method; the SDK's leftover is reported whenever it is garbage-collected, often in a later test.
+    config.addinivalue_line(
+        "filterwarnings", "ignore:coroutine '_WorkflowInstanceImpl._apply_initialize_workflow:RuntimeWarning"
+    )
 
 
 def free_port() -> int:
@@ -60,21 +65,55 @@ async def async_wait_for(predicate, timeout_s: float = 30.0, interval_s: float =
 
 
 async def pending_work(client, run_id: str) -> str:  # type: ignore[no-untyped-def]
-    """What a run is waiting on: the training workflow's and its running trajectories' pending activities, for
-    the message of a test that timed out (a stuck run then says which activity, attempt and failure)."""
+    """What a run is waiting on, for the message of a test that timed out: the training workflow's and its running
+    trajectories' pending workflow task and activities (attempt, heartbeat, last failure), the last workflow-task
+    failures in their histories, and the stacks of this process's threads and asyncio tasks (the in-process
+    workers: where an activity is blocked)."""
+    import asyncio
+    import io
+    import sys
+    import traceback
+
     lines = []
     query = f"(WorkflowId = '{run_id}' OR TrajflowRun = '{run_id}') AND ExecutionStatus = 'Running'"
     async for wf in client.list_workflows(query):
-        desc = await client.get_workflow_handle(wf.id).describe()
-        pending = desc.raw_description.pending_activities
+        handle = client.get_workflow_handle(wf.id)
+        desc = (await handle.describe()).raw_description
+        pending = desc.pending_activities
         lines.append(f"{wf.id} ({wf.workflow_type}): {len(pending)} pending activities")
+        if wf.workflow_type == "TrainingWorkflow":
+            state = await handle.query("state")
+            groups = {k: (len(g["running"]), len(g["completed"]), g["failed"]) for k, g in state["groups"].items()}
+            lines.append(f"  version={state['version']} paused={state['paused']!r} counters={state['counters']}")
+            lines.append(f"  groups (running, completed, failed): {groups}")
+        if desc.HasField("pending_workflow_task"):
+            t = desc.pending_workflow_task
+            lines.append(f"  workflow task state={t.state} attempt={t.attempt}")
         for a in pending:
             failure = a.last_failure.message if a.HasField("last_failure") else ""
+            beat = a.last_heartbeat_time.ToDatetime().isoformat() if a.HasField("last_heartbeat_time") else "never"
             lines.append(
-                f"  {a.activity_type.name} state={a.state} attempt={a.attempt} "
+                f"  {a.activity_type.name} state={a.state} attempt={a.attempt} heartbeat={beat} "
                 f"last_worker={a.last_worker_identity!r} failure={failure!r}"
             )
-    return "\n".join(lines) or f"no running workflow of run {run_id}"
+        failed = []
+        async for event in handle.fetch_history_events():
+            if event.HasField("workflow_task_failed_event_attributes"):
+                failed.append(event.workflow_task_failed_event_attributes.failure.message)
+        for msg in failed[-3:]:
+            lines.append(f"  workflow task failed: {msg[:500]!r}")
+    out = io.StringIO()
+    frames = sys._current_frames()
+    for thread_id, frame in frames.items():
+        if frame.f_code.co_name in ("wait", "get") and "work_queue.get" in "".join(traceback.format_stack(frame)):
+            continue  # an idle pool thread
+        out.write(f"--- thread {thread_id}\n{''.join(traceback.format_stack(frame)[-6:])}")
+    for task in asyncio.all_tasks():
+        stack = task.get_stack(limit=3)
+        if stack:
+            where = " <- ".join(f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} {f.f_code.co_name}" for f in stack)
+            out.write(f"--- task {task.get_name()}: {where}\n")
+    return "\n".join(lines or [f"no running workflow of run {run_id}"]) + "\n" + out.getvalue()
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
+from temporalio.common import RawValue, SearchAttributeKey
 from temporalio.exceptions import ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
@@ -41,9 +41,10 @@ with workflow.unsafe.imports_passed_through():
         TrainRef,
         TrainStepInput,
     )
-    from contracts.trajectory import TrajectoryReport, TrajectoryStatus
+    from contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
 
 from workflows import stubs
+from workflows.inputs import NO_INPUT, decode_input
 
 SA_RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
 SA_STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
@@ -55,7 +56,9 @@ HISTORY_KEPT = 200
 @workflow.defn(name=names.TRAINING_WORKFLOW)
 class TrainingWorkflow:
     @workflow.init
-    def __init__(self, start: TrainingStart) -> None:
+    def __init__(self, raw: RawValue = NO_INPUT) -> None:
+        # a TrainingStart, decoded here so that bad input fails the workflow, not its task (workflows/inputs.py)
+        start = decode_input(raw, TrainingStart)
         self.cfg: TrainingRunConfig = start.run
         self.s: TrainingState = start.resume or TrainingState(
             run_id=workflow.info().workflow_id, started_at=workflow.time()
@@ -73,7 +76,7 @@ class TrainingWorkflow:
     # --- the loop ------------------------------------------------------------------------------------------
 
     @workflow.run
-    async def run(self, start: TrainingStart) -> TrainingResult:
+    async def run(self, raw: RawValue = NO_INPUT) -> TrainingResult:
         cfg = self.cfg
         self._upsert_status("paused" if self.s.paused else "training")
         admission = asyncio.create_task(self._admission_loop())
@@ -177,23 +180,46 @@ class TrainingWorkflow:
             min_policy_version=self.s.version,
             report_to=workflow.info().workflow_id,
         )
-        handle = await workflow.start_child_workflow(
-            names.TRAJECTORY_WORKFLOW,
-            req,
-            id=wid,
-            task_queue=workflow.info().task_queue,  # trajectories run where their training workflow runs
-            parent_close_policy=ParentClosePolicy.ABANDON,
-        )
+        # Running from before the start is confirmed: when this workflow's tasks are delayed (its worker died),
+        # a short child can finish and its report be delivered in the same activation as its start, and signals
+        # are handled first. A report from a member not yet marked running would be dropped as late.
         group.running.append(wid)
+        try:
+            handle = await workflow.start_child_workflow(
+                names.TRAJECTORY_WORKFLOW,
+                req,
+                id=wid,
+                task_queue=workflow.info().task_queue,  # trajectories run where their training workflow runs
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                result_type=TrajectoryResult,
+            )
+        except BaseException:
+            group.running.remove(wid)
+            raise
         self.s.counters.started += 1
         in_flight = sum(len(g.running) for g in self.s.groups.values())
         self.s.counters.max_in_flight = max(self.s.counters.max_in_flight, in_flight)
         asyncio.create_task(self._watch(handle, wid, group.group))
 
     async def _watch(self, handle: workflow.ChildWorkflowHandle, wid: str, group: str) -> None:
-        """A child that ends without reporting (terminated, failed) counts as an infra failure of its group."""
+        """A child that ends without reporting (terminated, failed) counts as an infra failure of its group; one
+        that completed but whose report never arrived (lost signal) is reported from its result."""
         try:
-            await handle
+            result: TrajectoryResult = await handle
+            g = self.s.groups.get(group)
+            if g is not None and wid in g.running:
+                workflow.logger.warning("trajectory %s completed without its report arriving: using its result", wid)
+                self.trajectory_finished(
+                    TrajectoryReport(
+                        workflow_id=wid,
+                        trajectory_uri=result.trajectory_uri,
+                        group=group,
+                        policy_version=result.policy_version,
+                        reward=result.reward,
+                        status=result.status,
+                        error=result.error,
+                    )
+                )
         except ChildWorkflowError as e:
             g = self.s.groups.get(group)
             if g is None or wid not in g.running:

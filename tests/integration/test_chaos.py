@@ -1,0 +1,67 @@
+"""`trajflow chaos --quick` as a user runs it, on its own embedded stack (own state dir and ports, because it
+kills and restarts that stack's processes, the Temporal server included): every fault of the scenario is
+injected, and the run's own records say nothing was lost, nothing consumed twice, no infra failure scored and
+every step done. The audit's ability to catch each violation is tested in tests/unit/test_chaos_audit.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, free_port
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def chaos_env(cache_dir: Path):  # type: ignore[no-untyped-def]
+    state_dir = Path(tempfile.mkdtemp(prefix="tf-chaos-"))
+    (state_dir / "cache").mkdir()
+    for name in ("models", "images"):
+        (cache_dir / name).mkdir(parents=True, exist_ok=True)
+        (state_dir / "cache" / name).symlink_to(cache_dir / name)
+    env = {
+        **os.environ,
+        "TRAJFLOW_STATE_DIR": str(state_dir),
+        "TRAJFLOW_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
+        "TRAJFLOW_TEMPORAL_UI_PORT": str(free_port()),
+        "TRAJFLOW_REWARD_PORT": str(free_port()),
+    }
+    trajflow = str(Path(sys.executable).parent / "trajflow")
+    try:
+        yield env, state_dir, trajflow
+    finally:
+        subprocess.run([trajflow, "down"], cwd=ROOT, env=env, capture_output=True, timeout=120)
+
+
+def test_quick_chaos_run_loses_nothing(chaos_env) -> None:  # type: ignore[no-untyped-def]
+    env, state_dir, trajflow = chaos_env
+    out = state_dir / "chaos.json"
+    proc = subprocess.run(
+        [trajflow, "chaos", "--quick", "-c", "configs/tiny.toml", "--json", str(out), "--container-kill-rate", "0.2"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.exists(), f"no report:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    report = json.loads(out.read_text())
+    shown = f"{proc.stdout}\n{proc.stderr[-3000:]}"
+    assert [f["fault"] for f in report["faults"]] == ["decode", "env", "reward", "orchestrator", "trainer", "temporal"], shown
+    assert report["faults_not_injected"] == []
+    assert all(f["recovered_after_s"] is not None for f in report["faults"]), shown
+    assert "while training" in report["faults"][4]["detail"], "the trainer must die mid-step"
+    assert report["containers"]["killed"] >= 1, shown
+    assert report["lost"] == 0 and report["consumed_twice"] == 0 and report["infra_failures_scored"] == 0, shown
+    assert report["steps_completed"] == report["steps_configured"] == 6, shown
+    assert report["consumed"] == 6 * 8
+    assert report["started"] == report["completed"] + report["failed"] + report["infra_failed"] + report["cancelled"]
+    assert proc.returncode == 0 and "PASS" in proc.stdout, shown
+    assert (state_dir / "runs" / report["run_id"] / "chaos.png").exists()

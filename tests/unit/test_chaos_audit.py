@@ -1,0 +1,80 @@
+"""The chaos verdict (`trajflow.chaos_audit.audit`) on hand-made records: it passes a clean run and catches each
+kind of violation it exists to catch, so a chaos run that reports 0 lost means the check could have said more."""
+
+from __future__ import annotations
+
+from contracts.training import TrainRef
+from trajflow.chaos_audit import RunRecords, StoredOutcome, TrajectoryRow, audit
+
+
+def row(wid: str, execution: str = "Completed", status: str | None = "completed", reward: float | None = 1.0) -> TrajectoryRow:
+    return TrajectoryRow(workflow_id=wid, execution=execution, status=status, reward=reward)
+
+
+def ref(wid: str, reward: float = 1.0) -> TrainRef:
+    return TrainRef(workflow_id=wid, trajectory_uri=f"file:///s/{wid}.json", group="g0", reward=reward, policy_version=0)
+
+
+def clean() -> RunRecords:
+    rows = [row("a"), row("b", reward=0.0), row("c", status="infra_failed", reward=None), row("d", "Canceled", "running", None)]
+    return RunRecords(
+        trajectories=rows,
+        started_by_run=4,
+        batches=[[ref("a"), ref("b", 0.0)]],
+        stored={"a": StoredOutcome("completed", 1.0), "b": StoredOutcome("completed", 0.0)},
+        steps_completed=1,
+        steps_configured=1,
+    )
+
+
+def test_a_clean_run_passes_with_every_count() -> None:
+    c = audit(clean())
+    assert (c.started, c.completed, c.failed, c.infra_failed, c.cancelled) == (4, 2, 0, 1, 1)
+    assert (c.lost, c.consumed, c.consumed_twice, c.infra_failures_scored) == (0, 2, 0, 0)
+    assert c.ok
+
+
+def test_lost_trajectories_are_caught() -> None:
+    r = clean()
+    r.trajectories += [
+        row("still-running", "Running", "running", None),
+        row("terminated", "Terminated", "running", None),
+        row("no-outcome", "Completed", "running", None),
+    ]
+    r.started_by_run = 9  # two more than visibility shows
+    c = audit(r)
+    assert c.lost == 5
+    assert set(c.lost_ids) == {"still-running", "terminated", "no-outcome"}
+    assert c.goals_met["0 lost"] is False and not c.ok
+
+
+def test_a_trajectory_in_two_steps_is_consumed_twice() -> None:
+    r = clean()
+    r.batches.append([ref("a")])
+    c = audit(r)
+    assert c.consumed == 3 and c.consumed_twice == 1 and c.consumed_twice_ids == ["a"]
+    assert not c.ok
+
+
+def test_scored_or_trained_infra_failures_are_caught() -> None:
+    r = clean()
+    r.trajectories.append(row("scored-infra", status="infra_failed", reward=0.0))
+    r.trajectories.append(row("trained-infra", status="infra_failed", reward=None))
+    r.batches.append([ref("trained-infra", 0.0)])
+    r.stored["trained-infra"] = StoredOutcome("infra_failed", None)
+    c = audit(r)
+    assert set(c.infra_scored_ids) == {"scored-infra", "trained-infra"}
+    assert c.infra_failures_scored == 2 and not c.ok
+
+
+def test_a_trained_reward_that_differs_from_the_record_is_caught() -> None:
+    r = clean()
+    r.stored["a"] = StoredOutcome("completed", 0.0)  # the step was given 1.0
+    assert audit(r).infra_scored_ids == ["a"]
+
+
+def test_missing_steps_fail_the_run() -> None:
+    r = clean()
+    r.steps_configured = 3
+    c = audit(r)
+    assert c.goals_met["all steps completed"] is False and not c.ok

@@ -1,0 +1,373 @@
+"""`trajflow chaos`: a training run on the embedded stack under injected faults, then the run's own audit.
+
+Faults, in this order, each once the run has made progress since the one before:
+    decode, env, reward, orchestrator   kill -9 of that worker process, restarted at once (a crash + supervisor)
+    trainer                             kill -9 while `trainer.train_step` is running (mid-step), restarted
+    temporal                            kill -9 of the Temporal dev server, restarted on the same database
+and throughout the run, `--container-kill-rate` (10%) of episodes get their sandbox container killed while the
+episode runs. When the run has ended, `chaos_audit` counts from Temporal and the store: started, completed,
+failed, infra-failed, lost, consumed twice, infra failures scored, steps completed vs configured.
+
+Limits: it needs the stack of `trajflow up` on this machine (it starts it when it is not running) because it
+kills and restarts that stack's processes; a fault whose moment never comes (the run ended first) is reported as
+not injected, and the run then does not count as a pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contracts import names
+from contracts.config import RunConfig
+from contracts.training import TrainingProgress, TrainingResult, TrainingRunConfig
+from infra import stack
+from infra.settings import Settings
+from infra.temporal import wait_until_reachable
+from trajflow.chaos_audit import ChaosCounts, audit, collect
+
+Say = Callable[[str], None]
+PROCESS_FAULTS = ("decode", "env", "reward", "orchestrator", "trainer", "temporal")
+STARTED = 2
+"""PendingActivityState STARTED: a worker is running the activity."""
+
+
+@dataclass
+class FaultRecord:
+    fault: str
+    at_s: float
+    """Seconds since the run started."""
+    detail: str
+    recovered_after_s: float | None = None
+    """Until the next trajectory ended (or step finished, for the trainer) after the restart."""
+
+
+@dataclass
+class ContainerKills:
+    episodes_seen: int = 0
+    targeted: int = 0
+    killed: int = 0
+    ended_before_kill: int = 0
+    killed_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ChaosReport:
+    run_id: str
+    config: str
+    quick: bool
+    counts: ChaosCounts
+    faults: list[FaultRecord]
+    faults_not_injected: list[str]
+    containers: ContainerKills
+    wall_s: float
+    timeline: list[tuple[float, int, int]]
+    """(seconds, trajectories ended, policy version) samples, for the plot."""
+
+    @property
+    def ok(self) -> bool:
+        return self.counts.ok and not self.faults_not_injected
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.counts
+        return {
+            "run_id": self.run_id,
+            "config": self.config,
+            "quick": self.quick,
+            "ok": self.ok,
+            "started": c.started,
+            "completed": c.completed,
+            "failed": c.failed,
+            "infra_failed": c.infra_failed,
+            "cancelled": c.cancelled,
+            "lost": c.lost,
+            "consumed": c.consumed,
+            "consumed_twice": c.consumed_twice,
+            "infra_failures_scored": c.infra_failures_scored,
+            "steps_completed": c.steps_completed,
+            "steps_configured": c.steps_configured,
+            "goals": c.goals_met,
+            "violations": {"lost": c.lost_ids, "consumed_twice": c.consumed_twice_ids, "infra_scored": c.infra_scored_ids},
+            "faults": [asdict(f) for f in self.faults],
+            "faults_not_injected": self.faults_not_injected,
+            "containers": asdict(self.containers),
+            "wall_s": round(self.wall_s, 1),
+            "timeline": self.timeline,
+        }
+
+
+def chaos_run_config(config: RunConfig, quick: bool) -> TrainingRunConfig:
+    """The config's training run; `--quick`: 6 steps of 8 (groups of 4), enough moments for every fault."""
+    run = config.training_run()
+    if quick:
+        run = TrainingRunConfig.model_validate(
+            {**run.model_dump(), "steps": 6, "batch_size": 8, "group_size": 4, "redundancy": 0}
+        )
+    return run
+
+
+class Chaos:
+    def __init__(self, settings: Settings, client, store, run_id: str, run: TrainingRunConfig, say: Say, *, kill_rate: float, seed: int) -> None:  # type: ignore[no-untyped-def]
+        self.settings, self.client, self.store = settings, client, store
+        self.run_id, self.run, self.say = run_id, run, say
+        self.kill_rate = kill_rate
+        self.rng = random.Random(seed)
+        self.handle = client.get_workflow_handle(run_id, result_type=TrainingResult)
+        self.t0 = time.monotonic()
+        self.faults: list[FaultRecord] = []
+        self.containers = ContainerKills()
+        self.timeline: list[tuple[float, int, int]] = []
+        self.progress: TrainingProgress | None = None
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 1)
+
+    # --- watching -------------------------------------------------------------------------------------------
+
+    async def watch(self, done: asyncio.Event) -> None:
+        """Sample the run's progress every second (rides out a restarting server: samples just pause)."""
+        while not done.is_set():
+            try:
+                p = await self.handle.query("progress", result_type=TrainingProgress)
+                self.progress = p
+                self.timeline.append((self.now(), ended(p), p.version))
+            except Exception:  # noqa: BLE001 - server restarting or between continue-as-new runs
+                pass
+            await _sleep_or(done, 1.0)
+
+    async def until(self, predicate: Callable[[TrainingProgress], bool], done: asyncio.Event) -> bool:
+        while not done.is_set():
+            if self.progress is not None and predicate(self.progress):
+                return True
+            await _sleep_or(done, 0.2)
+        return False
+
+    # --- process faults -------------------------------------------------------------------------------------
+
+    async def inject_process_faults(self, done: asyncio.Event, gap: int) -> list[str]:
+        """Each fault once `gap` more trajectories ended than at the last one; returns those never injected."""
+        mark = 0
+        for i, fault in enumerate(PROCESS_FAULTS):
+            if not await self.until(lambda p, m=mark: ended(p) >= m + gap, done):
+                return list(PROCESS_FAULTS[i:])
+            if fault == "trainer" and not await self._wait_for_train_step(done):
+                return list(PROCESS_FAULTS[i:])
+            before = self.progress
+            assert before is not None
+            at = self.now()
+            old, new = await asyncio.to_thread(stack.crash_and_restart, self.settings, fault, self.say)
+            if fault == "temporal":
+                await wait_until_reachable(self.settings, timeout_s=120, quiet=True)
+            detail = f"pid {old.pid} killed -9, restarted as pid {new.pid}"
+            if fault == "trainer":
+                detail += f" while training v{before.version + 1}"
+            record = FaultRecord(fault, at, detail)
+            self.faults.append(record)
+            asyncio.create_task(self._time_recovery(record, before, done))
+            mark = ended(before)
+        return []
+
+    async def _wait_for_train_step(self, done: asyncio.Event) -> bool:
+        """Poll until a train step is running on a trainer worker (so the kill lands mid-step)."""
+        while not done.is_set():
+            try:
+                desc = await self.handle.describe()
+                for a in desc.raw_description.pending_activities:
+                    if a.activity_type.name == names.TRAIN_STEP and a.state == STARTED:
+                        await asyncio.sleep(self.rng.uniform(0.0, 0.5))
+                        return True
+            except Exception:  # noqa: BLE001 - between continue-as-new runs
+                pass
+            await _sleep_or(done, 0.1)
+        return False
+
+    async def _time_recovery(self, record: FaultRecord, before: TrainingProgress, done: asyncio.Event) -> None:
+        if record.fault == "trainer":
+            moved = await self.until(lambda p: p.version > before.version, done)
+        else:
+            moved = await self.until(lambda p: ended(p) > ended(before), done)
+        if moved:
+            record.recovered_after_s = round(self.now() - record.at_s, 1)
+
+    # --- sandbox kills --------------------------------------------------------------------------------------
+
+    async def kill_containers(self, done: asyncio.Event) -> None:
+        """Pick `kill_rate` of the run's episodes; kill each one's sandbox container once the episode has one."""
+        import docker
+
+        from sandbox.labels import SANDBOX_ID
+
+        engine = docker.from_env()
+        decided: dict[str, bool] = {}
+        query = (
+            f"WorkflowType = '{names.TRAJECTORY_WORKFLOW}' AND {names.SA_RUN} = '{self.run_id}' "
+            "AND ExecutionStatus = 'Running'"
+        )
+        c = self.containers
+        while not done.is_set():
+            try:
+                running = [wf.id async for wf in self.client.list_workflows(query)]
+            except Exception:  # noqa: BLE001 - server restarting
+                running = []
+            for wid in running:
+                if wid not in decided:
+                    decided[wid] = self.rng.random() < self.kill_rate
+                    c.episodes_seen += 1
+                    c.targeted += decided[wid]
+                if not decided[wid] or wid in c.killed_ids:
+                    continue
+                try:
+                    p = await self.client.get_workflow_handle(wid).query("progress")
+                except Exception:  # noqa: BLE001 - it ended meanwhile, or the server restarts
+                    continue
+                if p.get("sandbox"):
+                    found = await asyncio.to_thread(
+                        engine.containers.list, filters={"label": f"{SANDBOX_ID}={p['sandbox']}"}
+                    )
+                    for container in found:
+                        await asyncio.to_thread(container.kill)
+                    if found:
+                        c.killed += 1
+                        c.killed_ids.append(wid)
+            await _sleep_or(done, 0.5)
+        c.ended_before_kill = c.targeted - c.killed
+
+
+def ended(p: TrainingProgress) -> int:
+    c = p.counters
+    return c.completed + c.failed + c.infra_failed
+
+
+async def _sleep_or(event: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), timeout=seconds)
+    except asyncio.TimeoutError:
+        pass
+
+
+async def run_chaos(
+    config: RunConfig,
+    config_path: Path,
+    settings: Settings,
+    say: Say,
+    *,
+    quick: bool,
+    run_id: str,
+    kill_rate: float = 0.1,
+    seed: int = 0,
+    settle_s: float = 180.0,
+) -> ChaosReport:
+    from infra.store import open_store
+    from trajflow.client import start_training
+    from trajflow.train import _follow
+
+    client = await wait_until_reachable(settings, quiet=True)
+    store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+    run = chaos_run_config(config, quick)
+    say(
+        f"chaos run {run_id}: {run.steps} steps of B={run.batch_size}, alpha={run.alpha}; faults: "
+        f"{', '.join(PROCESS_FAULTS)}; {kill_rate:.0%} of episodes lose their sandbox container mid-episode"
+    )
+    chaos = Chaos(settings, client, store, run_id, run, say, kill_rate=kill_rate, seed=seed)
+    await start_training(run, run_id=run_id, client=client)
+    done = asyncio.Event()
+    watcher = asyncio.create_task(chaos.watch(done))
+    killer = asyncio.create_task(chaos.kill_containers(done))
+    faults = asyncio.create_task(chaos.inject_process_faults(done, gap=max(2, run.batch_size // 2)))
+    result = await _follow(chaos.handle, say)
+    done.set()
+    not_injected = await faults
+    await asyncio.gather(watcher, killer)
+    await _settle(client, run_id, settle_s, say)
+    records = await collect(client, store, run_id, result.version, run.steps, result.counters.started)
+    return ChaosReport(
+        run_id=run_id,
+        config=str(config_path),
+        quick=quick,
+        counts=audit(records),
+        faults=chaos.faults,
+        faults_not_injected=not_injected,
+        containers=chaos.containers,
+        wall_s=time.monotonic() - chaos.t0,
+        timeline=chaos.timeline,
+    )
+
+
+async def _settle(client, run_id: str, timeout_s: float, say: Say) -> None:  # type: ignore[no-untyped-def]
+    """Wait for the run's leftover trajectories (cancelled at its end) to close; what still runs then is lost."""
+    query = f"{names.SA_RUN} = '{run_id}' AND ExecutionStatus = 'Running'"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        n = await client.count_workflows(query)
+        if n.count == 0 or time.monotonic() > deadline:
+            if n.count:
+                say(f"{n.count} trajectories of {run_id} still running {timeout_s:.0f}s after the run ended")
+            return
+        await asyncio.sleep(1.0)
+
+
+def format_report(r: ChaosReport) -> str:
+    c = r.counts
+    lines = [f"chaos run {r.run_id} ({'quick, ' if r.quick else ''}{r.config}): {r.wall_s:.0f}s"]
+    for f in r.faults:
+        rec = f"recovered in {f.recovered_after_s:.1f}s" if f.recovered_after_s is not None else "no progress after it"
+        lines.append(f"  t={f.at_s:6.1f}s  {f.fault:12} {f.detail}; {rec}")
+    for name in r.faults_not_injected:
+        lines.append(f"  NOT INJECTED: {name} (the run ended before its moment)")
+    k = r.containers
+    lines.append(
+        f"  sandboxes: {k.killed} of {k.episodes_seen} episodes had their container killed mid-episode "
+        f"({k.targeted} picked, {k.ended_before_kill} ended before the kill)"
+    )
+    lines += [
+        f"  trajectories started {c.started}: completed {c.completed}, failed {c.failed}, infra-failed "
+        f"{c.infra_failed}, cancelled (redundant/leftover) {c.cancelled}, LOST {c.lost}",
+        f"  consumed {c.consumed}, consumed twice {c.consumed_twice}, infra failures scored {c.infra_failures_scored}",
+        f"  steps completed {c.steps_completed} of {c.steps_configured}",
+    ]
+    for goal, met in c.goals_met.items():
+        lines.append(f"  [{'ok' if met else 'FAIL'}] {goal}")
+    for kind, ids in (("lost", c.lost_ids), ("consumed twice", c.consumed_twice_ids), ("scored", c.infra_scored_ids)):
+        if ids:
+            lines.append(f"  {kind}: {', '.join(ids)}")
+    lines.append("PASS" if r.ok else "FAIL")
+    return "\n".join(lines)
+
+
+def write_json(r: ChaosReport, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(r.to_json(), indent=2))
+
+
+def write_plot(r: ChaosReport, path: Path) -> Path | None:
+    """Trajectories ended and policy version over time, with a line at each fault."""
+    if not r.timeline:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s[0] for s in r.timeline]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.plot(t, [s[1] for s in r.timeline], label="trajectories ended")
+    ax2 = ax.twinx()
+    ax2.step(t, [s[2] for s in r.timeline], where="post", color="tab:green", label="policy version")
+    ax2.set_ylabel("policy version")
+    for f in r.faults:
+        ax.axvline(f.at_s, color="tab:red", alpha=0.5)
+        ax.text(f.at_s, ax.get_ylim()[1] * 0.95, f.fault, rotation=90, va="top", fontsize=8, color="tab:red")
+    ax.set_xlabel("seconds since the run started")
+    ax.set_ylabel("trajectories ended")
+    ax.set_title(f"chaos run {r.run_id}: {'PASS' if r.ok else 'FAIL'}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
