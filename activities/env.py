@@ -3,12 +3,14 @@
 `env.reset` runs on the pool's shared queue: it finds (or builds, on first use) the env's image, takes a started
 sandbox from the warm pool (or starts one), and answers with a handle naming this worker's own host queue;
 `env.step` and `env.close` run there. Sandbox calls are blocking (docker SDK, a Unix socket) and run in
-threads. Failures are classified once: infra (`SandboxLost`, start errors) vs the env's own (`EnvError`).
+threads. Failures are classified once: infra (`SandboxLost`, start errors) vs the env's own (`EnvError`, which
+includes an unknown env id and a non-finite reward). Observations are cut to `MAX_OBSERVATION_CHARS` with a marker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,6 +19,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeats import with_heartbeats
 from contracts import names
+from contracts.limits import ENV_ID_HELP, MAX_OBSERVATION_CHARS
 from contracts.trajectory import (
     EnvCloseInput,
     EnvResetInput,
@@ -25,7 +28,7 @@ from contracts.trajectory import (
     EnvStepResult,
     SandboxHandle,
 )
-from envs.formatting import observation_message
+from envs.formatting import cap_observation, observation_message
 from sandbox.errors import EnvError, SandboxError, SandboxLost, SandboxStartError, SandboxStepTimeout
 from sandbox.images import ImageResolver, UnknownTask
 from sandbox.manager import SandboxManager
@@ -71,7 +74,7 @@ class EnvActivities:
         box = await _guarded(lambda: take(inp.env_id, image))
         try:
             out = await _guarded(lambda: box.reset(inp.env_id, inp.seed, dict(inp.env_kwargs)))
-            observation = observation_message(out["observation"], out.get("info") or {})
+            observation = _observation(out)
             done = False
             for i, action in enumerate(inp.replay_actions):
                 activity.heartbeat(f"replaying action {i + 1}/{len(inp.replay_actions)}")
@@ -103,10 +106,21 @@ class EnvActivities:
         await asyncio.to_thread(self.manager.close, inp.handle.sandbox_id)
 
 
+def _observation(out: dict[str, Any]) -> str:
+    """The runner's observation as the next user message, cut to MAX_OBSERVATION_CHARS (an agent that printed
+    10 MB must not push an activity result over Temporal's payload limit)."""
+    return cap_observation(observation_message(out["observation"], out.get("info") or {}), MAX_OBSERVATION_CHARS)
+
+
 def _step_result(out: dict[str, Any]) -> EnvStepResult:
+    reward = float(out["reward"])
+    if not math.isfinite(reward):  # would poison the reward and the advantages: the env is broken, not infra
+        raise ApplicationError(
+            f"the env answered a step with a non-finite reward ({reward})", type=names.ERR_ENV, non_retryable=True
+        )
     return EnvStepResult(
-        observation=observation_message(out["observation"], out.get("info") or {}),
-        reward=float(out["reward"]),
+        observation=_observation(out),
+        reward=reward,
         terminated=bool(out["terminated"]),
         truncated=bool(out["truncated"]),
         info=out.get("info") or {},
@@ -118,7 +132,8 @@ async def _guarded(fn: Callable[[], T]) -> T:
     try:
         return await asyncio.to_thread(fn)
     except EnvError as e:
-        raise ApplicationError(str(e), type=names.ERR_ENV, non_retryable=True) from e
+        hint = f"; an env id is {ENV_ID_HELP}" if e.kind == "UnknownEnv" else ""
+        raise ApplicationError(f"{e}{hint}", type=names.ERR_ENV, non_retryable=True) from e
     except UnknownTask as e:  # a `shell:` env id that names no shipped task: bad input, not infra
         raise ApplicationError(str(e), type=names.ERR_ENV, non_retryable=True) from e
     except (SandboxLost, SandboxStepTimeout) as e:

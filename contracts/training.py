@@ -12,11 +12,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contracts.limits import PoolName
 from contracts.tasks import TaskConfig
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN/inf as JSON constants, not `null`, so a diverged step's NaN loss in `metrics` still decodes.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
 
 LossKind = Literal["ppo_clip", "tis", "cispo", "topr", "decoupled_ppo"]
@@ -94,7 +96,7 @@ class TrainSettings(_Model):
     """Replacement samples started for a group whose members failed before it has n completed; past it the
     group is abandoned (counted)."""
     trainer: TrainerConfig = TrainerConfig()
-    trainer_pool: str = "default"
+    trainer_pool: PoolName = "default"
     """The trainer worker pool (task queue) that runs the optimizer steps."""
     eval: EvalConfig = EvalConfig()
     pause_after_infra_failures: Annotated[int, Field(ge=1, le=100_000)] = 8

@@ -6,7 +6,7 @@ Every failure is one of three `RewardError` types, each saying whether a retry c
 |---|---|---|
 | `RewardServiceUnavailable` | connection refused/reset, the `timeout_s` deadline passed, a 5xx, a 408 or 429 | yes |
 | `RewardRequestRejected` | any other 4xx: the request is wrong (unknown reward_fn, bad fields) | no |
-| `RewardServiceBadAnswer` | a 2xx whose body is not a valid `ScoreResult`, or a 1xx/3xx: a service bug | no |
+| `RewardServiceBadAnswer` | a 2xx whose body is not a valid `ScoreResult` (not JSON, the wrong shape, a NaN or infinite reward, over `MAX_ANSWER_BYTES`), or a 1xx/3xx: a service bug | no |
 
 408 (request timeout) and 429 (throttled) are 4xx codes but say "try later", which serverless platforms answer
 when scaling; so they count as unavailable. Callers (the `reward.score` activity) map `retryable=False` to a
@@ -27,10 +27,13 @@ from typing import ClassVar
 import httpx
 from pydantic import ValidationError
 
+from contracts.errors import explain_invalid
 from contracts.trajectory import ScoreRequest, ScoreResult
 
 _SNIPPET = 200
 """How much of an unexpected answer an error message quotes."""
+MAX_ANSWER_BYTES = 64 * 1024
+"""A ScoreResult is a reward and a few details; a larger answer is garbage (and must not reach workflow history)."""
 
 
 class RewardError(Exception):
@@ -93,12 +96,18 @@ class RewardClient:
     async def score(self, req: ScoreRequest) -> ScoreResult:
         """Score one episode; raises one of the RewardError types (see the module docstring)."""
         response = await self._request("POST", "/score", content=req.model_dump_json())
+        where = f"reward service at {self.base_url} answered {response.status_code}"
+        if len(response.content) > MAX_ANSWER_BYTES:
+            raise RewardServiceBadAnswer(
+                f"{where} with {len(response.content):,} bytes, more than the {MAX_ANSWER_BYTES:,} a ScoreResult may "
+                f"take: {response.text[:_SNIPPET]!r}"
+            )
         try:
             return ScoreResult.model_validate_json(response.content)
-        except ValidationError:
+        except ValidationError as e:
+            why = explain_invalid(ScoreResult, e, "fix the reward service or its reward function")
             raise RewardServiceBadAnswer(
-                f"reward service at {self.base_url} answered {response.status_code} with a body that is not a "
-                f"ScoreResult: {response.text[:_SNIPPET]!r}"
+                f"{where} with a body that is not a valid ScoreResult: {response.text[:_SNIPPET]!r}; {why}"
             ) from None
 
     async def reward_fns(self) -> list[str]:

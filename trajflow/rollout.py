@@ -9,9 +9,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from pydantic import ValidationError
+
 from contracts.config import RunConfig, TaskConfig
+from contracts.errors import explain_invalid
 from contracts.records import TrajectoryRecord
-from contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryResult, TrajectoryStatus
+from contracts.trajectory import TrajectoryRequest, TrajectoryResult, TrajectoryStatus
 from infra.settings import load_settings
 from infra.temporal import connect
 from trajflow.client import load_trajectory, new_workflow_id, start_trajectory
@@ -23,26 +26,46 @@ def _task(config: RunConfig, name: str | None) -> TaskConfig:
     for t in config.tasks:
         if t.name == name:
             return t
-    raise SystemExit(f"no task {name!r} in the config; tasks: {[t.name for t in config.tasks]}")
+    raise ValueError(f"no task {name!r} in the config; tasks: {[t.name for t in config.tasks]}")
 
 
 def request_from_config(
     config: RunConfig,
     task: str | None,
     env: str | None,
-    seed: int,
+    seed: int | None,
     max_turns: int | None,
     temperature: float | None,
+    request_json: str | None = None,
 ) -> TrajectoryRequest:
+    """The config task's request with `request_json` (TrajectoryRequest fields as a JSON object) on top, then the
+    single options. Raises ValueError with a message naming what to fix: an unknown task, JSON that does not parse,
+    a field that does not validate."""
     t = _task(config, task)
-    overrides: dict[str, object] = {}
+    overrides = _request_fields(request_json) if request_json is not None else {}
     if env is not None:
         overrides["env_id"] = env
     if max_turns is not None:
         overrides["max_turns"] = max_turns
     if temperature is not None:
-        overrides["sampling"] = SamplingParams(**{**t.sampling.model_dump(), "temperature": temperature})
-    return t.request(seed, **overrides)
+        sampling = overrides.get("sampling")
+        given = sampling if isinstance(sampling, dict) else {}
+        overrides["sampling"] = {**t.sampling.model_dump(), **given, "temperature": temperature}
+    seed = seed if seed is not None else overrides.pop("seed", 0)
+    try:
+        return t.request(seed, **overrides)  # type: ignore[arg-type]
+    except ValidationError as e:
+        raise ValueError(explain_invalid(TrajectoryRequest, e, "fix --request or the options")) from None
+
+
+def _request_fields(text: str) -> dict[str, object]:
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--request is not valid JSON: {e} — pass one JSON object, e.g. '{{\"seed\": 3}}'") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"--request must be a JSON object of TrajectoryRequest fields, got {type(fields).__name__}")
+    return fields
 
 
 def format_transcript(record: TrajectoryRecord) -> str:

@@ -2,11 +2,17 @@
 
 Workflows never import activity code: they call names from `contracts.names` with contracts models, and these
 stubs fix the options in one place. Error classification of activity failures lives here too.
+
+Payload sizes: an activity input over `MAX_PAYLOAD_BYTES` is refused here with a non-retryable `PayloadsTooLarge`
+error (raised in the workflow, which then fails) instead of being scheduled, because the SDK would fail the
+workflow task on it again and again, forever; an activity *result* over Temporal's limit is failed by the SDK
+with the same type, which every retry policy here treats as final.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -14,6 +20,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from contracts import names
+    from contracts.limits import MAX_PAYLOAD_BYTES
     from contracts.trajectory import (
         EnvCloseInput,
         EnvResetInput,
@@ -30,8 +37,25 @@ with workflow.unsafe.imports_passed_through():
     )
     from contracts.training import TrainStepInput, TrainStepResult
 
-ENV_FATAL = [names.ERR_ENV, names.ERR_BAD_REQUEST]
-REWARD_FATAL = [names.ERR_REWARD_REJECTED, names.ERR_REWARD_BAD_ANSWER, names.ERR_BAD_REQUEST]
+FATAL = [names.ERR_BAD_REQUEST, names.ERR_PAYLOADS_TOO_LARGE]
+"""Failures no retry of any activity can fix: a bad request, a payload over Temporal's limit."""
+ENV_FATAL = [names.ERR_ENV, *FATAL]
+REWARD_FATAL = [names.ERR_REWARD_REJECTED, names.ERR_REWARD_BAD_ANSWER, *FATAL]
+I = TypeVar("I")
+
+
+def _fits(activity: str, inp: I) -> I:
+    """`inp`, or a non-retryable PayloadsTooLarge error when it is too large to schedule `activity` with."""
+    size = len(inp.model_dump_json().encode())  # type: ignore[attr-defined]  # the bytes the pydantic converter writes
+    if size > MAX_PAYLOAD_BYTES:
+        raise ApplicationError(
+            f"{activity}: its input would be {size:,} bytes, over the {MAX_PAYLOAD_BYTES:,} bytes one Temporal payload "
+            "may hold (long episodes of long actions or observations: lower max_turns, max_new_tokens or the "
+            "env's output)",
+            type=names.ERR_PAYLOADS_TOO_LARGE,
+            non_retryable=True,
+        )
+    return inp
 
 
 def error_type(err: BaseException) -> str | None:
@@ -57,7 +81,7 @@ def describe(err: BaseException) -> str:
 async def env_reset(pool: str, inp: EnvResetInput) -> EnvResetResult:
     return await workflow.execute_activity(
         names.ENV_RESET,
-        inp,
+        _fits(names.ENV_RESET, inp),
         result_type=EnvResetResult,
         task_queue=names.env_queue(pool),
         start_to_close_timeout=timedelta(minutes=5),
@@ -72,7 +96,7 @@ async def env_step(handle: SandboxHandle, action: str, step_timeout: timedelta) 
     # by schedule_to_start, which the workflow treats the same way.
     return await workflow.execute_activity(
         names.ENV_STEP,
-        EnvStepInput(handle=handle, action=action),
+        _fits(names.ENV_STEP, EnvStepInput(handle=handle, action=action)),
         result_type=EnvStepResult,
         task_queue=handle.host_queue,
         schedule_to_start_timeout=timedelta(seconds=30),
@@ -95,16 +119,16 @@ async def env_close(handle: SandboxHandle) -> None:
 async def llm_generate(pool: str, inp: GenerateInput) -> GenerateResult:
     return await workflow.execute_activity(
         names.LLM_GENERATE,
-        inp,
+        _fits(names.LLM_GENERATE, inp),
         result_type=GenerateResult,
         task_queue=names.decode_queue(pool),
         start_to_close_timeout=timedelta(minutes=10),
-        heartbeat_timeout=timedelta(seconds=60),
+        heartbeat_timeout=timedelta(seconds=30),  # llm.generate heartbeats every 5 s while the engine works
         retry_policy=RetryPolicy(
             initial_interval=timedelta(seconds=1),
             maximum_interval=timedelta(seconds=30),
             maximum_attempts=10,
-            non_retryable_error_types=[names.ERR_BAD_REQUEST],
+            non_retryable_error_types=FATAL,
         ),
     )
 
@@ -112,7 +136,7 @@ async def llm_generate(pool: str, inp: GenerateInput) -> GenerateResult:
 async def reward_score(pool: str, inp: ScoreInput) -> ScoreResult:
     return await workflow.execute_activity(
         names.REWARD_SCORE,
-        inp,
+        _fits(names.REWARD_SCORE, inp),
         result_type=ScoreResult,
         task_queue=names.reward_queue(pool),
         start_to_close_timeout=timedelta(seconds=60),
@@ -128,11 +152,11 @@ async def reward_score(pool: str, inp: ScoreInput) -> ScoreResult:
 async def trajectory_save(pool: str, inp: SaveTrajectoryInput) -> SaveTrajectoryResult:
     return await workflow.execute_activity(
         names.TRAJECTORY_SAVE,
-        inp,
+        _fits(names.TRAJECTORY_SAVE, inp),
         result_type=SaveTrajectoryResult,
         task_queue=names.reward_queue(pool),
         start_to_close_timeout=timedelta(seconds=60),
-        retry_policy=RetryPolicy(maximum_attempts=10, non_retryable_error_types=[names.ERR_BAD_REQUEST]),
+        retry_policy=RetryPolicy(maximum_attempts=10, non_retryable_error_types=FATAL),
     )
 
 
@@ -141,14 +165,14 @@ async def train_step(pool: str, inp: TrainStepInput) -> TrainStepResult:
     # activity is idempotent: a step already published is returned, not trained twice).
     return await workflow.execute_activity(
         names.TRAIN_STEP,
-        inp,
+        _fits(names.TRAIN_STEP, inp),
         result_type=TrainStepResult,
         task_queue=names.trainer_queue(pool),
         start_to_close_timeout=timedelta(hours=2),
-        heartbeat_timeout=timedelta(seconds=120),
+        heartbeat_timeout=timedelta(seconds=30),  # the trainer heartbeats every 5 s: a killed one is noticed fast
         retry_policy=RetryPolicy(
             initial_interval=timedelta(seconds=2),
             maximum_interval=timedelta(seconds=30),
-            non_retryable_error_types=[names.ERR_BAD_REQUEST],
+            non_retryable_error_types=FATAL,
         ),
     )

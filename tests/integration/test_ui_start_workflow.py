@@ -190,3 +190,40 @@ async def test_start_training_run_from_web_ui(cli_stack, tmp_path: Path) -> None
     assert result.run_id == run_id and result.version == 1
     assert result.counters.consumed == 4 and len(result.history) == 1
     assert "loss" in result.history[0].metrics  # a real step, not a simulated one
+
+
+async def test_bad_input_from_web_ui_fails_the_workflow_saying_what_to_fix(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A wrong-typed field typed into the form: the workflow fails at once, non-retryably, with a message naming the
+    field (before, its workflow task failed and was retried forever, the workflow Running)."""
+    from playwright.async_api import async_playwright
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import Client, WorkflowFailureError
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.exceptions import ApplicationError
+
+    workflow_id = f"ui-bad-{uuid.uuid4().hex[:12]}"
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            try:
+                await _start_from_ui(page, cli_stack.ui_url, workflow_id, '{"seed": "abc", "max_turns": 2}')
+            except Exception as exc:
+                shots = await _screenshots(page, cli_stack.ui_url, workflow_id, False, tmp_path)
+                raise AssertionError(f"starting {workflow_id} from the Web UI failed: {exc}\n{shots}") from exc
+        finally:
+            await browser.close()
+    client = await Client.connect(
+        cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"], namespace=NAMESPACE, data_converter=pydantic_data_converter
+    )
+    handle = client.get_workflow_handle(workflow_id)
+    with pytest.raises(WorkflowFailureError) as info:
+        await asyncio.wait_for(handle.result(), 60)
+    cause = info.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "InvalidWorkflowInput" and cause.non_retryable
+    assert cause.message == (
+        "TrajectoryRequest: seed: Input should be a valid integer, unable to parse string as an integer (got 'abc') "
+        "— fix the workflow input"
+    )
+    history = await handle.fetch_history()
+    assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]

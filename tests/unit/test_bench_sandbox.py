@@ -105,7 +105,7 @@ def test_the_budget_is_the_trajectory_workflows(monkeypatch: pytest.MonkeyPatch)
     assert policy.maximum_attempts == budget.reset_attempts == 3  # type: ignore[attr-defined]
     assert policy.initial_interval.total_seconds() == budget.first_retry_s  # type: ignore[attr-defined]
     assert policy.backoff_coefficient == budget.backoff  # type: ignore[attr-defined]
-    assert set(policy.non_retryable_error_types) == {names.ERR_ENV, names.ERR_BAD_REQUEST}  # type: ignore[attr-defined]
+    assert set(policy.non_retryable_error_types) == {names.ERR_ENV, names.ERR_BAD_REQUEST, names.ERR_PAYLOADS_TOO_LARGE}  # type: ignore[attr-defined]
     assert budget.max_recoveries == TrajectoryRequest.model_fields["max_env_recoveries"].default == 2
 
 
