@@ -10,6 +10,8 @@ WORKFLOW_QUEUE = "trajflow"
 
 TRAJECTORY_WORKFLOW = "TrajectoryWorkflow"
 TRAINING_WORKFLOW = "TrainingWorkflow"
+REPLAY_ENV_WORKFLOW = "ReplayEnvWorkflow"
+"""Re-drives a fresh sandbox with a trajectory's recorded actions, no LLM (`trajflow replay --env-only`)."""
 
 ENV_RESET = "env.reset"
 ENV_STEP = "env.step"
@@ -58,6 +60,8 @@ SA_REWARD = "TrajflowReward"
 SA_POLICY_VERSION = "TrajflowPolicyVersion"
 SA_ENV_FAILURES = "TrajflowEnvFailures"
 SA_TURNS = "TrajflowTurns"
+SA_TASK = "TrajflowTask"
+SA_REPLAY_OF = "TrajflowReplayOf"
 
 SEARCH_ATTRIBUTES: dict[str, str] = {
     SA_ENV: "Keyword",
@@ -67,8 +71,12 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
     SA_POLICY_VERSION: "Int",
     SA_ENV_FAILURES: "Int",
     SA_TURNS: "Int",
+    SA_TASK: "Keyword",
+    SA_REPLAY_OF: "Keyword",
 }
-"""Name -> Temporal type, in the form `temporal server start-dev --search-attribute Name=Type` takes."""
+"""Name -> Temporal type, in the form `temporal server start-dev --search-attribute Name=Type` takes. The dev
+server's SQL visibility allows at most 3 custom Int attributes (all used) and 10 Keyword ones. A server started
+before an attribute was added here gets it from `infra.temporal.ensure_search_attributes` (run by `trajflow up`)."""
 
 SIGNAL_TRAJECTORY_FINISHED = "trajectory_finished"
 SIGNAL_RESUME_ADMISSION = "resume_admission"
@@ -84,3 +92,9 @@ ERR_REWARD_REJECTED = "RewardRequestRejected"
 ERR_REWARD_BAD_ANSWER = "RewardServiceBadAnswer"
 ERR_REWARD_UNAVAILABLE = "RewardServiceUnavailable"
 ERR_BAD_REQUEST = "BadRequest"
+ERR_INVALID_INPUT = "InvalidWorkflowInput"
+"""A workflow started (from the UI, the CLI or a client) with input that does not validate: the workflow fails,
+non-retryably, with a message naming each bad field (`workflows.inputs`)."""
+ERR_PAYLOADS_TOO_LARGE = "PayloadsTooLarge"
+"""A payload over Temporal's blob limit: the SDK's type for an activity result it could not upload, and ours for
+an activity input the workflow stubs refuse to schedule (`contracts.limits.MAX_PAYLOAD_BYTES`). Never retried."""

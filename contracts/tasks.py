@@ -6,10 +6,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.limits import EnvId, EnvKwargs, Name, SystemPrompt
 from contracts.trajectory import (
     DEFAULT_ENV_ID,
     DEFAULT_SYSTEM_PROMPT,
-    JsonScalar,
     SamplingParams,
     StagePools,
     TrajectoryRequest,
@@ -21,14 +21,14 @@ class _Config(BaseModel):
 
 
 class TaskConfig(_Config):
-    name: str = "default"
+    name: Name = "default"
     """A short name for the task, used in summaries."""
-    env_id: str = DEFAULT_ENV_ID
-    env_kwargs: dict[str, JsonScalar] = Field(default_factory=dict)
+    env_id: EnvId = DEFAULT_ENV_ID
+    env_kwargs: EnvKwargs = Field(default_factory=dict)
     max_turns: Annotated[int, Field(ge=1, le=200)] = 8
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    system_prompt: SystemPrompt = DEFAULT_SYSTEM_PROMPT
     sampling: SamplingParams = SamplingParams()
-    reward_fn: str = "env_outcome"
+    reward_fn: Name = "env_outcome"
     pools: StagePools = StagePools()
     """Which pool serves each stage of this task (hardware affinity)."""
     weight: Annotated[float, Field(gt=0.0)] = 1.0
@@ -45,6 +45,7 @@ class TaskConfig(_Config):
             "sampling": self.sampling,
             "reward_fn": self.reward_fn,
             "pools": self.pools,
+            "task": self.name,
         }
         fields.update(overrides)
         return TrajectoryRequest.model_validate(fields)

@@ -11,6 +11,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.limits import EnvId, EnvKwargs, Name, PoolName, SystemPrompt, WorkflowIdRef
+
 JsonScalar = str | int | float | bool | None
 """What env kwargs and env info values may hold, so they stay JSON-serialisable and small."""
 
@@ -23,7 +25,9 @@ DEFAULT_SYSTEM_PROMPT = (
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and inf are written as JSON constants (`NaN`), not `null`: a `null` would fail to decode as a float on
+    # the other side and wedge the workflow task. Where a value must be finite, its field says so.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
 
 class TrajectoryStatus(StrEnum):
@@ -49,45 +53,52 @@ class SamplingParams(_Model):
 class StagePools(_Model):
     """Which pool (hence task queue) serves each stage of a trajectory: the hardware-affinity map of one task."""
 
-    decode: str = "default"
-    env: str = "default"
-    reward: str = "default"
+    decode: PoolName = "default"
+    env: PoolName = "default"
+    reward: PoolName = "default"
 
 
 class TrajectoryRequest(_Model):
     """One trajectory to run. Every field has a default, so `{}` from the Temporal UI starts the default task."""
 
-    env_id: str = DEFAULT_ENV_ID
+    env_id: EnvId = DEFAULT_ENV_ID
     """A GEM environment id, e.g. `game:GuessTheNumber-v0-easy` or an `rg:` reasoning-gym id."""
     seed: int = 0
     """Seed of the environment's reset; the same seed gives the same episode start."""
-    env_kwargs: dict[str, JsonScalar] = Field(default_factory=dict)
+    env_kwargs: EnvKwargs = Field(default_factory=dict)
     """Overrides passed to `gem.make` (e.g. `{"max_turns": 20}`)."""
     max_turns: Annotated[int, Field(ge=1, le=200)] = 8
     """Turn limit on our side; the episode ends as completed (truncated) when it is reached."""
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    system_prompt: SystemPrompt = DEFAULT_SYSTEM_PROMPT
     """First chat message; empty means the model's chat template default."""
     sampling: SamplingParams = SamplingParams()
     pools: StagePools = StagePools()
-    reward_fn: str = "env_outcome"
+    reward_fn: Name = "env_outcome"
     """Name of a reward function registered in the reward service."""
-    run_id: str = ""
+    run_id: WorkflowIdRef = ""
     """The training run this trajectory belongs to (empty for a standalone rollout). With `report_to` unset,
     the trajectory reports to the run's training workflow (whose workflow id is the run id)."""
-    policy: str = ""
+    policy: WorkflowIdRef = ""
     """Whose weights generate: a training run id (its newest published version), or empty for the initial
     model. The training workflow sets it to its run id."""
-    group: str = ""
+    group: WorkflowIdRef = ""
     """Group id (GRPO: samples of one prompt); free-form here."""
     min_policy_version: Annotated[int, Field(ge=0)] = 0
     """The decode pool must serve at least this policy version."""
     max_env_recoveries: Annotated[int, Field(ge=0, le=20)] = 2
     """Fresh sandboxes restored by action replay before the trajectory is infra-failed."""
-    report_to: str | None = None
+    report_to: WorkflowIdRef | None = None
     """Workflow id to signal with a `TrajectoryReport` at the end; None: the run's training workflow when
     `run_id` is set, else nobody."""
+    task: Name = ""
+    """The task's name in the run config (`TaskConfig.name`), for listing and filtering; empty when unknown."""
+    replay_of: WorkflowIdRef = ""
+    """Set by `trajflow replay`: the workflow id this trajectory re-runs. A replay reports to nobody (neither
+    `report_to` nor the run), so a training run never counts or trains on it."""
 
     def report_target(self) -> str | None:
+        if self.replay_of:
+            return None
         return self.report_to or self.run_id or None
 
     def generate_input(self, trajectory_id: str, turn: int, context_uri: str | None, observation: str) -> GenerateInput:
@@ -207,7 +218,8 @@ class ScoreRequest(_Model):
 
 
 class ScoreResult(_Model):
-    reward: float
+    reward: Annotated[float, Field(allow_inf_nan=False)]
+    """Finite: a NaN or infinite reward is a broken reward service, never a sample to train on."""
     reward_fn: str
     details: dict[str, JsonScalar] = Field(default_factory=dict)
 
@@ -278,7 +290,7 @@ class TrajectoryReport(_Model):
     trajectory_uri: str | None
     group: str
     policy_version: int | None
-    reward: float | None
+    reward: Annotated[float, Field(allow_inf_nan=False)] | None
     status: TrajectoryStatus
     error: str | None = None
     """Why it failed, when it did (the training workflow names it when it stops admission)."""

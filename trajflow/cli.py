@@ -101,8 +101,19 @@ def down() -> None:
 
 
 @app.command()
-def status(config: ConfigOpt = DEFAULT_CONFIG) -> None:
-    """Show the stack's processes and which task queues have workers polling."""
+def status(
+    run: Annotated[
+        Optional[str], typer.Argument(metavar="[RUN]", help="A training run id or a trajectory's workflow id.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="With RUN: print JSON only.")] = False,
+    limit: Annotated[int, typer.Option(help="With RUN: query at most this many running trajectories.")] = 100,
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """Show the stack's processes and queue pollers; with RUN, the live state of that run (or trajectory)."""
+    if run is not None:
+        from trajflow.live import main as live_main
+
+        _exit(asyncio.run(live_main(run, limit, as_json)))
     from infra import stack
     from infra.processes import ProcessTable, is_alive
     from infra.settings import load_settings
@@ -187,10 +198,14 @@ def worker_trainer(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONF
 @app.command()
 def rollout(
     env: Annotated[Optional[str], typer.Option(help="GEM env id (default: the config's first task).")] = None,
-    seed: Annotated[int, typer.Option(help="Environment seed.")] = 0,
+    seed: Annotated[Optional[int], typer.Option(help="Environment seed (default: --request's, else 0).")] = None,
     task: Annotated[Optional[str], typer.Option(help="Task name from the config.")] = None,
     max_turns: Annotated[Optional[int], typer.Option(help="Turn limit.")] = None,
     temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature (0: greedy).")] = None,
+    request: Annotated[
+        Optional[str],
+        typer.Option(help='TrajectoryRequest fields as one JSON object, over the task\'s (e.g. \'{"seed": 3}\'); the options above win.'),
+    ] = None,
     workflow_id: Annotated[Optional[str], typer.Option(help="Workflow id (default: generated).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")] = False,
     config: ConfigOpt = DEFAULT_CONFIG,
@@ -198,7 +213,11 @@ def rollout(
     """Run one trajectory on the stack and print its transcript, reward, status and timing."""
     from trajflow.rollout import request_from_config, run_and_report
 
-    req = request_from_config(_config(config), task, env, seed, max_turns, temperature)
+    try:
+        req = request_from_config(_config(config), task, env, seed, max_turns, temperature, request)
+    except ValueError as e:  # bad input: say what to fix, exit 2 before touching the stack
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
     _exit(asyncio.run(run_and_report(req, workflow_id, as_json)))
 
 
@@ -246,6 +265,43 @@ def train(
         json_summary.write_text(json.dumps(summary, indent=2))
     typer.echo(json.dumps({k: summary[k] for k in ("eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds")}, indent=2))
     _exit(0)
+
+
+@app.command()
+def chaos(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    quick: Annotated[bool, typer.Option("--quick", help="6 short steps (B=8): a few minutes on the tiny config.")] = False,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the counts (and faults, timeline) here.")] = None,
+    run_id: Annotated[Optional[str], typer.Option(help="Run id (default: generated, chaos-...).")] = None,
+    container_kill_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of episodes whose sandbox container is killed mid-episode.")] = 0.1,
+    seed: Annotated[int, typer.Option(help="Seed of which episodes lose their container and when the trainer dies.")] = 0,
+) -> None:
+    """Train on the embedded stack while killing its processes, the Temporal server and sandboxes; then audit the
+    run's records: started, completed, infra-failed, lost, consumed twice, infra failures scored, steps done.
+    Exit 0 only when nothing was lost, nothing consumed twice, no infra failure scored and every step done."""
+    import uuid
+
+    from infra import stack
+    from infra.settings import load_settings
+    from trajflow import chaos as chaos_mod
+
+    settings = load_settings()
+    cfg = _config(config)
+    try:
+        stack.up(settings, cfg, config, _say)
+    except (RuntimeError, TimeoutError, ValueError) as e:
+        typer.secho(f"trajflow chaos: the stack did not start: {e}", fg="red", err=True)
+        _exit(1)
+    rid = run_id or f"chaos-{uuid.uuid4().hex[:8]}"
+    report = asyncio.run(
+        chaos_mod.run_chaos(cfg, config, settings, _say, quick=quick, run_id=rid, kill_rate=container_kill_rate, seed=seed)
+    )
+    typer.echo(chaos_mod.format_report(report))
+    out_dir = settings.state_dir / "runs" / rid
+    plot = chaos_mod.write_plot(report, out_dir / "chaos.png")
+    chaos_mod.write_json(report, json_path or out_dir / "chaos.json")
+    _say(f"json: {json_path or out_dir / 'chaos.json'}" + (f"; plot: {plot}" if plot else ""))
+    _exit(0 if report.ok else 1)
 
 
 @app.command()
@@ -299,6 +355,66 @@ def images_prune(
     from trajflow.images import prune
 
     typer.echo(prune(tags or None, dry_run, typer.echo))
+
+
+trajectories_app = typer.Typer(help="Trajectories in Temporal visibility, by their search attributes.", no_args_is_help=True)
+app.add_typer(trajectories_app, name="trajectories")
+
+
+@trajectories_app.command("list")
+def trajectories_list(
+    status: Annotated[
+        Optional[str],
+        typer.Option(help="completed, failed, infra_failed, running (or canceled, terminated, timed_out)."),
+    ] = None,
+    run: Annotated[Optional[str], typer.Option(help="Training run id.")] = None,
+    env: Annotated[Optional[str], typer.Option(help="Env id, e.g. game:GuessTheNumber-v0-easy.")] = None,
+    task: Annotated[Optional[str], typer.Option(help="Task name from the run config.")] = None,
+    replay_of: Annotated[Optional[str], typer.Option(help="Only replays of this workflow id.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many rows.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """List trajectories (newest first) and print the visibility query, which also works in the Web UI's search box."""
+    from trajflow.visibility import main as list_main
+
+    _exit(asyncio.run(list_main(status, run, env, task, replay_of, limit, as_json)))
+
+
+@app.command()
+def replay(
+    targets: Annotated[
+        Optional[list[str]],
+        typer.Argument(metavar="WORKFLOW_ID", help="The trajectory; with --check: history files, folders or workflow ids."),
+    ] = None,
+    from_failure: Annotated[
+        bool, typer.Option("--from-failure", help="Reset the original to before its first failure and let it go on.")
+    ] = False,
+    env_only: Annotated[
+        bool, typer.Option("--env-only", help="Re-drive a fresh sandbox with the recorded actions, no LLM.")
+    ] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Replay histories (default tests/histories/*.json) against this code.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the new run.")] = 600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Run a trajectory again with the same request and show old beside new; or continue it from before its
+    failure (--from-failure), or re-drive its env with the recorded actions (--env-only); or check recorded
+    histories for non-deterministic workflow changes (--check)."""
+    if check:
+        from trajflow.replay_check import main as check_main
+
+        _exit(asyncio.run(check_main(targets or [])))
+    if from_failure and env_only:
+        _say("--from-failure and --env-only exclude each other")
+        raise typer.Exit(2)
+    if not targets or len(targets) != 1:
+        _say("give exactly one WORKFLOW_ID (or --check)")
+        raise typer.Exit(2)
+    from trajflow.replay import main as replay_main
+
+    mode = "from-failure" if from_failure else "env-only" if env_only else "rerun"
+    _exit(asyncio.run(replay_main(targets[0], mode, timeout, as_json, _say)))
 
 
 bench_app = typer.Typer(help="Benchmarks: measure and report, on a labelled workload.", no_args_is_help=True)

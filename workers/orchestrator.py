@@ -9,10 +9,11 @@ from contracts import names
 from infra.settings import Settings
 from infra.temporal import wait_until_reachable
 from workers.common import run_until_signalled
+from workflows.replay_env import ReplayEnvWorkflow
 from workflows.training import TrainingWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
-WORKFLOWS = [TrajectoryWorkflow, TrainingWorkflow]
+WORKFLOWS = [TrajectoryWorkflow, TrainingWorkflow, ReplayEnvWorkflow]
 
 
 def orchestrator_workers(client: Client, task_queue: str = names.WORKFLOW_QUEUE) -> list[Worker]:

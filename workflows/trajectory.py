@@ -13,7 +13,7 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
+from temporalio.common import RawValue, SearchAttributeKey, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 from workflows import stubs
+from workflows.inputs import NO_INPUT, decode_input
 
 SA_ENV = SearchAttributeKey.for_keyword(names.SA_ENV)
 SA_RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
@@ -40,6 +41,8 @@ SA_REWARD = SearchAttributeKey.for_float(names.SA_REWARD)
 SA_VERSION = SearchAttributeKey.for_int(names.SA_POLICY_VERSION)
 SA_ENV_FAILURES = SearchAttributeKey.for_int(names.SA_ENV_FAILURES)
 SA_TURNS = SearchAttributeKey.for_int(names.SA_TURNS)
+SA_TASK = SearchAttributeKey.for_keyword(names.SA_TASK)
+SA_REPLAY_OF = SearchAttributeKey.for_keyword(names.SA_REPLAY_OF)
 
 
 class EnvFault(Exception):
@@ -53,8 +56,9 @@ class InfraFault(Exception):
 @workflow.defn(name=names.TRAJECTORY_WORKFLOW)
 class TrajectoryWorkflow:
     @workflow.init
-    def __init__(self, req: TrajectoryRequest) -> None:
-        self.req = req
+    def __init__(self, raw: RawValue = NO_INPUT) -> None:
+        # a TrajectoryRequest, decoded here so that bad input fails the workflow, not its task (workflows/inputs.py)
+        self.req = decode_input(raw, TrajectoryRequest)
         self.handle: SandboxHandle | None = None
         self.actions: list[str] = []
         self.turns: list[TurnSummary] = []
@@ -65,9 +69,10 @@ class TrajectoryWorkflow:
         self.timings = {"llm_s": 0.0, "env_s": 0.0, "reward_s": 0.0}
 
     @workflow.run
-    async def run(self, req: TrajectoryRequest) -> TrajectoryResult:
+    async def run(self, raw: RawValue = NO_INPUT) -> TrajectoryResult:
+        req = self.req
         started = workflow.time()
-        self._upsert(SA_ENV.value_set(req.env_id), SA_RUN.value_set(req.run_id), SA_STATUS.value_set("running"))
+        self._upsert(*self._start_attributes())
         status, error = TrajectoryStatus.COMPLETED, None
         env_rewards: list[float] = []
         last: EnvStepResult | None = None
@@ -85,7 +90,7 @@ class TrajectoryWorkflow:
         except ActivityError as e:  # the decode pool failed past its retries, or the trajectory was cancelled
             if isinstance(e.cause, CancelledError):
                 raise asyncio.CancelledError("llm.generate cancelled") from e
-            bad = stubs.error_type(e) == names.ERR_BAD_REQUEST
+            bad = stubs.error_type(e) in stubs.FATAL
             status = TrajectoryStatus.FAILED if bad else TrajectoryStatus.INFRA_FAILED
             error = f"llm.generate: {stubs.describe(e)}"
         finally:
@@ -130,6 +135,8 @@ class TrajectoryWorkflow:
     def progress(self) -> dict[str, object]:
         """Where the episode is: turn, sandbox, last observation."""
         return {
+            "env_id": self.req.env_id,
+            "max_turns": self.req.max_turns,
             "turn": len(self.turns),
             "sandbox": self.handle.sandbox_id if self.handle else None,
             "host_queue": self.handle.host_queue if self.handle else None,
@@ -154,6 +161,10 @@ class TrajectoryWorkflow:
         self.actions.append(gen.text)
         self.observation = step.observation
         self.turns.append(TurnSummary.of(gen, step))
+        # kept current turn by turn, so a visibility query (or the UI's list) sees where a running episode is
+        self._upsert(
+            SA_TURNS.value_set(len(self.turns)), SA_VERSION.value_set(min(t.policy_version for t in self.turns))
+        )
         return step
 
     async def _open_sandbox(self) -> None:
@@ -266,6 +277,21 @@ class TrajectoryWorkflow:
             )
         except ApplicationError as e:
             workflow.logger.warning("could not report to %s: %s", target, e)
+
+    def _start_attributes(self) -> list[SearchAttributeUpdate]:
+        req = self.req
+        updates: list[SearchAttributeUpdate] = [
+            SA_ENV.value_set(req.env_id),
+            SA_RUN.value_set(req.run_id),
+            SA_STATUS.value_set("running"),
+            SA_TURNS.value_set(0),
+            SA_ENV_FAILURES.value_set(0),
+        ]
+        if req.task:
+            updates.append(SA_TASK.value_set(req.task))
+        if req.replay_of:
+            updates.append(SA_REPLAY_OF.value_set(req.replay_of))
+        return updates
 
     def _upsert(self, *updates) -> None:  # type: ignore[no-untyped-def]
         workflow.upsert_search_attributes(list(updates))
