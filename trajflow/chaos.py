@@ -46,6 +46,8 @@ class FaultRecord:
     detail: str
     recovered_after_s: float | None = None
     """Until the next trajectory ended (or step finished, for the trainer) after the restart."""
+    step_attempt: int = 0
+    """For the trainer: the train step's attempt seen after the kill (>= 2: the kill interrupted it)."""
 
 
 @dataclass
@@ -180,7 +182,6 @@ class Chaos:
                 desc = await self.handle.describe()
                 for a in desc.raw_description.pending_activities:
                     if a.activity_type.name == names.TRAIN_STEP and a.state == STARTED:
-                        await asyncio.sleep(self.rng.uniform(0.0, 0.5))
                         return True
             except Exception:  # noqa: BLE001 - between continue-as-new runs
                 pass
@@ -189,13 +190,32 @@ class Chaos:
 
     async def _time_recovery(self, record: FaultRecord, before: TrainingProgress, done: asyncio.Event) -> None:
         if record.fault == "trainer":
+            retried = asyncio.create_task(self._step_retried(record, done))
             moved = await self.until(lambda p: p.version > before.version, done)
+            retried.cancel()
+            record.detail += (
+                f"; mid-step confirmed: the step was retried (attempt {record.step_attempt})"
+                if record.step_attempt
+                else "; the step finished before the kill landed (not retried)"
+            )
         else:
             moved = await self.until(lambda p: ended(p) > ended(before), done)
         if moved:
             record.recovered_after_s = round(self.now() - record.at_s, 1)
 
     # --- sandbox kills --------------------------------------------------------------------------------------
+
+    async def _step_retried(self, record: FaultRecord, done: asyncio.Event) -> None:
+        """Watch the pending train step until it shows a second attempt: proof the kill interrupted it."""
+        while not done.is_set():
+            try:
+                for a in (await self.handle.describe()).raw_description.pending_activities:
+                    if a.activity_type.name == names.TRAIN_STEP and a.attempt >= 2:
+                        record.step_attempt = a.attempt
+                        return
+            except Exception:  # noqa: BLE001 - server restarting, between continue-as-new runs
+                pass
+            await _sleep_or(done, 0.5)
 
     async def kill_containers(self, done: asyncio.Event) -> None:
         """Pick `kill_rate` of the run's episodes; kill each one's sandbox container once the episode has one."""

@@ -57,7 +57,7 @@ def test_quick_chaos_run_loses_nothing(chaos_env) -> None:  # type: ignore[no-un
     assert [f["fault"] for f in report["faults"]] == ["decode", "env", "reward", "orchestrator", "trainer", "temporal"], shown
     assert report["faults_not_injected"] == []
     assert all(f["recovered_after_s"] is not None for f in report["faults"]), shown
-    assert "while training" in report["faults"][4]["detail"], "the trainer must die mid-step"
+    assert report["faults"][4]["step_attempt"] >= 2, f"the trainer must die mid-step: {report['faults'][4]}"
     assert report["containers"]["killed"] >= 1, shown
     assert report["lost"] == 0 and report["consumed_twice"] == 0 and report["infra_failures_scored"] == 0, shown
     assert report["steps_completed"] == report["steps_configured"] == 6, shown
