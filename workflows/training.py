@@ -111,6 +111,8 @@ class TrainingWorkflow:
             await self._send_cancels()
             while self.replacements and self._may_replace():
                 key, missing = self.replacements.pop(0)
+                if self.s.paused:
+                    self.probe = False  # the probe is this group's replacement members
                 if key in self.s.groups:
                     group = self.s.groups[key]
                     await asyncio.gather(*(self._start_member(group) for _ in range(missing)))
@@ -118,8 +120,9 @@ class TrainingWorkflow:
                 await self._start_group()
 
     def _may_replace(self) -> bool:
-        """Replacements for failed members wait while admission is paused (they would fail the same way)."""
-        return not (self.pause_admission or self.s.paused)
+        """Replacements for failed members wait while admission is paused (they would fail the same way), but
+        for a probe: the groups waiting for them hold the staleness budget, so a probe is a replacement first."""
+        return not self.pause_admission and (not self.s.paused or self.probe)
 
     def _groups_to_admit(self) -> int:
         """Admission control: at most (v + α + 1)·B − (consumed + running) samples started.
