@@ -285,7 +285,7 @@ async def run_chaos(
 ) -> ChaosReport:
     from infra.store import open_store
     from trajflow.client import start_training
-    from trajflow.train import _follow
+    from trajflow.train import follow_run
 
     client = await wait_until_reachable(settings, quiet=True)
     store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
@@ -300,7 +300,7 @@ async def run_chaos(
     watcher = asyncio.create_task(chaos.watch(done))
     killer = asyncio.create_task(chaos.kill_containers(done))
     faults = asyncio.create_task(chaos.inject_process_faults(done, gap=max(2, run.batch_size // 2)))
-    result = await _follow(chaos.handle, say)
+    result = await follow_run(chaos.handle, say)
     done.set()
     not_injected = await faults
     await asyncio.gather(watcher, killer)

@@ -36,7 +36,8 @@ class TrajectoryRow:
 
     workflow_id: str
     execution: str
-    """Temporal's execution status: Running, Completed, Canceled, Terminated, Failed, TimedOut."""
+    """Temporal's execution status, as `trajflow trajectories list` shows it: running, completed, canceled,
+    terminated, failed, timed_out."""
     status: str | None
     """The `TrajflowStatus` search attribute: the trajectory's recorded outcome."""
     reward: float | None
@@ -100,9 +101,9 @@ def audit(records: RunRecords) -> ChaosCounts:
     lost: list[str] = []
     scored: list[str] = []
     for row in records.trajectories:
-        if row.execution == "Canceled":
+        if row.execution == "canceled":
             outcome[row.workflow_id] = "cancelled"
-        elif row.execution == "Completed" and row.status in FINAL:
+        elif row.execution == "completed" and row.status in FINAL:
             outcome[row.workflow_id] = row.status
             if row.status == "infra_failed" and row.reward is not None:
                 scored.append(row.workflow_id)
@@ -143,19 +144,17 @@ async def collect(client, store, run_id: str, steps_completed: int, steps_config
     """Read a finished run's records: visibility, every execution's history of the training workflow, the store."""
     import asyncio
 
-    from temporalio.client import WorkflowExecutionStatus
+    from trajflow.visibility import trajectory_query
 
-    status_name = {s: s.name.title().replace("_", "") for s in WorkflowExecutionStatus}
-    status_name[WorkflowExecutionStatus.CANCELED] = "Canceled"
-    status_name[WorkflowExecutionStatus.TIMED_OUT] = "TimedOut"
+    # The raw search attributes, not `visibility.row_of`: that one shows a cancelled trajectory's execution status
+    # in place of its recorded one, and here a closed trajectory without a recorded outcome must count as lost.
     rows = []
-    query = f"WorkflowType = '{names.TRAJECTORY_WORKFLOW}' AND {names.SA_RUN} = '{run_id}'"
-    async for wf in client.list_workflows(query):
+    async for wf in client.list_workflows(trajectory_query(run=run_id)):
         sa = wf.search_attributes
         rows.append(
             TrajectoryRow(
                 workflow_id=wf.id,
-                execution=status_name.get(wf.status, str(wf.status)) if wf.status else "Unknown",
+                execution=wf.status.name.lower() if wf.status else "unknown",
                 status=(sa.get(names.SA_STATUS) or [None])[0],
                 reward=(sa.get(names.SA_REWARD) or [None])[0],
             )

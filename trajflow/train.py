@@ -105,7 +105,7 @@ async def train(
     t0 = time.monotonic()
     handle = await start_training(run, run_id=run_id, client=client)
     say(f"training workflow {run_id} started (Temporal UI: http://{settings.temporal_address.rsplit(':', 1)[0]}:{settings.temporal_ui_port}/namespaces/{settings.temporal_namespace}/workflows/{run_id})")
-    result = await _follow(handle, say)
+    result = await follow_run(handle, say)
     wall = time.monotonic() - t0
     after = await evaluate(client, store, run, run_id, result.version, say) if evaluate_now else None
     summary = summarise(run, run_id, result, wall, before, after)
@@ -115,7 +115,7 @@ async def train(
     return summary
 
 
-async def _follow(handle, say: Say, give_up_after_s: float = 600.0) -> TrainingResult:  # type: ignore[no-untyped-def]
+async def follow_run(handle, say: Say, give_up_after_s: float = 600.0) -> TrainingResult:  # type: ignore[no-untyped-def]
     """Print a line per finished step and a heartbeat line every 20 s until the run ends.
 
     Polls (describe + the progress query) instead of holding one long call open; the client retries calls

@@ -7,7 +7,7 @@ from contracts.training import TrainRef
 from trajflow.chaos_audit import RunRecords, StoredOutcome, TrajectoryRow, audit
 
 
-def row(wid: str, execution: str = "Completed", status: str | None = "completed", reward: float | None = 1.0) -> TrajectoryRow:
+def row(wid: str, execution: str = "completed", status: str | None = "completed", reward: float | None = 1.0) -> TrajectoryRow:
     return TrajectoryRow(workflow_id=wid, execution=execution, status=status, reward=reward)
 
 
@@ -16,7 +16,7 @@ def ref(wid: str, reward: float = 1.0) -> TrainRef:
 
 
 def clean() -> RunRecords:
-    rows = [row("a"), row("b", reward=0.0), row("c", status="infra_failed", reward=None), row("d", "Canceled", "running", None)]
+    rows = [row("a"), row("b", reward=0.0), row("c", status="infra_failed", reward=None), row("d", "canceled", "running", None)]
     return RunRecords(
         trajectories=rows,
         started_by_run=4,
@@ -37,9 +37,9 @@ def test_a_clean_run_passes_with_every_count() -> None:
 def test_lost_trajectories_are_caught() -> None:
     r = clean()
     r.trajectories += [
-        row("still-running", "Running", "running", None),
-        row("terminated", "Terminated", "running", None),
-        row("no-outcome", "Completed", "running", None),
+        row("still-running", "running", "running", None),
+        row("terminated", "terminated", "running", None),
+        row("no-outcome", "completed", "running", None),
     ]
     r.started_by_run = 9  # two more than visibility shows
     c = audit(r)
