@@ -433,8 +433,8 @@ def bench_pipeline(
 ) -> None:
     """Sync vs async (α = 1, 2) throughput and trajectory- vs batch-level env interaction, on one embedded stack."""
     from infra.settings import load_settings
-    from trajflow.bench_pipeline import main as bench_main
-    from trajflow.bench_workload import Workload, quick_workload
+    from bench.pipeline import main as bench_main
+    from bench.workload import Workload, quick_workload
 
     fields = {
         k: v
@@ -463,8 +463,8 @@ def bench_sandbox(
 ) -> None:
     """Env sandboxes on this machine: warm/cold reset latency, layer builds, steps/s, resets while containers die."""
     from infra.settings import load_settings
-    from trajflow.bench_sandbox import Plan, quick_plan
-    from trajflow.bench_sandbox import main as bench_main
+    from bench.sandboxes import Plan, quick_plan
+    from bench.sandboxes import main as bench_main
 
     fields = {"env_id": env, "action": action, "seed": seed}
     raise typer.Exit(bench_main(quick_plan(**fields) if quick else Plan(**fields), json_path, load_settings()))

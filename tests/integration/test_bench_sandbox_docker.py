@@ -18,7 +18,7 @@ import pytest
 
 from infra.settings import Settings
 from sandbox import labels
-from trajflow.bench_sandbox import main, quick_plan
+from bench.sandboxes import main, quick_plan
 
 pytestmark = pytest.mark.integration
 

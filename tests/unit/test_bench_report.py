@@ -1,4 +1,4 @@
-"""trajflow.bench_pipeline's summary (the --json contract) and the printed report, from made-up run figures:
+"""bench.pipeline's summary (the --json contract) and the printed report, from made-up run figures:
 the required keys are there with the right types and the report states the workload beside the figures."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from trajflow.bench_pipeline import RunFigures
-from trajflow.bench_report import render, summarize
-from trajflow.bench_workload import quick_workload
+from bench.pipeline import RunFigures
+from bench.pipeline_report import render, summarize
+from bench.workload import quick_workload
 
 
 def _run(label: str, alpha: int, tps: float) -> RunFigures:

@@ -1,4 +1,4 @@
-"""trajflow.bench_sandbox's pure parts: percentiles, the TrajectoryWorkflow's reset budget replayed against scripted
+"""bench.sandboxes's pure parts: percentiles, the TrajectoryWorkflow's reset budget replayed against scripted
 failures, the removal of the bench's throwaway images, and the --json / report shape from made-up figures."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from temporalio.exceptions import ApplicationError
 
 from contracts import names
 from contracts.trajectory import EnvResetInput, EnvResetResult, EnvStepResult, SandboxHandle, TrajectoryRequest
-from trajflow.bench_sandbox import Plan, quick_plan, remove_images
-from trajflow.bench_sandbox_chaos import Budget, Episode, chaos_figures, run_episode
-from trajflow.bench_sandbox_report import Figures, percentile, render, summarize
+from bench.sandboxes import Plan, quick_plan, remove_images
+from bench.sandboxes_chaos import Budget, Episode, chaos_figures, run_episode
+from bench.sandboxes_report import Figures, percentile, render, summarize
 
 ISSUE_KEYS = {
     "warm_reset_ms",

@@ -1,4 +1,4 @@
-"""trajflow.bench_workload: the default workload stays what the issue fixed, and the bound and throughput
+"""bench.workload: the default workload stays what the issue fixed, and the bound and throughput
 arithmetic is what the report says it is."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from trajflow.bench_workload import (
+from bench.workload import (
     Workload,
     admission_bound,
     generation_phases,

@@ -1,4 +1,4 @@
-"""Synthetic env worker: the env pool's queues served by `activities.synthetic_env` (benchmarks, no Docker).
+"""Synthetic env worker: the env pool's queues served by `bench.synthetic_activities` (benchmarks, no Docker).
 
 Like `workers.env`, it polls each pool's shared queue for resets and its own host queue for steps and closes.
 Everything is an asyncio sleep, so concurrency limits are high: one worker hosts every episode of a bench.
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.synthetic_env import SyntheticEnvActivities
+from bench.synthetic_activities import SyntheticEnvActivities
 from contracts import names
 
 

@@ -1,5 +1,5 @@
 """Synthetic env activities: the env pool's contract (`env.reset` / `env.step` / `env.close`, same names and
-models as `activities.env`) served by `envs.synthetic` episodes held in this worker's memory, no Docker.
+models as `activities.env`) served by `bench.synthetic_env` episodes held in this worker's memory, no Docker.
 
 The unchanged TrajectoryWorkflow runs on them: `env.reset` answers with a handle naming this worker's host
 queue, and the steps of that episode come back here. A step sleeps its drawn delay (units · `unit_s`) and
@@ -26,7 +26,7 @@ from contracts.trajectory import (
     EnvStepResult,
     SandboxHandle,
 )
-from envs.synthetic import ENV_ID, SyntheticEpisode, SyntheticSpec, SyntheticStep, episode_seed
+from bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, SyntheticStep, episode_seed
 
 IMAGE = "synthetic"
 """What the handle reports as the sandbox image: there is none."""

@@ -1,4 +1,4 @@
-"""Inputs and results of the benchmark-only workflows (`workflows.batch_rollout`): what crosses Temporal."""
+"""Inputs and results of the benchmark-only workflows (`bench.batch_rollout`): what crosses Temporal."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""rl.sim_engine: the simulated engine keeps its slot limit, draws log-normal decode times around the median,
+"""bench.sim_engine: the simulated engine keeps its slot limit, draws log-normal decode times around the median,
 stamps completions with the policy's newest published version, and ends completions with EOS."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from contracts.trajectory import SamplingParams
-from rl.sim_engine import SimulatedEngine, lognormal_mean
+from bench.sim_engine import SimulatedEngine, lognormal_mean
 
 
 class FakeTokenizer:

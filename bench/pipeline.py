@@ -1,6 +1,6 @@
 """`trajflow bench pipeline`: the sync/async ratio and trajectory- vs batch-level env interaction, measured in
-one run on one embedded stack with the same workers (`trajflow.bench_stack`), on a labelled synthetic workload
-(`trajflow.bench_workload`, where the default workload and the ideal bound are defined).
+one run on one embedded stack with the same workers (`bench.stack`), on a labelled synthetic workload
+(`bench.workload`, where the default workload and the ideal bound are defined).
 
 Phases, in order, each printed as it ends:
 1. calibration: B trajectories with every delay ~0, all at once: the orchestration ceiling (Temporal + workers
@@ -13,7 +13,7 @@ Phases, in order, each printed as it ends:
 How throughput is measured: tps = B·(N−1) / (t_N − t_1), with t_k the workflow time at which step k ended; the
 first step (the pipeline fill) is left out, for every mode alike. Whole-run figures (B·N / t_N) are in the JSON
 too. Rollout throughput in phase 4 = B / wall seconds from the first start to the last result.
-Efficiency = the best async tps / ideal_tps, where (derived in `trajflow.bench_workload`)
+Efficiency = the best async tps / ideal_tps, where (derived in `bench.workload`)
 
     ideal_tps = min( B / T , S / (E[turns] · E[decode]) ) / unit_s
 
@@ -36,9 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajflow.bench_report import render, summarize
-from trajflow.bench_stack import BenchStack, embedded_stack
-from trajflow.bench_workload import (
+from bench.pipeline_report import render, summarize
+from bench.stack import BenchStack, embedded_stack
+from bench.workload import (
     Workload,
     generation_phases,
     group_latency_units,
@@ -80,7 +80,7 @@ class RunFigures:
 def _task(st: BenchStack, w: Workload, sigma: float):  # type: ignore[no-untyped-def]
     from contracts.tasks import TaskConfig
     from contracts.trajectory import SamplingParams, StagePools
-    from envs.synthetic import ENV_ID, SyntheticSpec
+    from bench.synthetic_env import ENV_ID, SyntheticSpec
 
     spec = SyntheticSpec(mean=w.env_mean, sigma=sigma, min_turns=w.min_turns, max_turns=w.max_turns)
     return TaskConfig(
@@ -215,7 +215,7 @@ async def _trajectory_level(st: BenchStack, reqs: list, ids: list[str]) -> tuple
 
 
 async def _batch_level(st: BenchStack, reqs: list, ids: list[str]) -> tuple[float, object]:  # type: ignore[type-arg]
-    from contracts.bench import BATCH_ROLLOUT_WORKFLOW, BatchRolloutInput, BatchRolloutResult
+    from bench.contracts import BATCH_ROLLOUT_WORKFLOW, BatchRolloutInput, BatchRolloutResult
 
     t0 = time.monotonic()
     result = await st.client.execute_workflow(

@@ -32,7 +32,7 @@ from temporalio.client import Client
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.worker import Worker
 
-from trajflow.bench_workload import Workload
+from bench.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,12 +135,12 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
     from infra.store import LocalStore
     from infra.temporal import search_attribute_args, temporal_binary
     from rewards.client import RewardClient
-    from rl.sim_engine import SimulatedEngine
+    from bench.sim_engine import SimulatedEngine
     from workers.decode import decode_workers
     from workers.reward import reward_workers
-    from workers.synthetic_env import synthetic_env_workers
+    from bench.synthetic_worker import synthetic_env_workers
     from workers.trainer import trainer_workers
-    from workflows.batch_rollout import BatchRolloutWorkflow
+    from bench.batch_rollout import BatchRolloutWorkflow
     from workflows.training import TrainingWorkflow
     from workflows.trajectory import TrajectoryWorkflow
 

@@ -19,7 +19,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from contracts.bench import BATCH_ROLLOUT_WORKFLOW, BatchRolloutInput, BatchRolloutResult
+    from bench.contracts import BATCH_ROLLOUT_WORKFLOW, BatchRolloutInput, BatchRolloutResult
     from contracts.trajectory import (
         EnvResetInput,
         GenerateResult,

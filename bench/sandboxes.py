@@ -27,7 +27,7 @@ Figures, in the order they are measured (each phase prints progress and a line w
 Not covered: the Temporal round trip per activity, several env workers or hosts. The "cold" wheel download may
 still be served by pip's HTTP cache or the host's wheelhouse (PIP_FIND_LINKS).
 Limits: ≥ 500 resets resolve the success rate to 0.2%, so 99.99% reads as "no failure in this run".
-The episode budget and the Killer are in `bench_sandbox_chaos`, the summary and report in `bench_sandbox_report`.
+The episode budget and the Killer are in `bench.sandboxes_chaos`, the summary and report in `bench.sandboxes_report`.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ from sandbox.images import (
 )
 from sandbox.manager import SandboxManager
 from sandbox.pool import WarmPool
-from trajflow.bench_sandbox_chaos import Episode, Killer, chaos_figures, run_episode
-from trajflow.bench_sandbox_report import LAYERS, Figures, latency, percentile, render, summarize
+from bench.sandboxes_chaos import Episode, Killer, chaos_figures, run_episode
+from bench.sandboxes_report import LAYERS, Figures, latency, percentile, render, summarize
 from workers.env import build_manager
 from workflows.stubs import ENV_FATAL
 

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trajflow.bench_sandbox import Plan
+    from bench.sandboxes import Plan
 
 LAYERS = ("base", "runtime", "task")
 """The image layers, bottom up: built cold in this order (`Plan.cold_layers`) and reported in it."""

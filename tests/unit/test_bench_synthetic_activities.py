@@ -1,4 +1,4 @@
-"""activities.synthetic_env: the env pool's contract served without Docker (run in temporalio's
+"""bench.synthetic_activities: the env pool's contract served without Docker (run in temporalio's
 ActivityEnvironment, no server): handles name this worker's host queue, the env decides the episode's length,
 errors carry the same types as the real env's."""
 
@@ -8,10 +8,10 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.synthetic_env import SyntheticEnvActivities
+from bench.synthetic_activities import SyntheticEnvActivities
 from contracts import names
 from contracts.trajectory import EnvCloseInput, EnvResetInput, EnvStepInput
-from envs.synthetic import ENV_ID, SyntheticEpisode, SyntheticSpec, episode_seed
+from bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, episode_seed
 
 
 def _reset_input(**fields: object) -> EnvResetInput:

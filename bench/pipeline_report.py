@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trajflow.bench_workload import IdealBound, Workload, admission_bound, group_latency_units, ideal_bound, mean
+from bench.workload import IdealBound, Workload, admission_bound, group_latency_units, ideal_bound, mean
 
 if TYPE_CHECKING:
-    from trajflow.bench_pipeline import RunFigures
+    from bench.pipeline import RunFigures
 
 ANCHORS = (
     "published anchors (their hardware and workloads, not this one): async over sync ROLL Flash 2.24x (RLVR) / "
