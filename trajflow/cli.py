@@ -283,7 +283,7 @@ def chaos(
 
     from infra import stack
     from infra.settings import load_settings
-    from trajflow import chaos as chaos_mod
+    from chaos import harness as chaos_mod
 
     settings = load_settings()
     cfg = _config(config)

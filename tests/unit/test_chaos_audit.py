@@ -1,10 +1,10 @@
-"""The chaos verdict (`trajflow.chaos_audit.audit`) on hand-made records: it passes a clean run and catches each
+"""The chaos verdict (`chaos.audit.audit`) on hand-made records: it passes a clean run and catches each
 kind of violation it exists to catch, so a chaos run that reports 0 lost means the check could have said more."""
 
 from __future__ import annotations
 
 from contracts.training import TrainRef
-from trajflow.chaos_audit import RunRecords, StoredOutcome, TrajectoryRow, audit
+from chaos.audit import RunRecords, StoredOutcome, TrajectoryRow, audit
 
 
 def row(wid: str, execution: str = "completed", status: str | None = "completed", reward: float | None = 1.0) -> TrajectoryRow:

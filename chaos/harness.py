@@ -5,7 +5,7 @@ Faults, in this order, each once the run has made progress since the one before:
     trainer                             kill -9 while `trainer.train_step` is running (mid-step), restarted
     temporal                            kill -9 of the Temporal dev server, restarted on the same database
 and throughout the run, `--container-kill-rate` (10%) of episodes get their sandbox container killed while the
-episode runs. When the run has ended, `chaos_audit` counts from Temporal and the store: started, completed,
+episode runs. When the run has ended, `chaos.audit` counts from Temporal and the store: started, completed,
 failed, infra-failed, lost, consumed twice, infra failures scored, steps completed vs configured.
 
 Limits: it needs the stack of `trajflow up` on this machine (it starts it when it is not running) because it
@@ -30,7 +30,7 @@ from contracts.training import TrainingProgress, TrainingResult, TrainingRunConf
 from infra import stack
 from infra.settings import Settings
 from infra.temporal import wait_until_reachable
-from trajflow.chaos_audit import ChaosCounts, audit, collect
+from chaos.audit import ChaosCounts, audit, collect
 
 Say = Callable[[str], None]
 PROCESS_FAULTS = ("decode", "env", "reward", "orchestrator", "trainer", "temporal")
