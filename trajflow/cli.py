@@ -402,7 +402,7 @@ def replay(
     failure (--from-failure), or re-drive its env with the recorded actions (--env-only); or check recorded
     histories for non-deterministic workflow changes (--check)."""
     if check:
-        from trajflow.replay_check import main as check_main
+        from replay.check import main as check_main
 
         _exit(asyncio.run(check_main(targets or [])))
     if from_failure and env_only:
@@ -411,7 +411,7 @@ def replay(
     if not targets or len(targets) != 1:
         _say("give exactly one WORKFLOW_ID (or --check)")
         raise typer.Exit(2)
-    from trajflow.replay import main as replay_main
+    from replay.rerun import main as replay_main
 
     mode = "from-failure" if from_failure else "env-only" if env_only else "rerun"
     _exit(asyncio.run(replay_main(targets[0], mode, timeout, as_json, _say)))

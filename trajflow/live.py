@@ -21,7 +21,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from contracts import names
 from contracts.training import TrainingProgress
-from trajflow.replay_format import shorten
+from replay.formatting import shorten
 from trajflow.visibility import list_trajectories, quote
 
 QUERY_TIMEOUT = timedelta(seconds=10)

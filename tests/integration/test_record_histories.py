@@ -30,8 +30,8 @@ from contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
 from contracts.training import TrainerConfig, TrainingRunConfig, TrainingStart
 from tests.conftest import running_stack
 from tests.integration.replay_helpers import GUESS, SandboxKillingEngine
-from trajflow.replay import continue_from_failure
-from trajflow.replay_check import check, load_history
+from replay.rerun import continue_from_failure
+from replay.check import check, load_history
 
 pytestmark = [
     pytest.mark.integration,
@@ -90,7 +90,7 @@ async def test_record_trajectory_histories(
         old, new, point = await continue_from_failure(st.client, st.store, failed.id, 120)
         assert new.result is not None and new.result.status is TrajectoryStatus.COMPLETED, new
 
-        from trajflow.replay_env import replay_env
+        from replay.env_only import replay_env
 
         lines: list[str] = []
         assert await replay_env(st.client, st.store, completed.id, 120, False, lines.append) == 0

@@ -22,9 +22,9 @@ from tests.conftest import async_wait_for, running_stack
 from tests.integration.replay_helpers import GUESS, FlakyManager, SandboxKillingEngine
 from trajflow import live
 from trajflow.client import start_training
-from trajflow.replay import continue_from_failure, rerun, started_request
-from trajflow.replay_env import replay_env
-from trajflow.replay_format import side_by_side
+from replay.rerun import continue_from_failure, rerun, started_request
+from replay.env_only import replay_env
+from replay.formatting import side_by_side
 from trajflow.visibility import list_trajectories, trajectory_query
 
 pytestmark = pytest.mark.integration

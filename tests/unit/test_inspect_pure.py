@@ -11,7 +11,7 @@ from contracts.records import TrajectoryRecord
 from contracts.tasks import TaskConfig
 from contracts.trajectory import TrajectoryRequest, TrajectoryResult, TrajectoryStatus, TurnSummary
 from trajflow.live import format_status
-from trajflow.replay_format import NoResetPoint, Outcome, find_reset_point, shorten, side_by_side
+from replay.formatting import NoResetPoint, Outcome, find_reset_point, shorten, side_by_side
 from trajflow.visibility import TrajectoryRow, format_table, trajectory_query
 
 
@@ -201,7 +201,7 @@ def test_status_text_of_a_training_run() -> None:
 
 
 def test_reset_point_of_a_recorded_infra_failed_trajectory() -> None:
-    from trajflow.replay_check import HISTORIES_DIR, load_history
+    from replay.check import HISTORIES_DIR, load_history
 
     events = load_history(HISTORIES_DIR / "trajectory-infra-failed.json").events
     point = find_reset_point(events)

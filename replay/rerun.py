@@ -8,7 +8,7 @@ the old result beside the new.
   marked in REPLAY OF). The policy may have moved on and sampling is random, so actions may differ; the env's
   first observation (same seed) must not.
 - `--from-failure`: Temporal's reset (`ResetWorkflowExecution`) to the last WorkflowTaskCompleted before the
-  first failure (`replay_format.find_reset_point`). The same workflow id gets a new run that keeps the history up
+  first failure (`replay.formatting.find_reset_point`). The same workflow id gets a new run that keeps the history up
   to there and runs on from it, with the state it had then: the turns before the failure are not generated
   again, and the sandbox-recovery budget is what it was before the failure. The old run stays readable.
 
@@ -41,7 +41,7 @@ from contracts import names
 from contracts.records import TrajectoryRecord
 from contracts.trajectory import TrajectoryRequest, TrajectoryResult
 from infra.store import ObjectStore
-from trajflow.replay_format import Outcome, ResetPoint, find_reset_point
+from replay.formatting import Outcome, ResetPoint, find_reset_point
 
 Say = Callable[[str], None]
 
@@ -152,14 +152,14 @@ async def main(workflow_id: str, mode: str, timeout_s: float, as_json: bool, say
     from infra.settings import load_settings
     from infra.store import open_store
     from infra.temporal import connect
-    from trajflow import replay_format as fmt
+    from replay import formatting as fmt
 
     settings = load_settings()
     client = await connect(settings)
     store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
     try:
         if mode == "env-only":
-            from trajflow.replay_env import replay_env
+            from replay.env_only import replay_env
 
             return await replay_env(client, store, workflow_id, timeout_s, as_json, print)
         if mode == "from-failure":
