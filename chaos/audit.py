@@ -144,7 +144,7 @@ async def collect(client, store, run_id: str, steps_completed: int, steps_config
     """Read a finished run's records: visibility, every execution's history of the training workflow, the store."""
     import asyncio
 
-    from trajflow.visibility import trajectory_query
+    from commands.visibility import trajectory_query
 
     # The raw search attributes, not `visibility.row_of`: that one shows a cancelled trajectory's execution status
     # in place of its recorded one, and here a closed trajectory without a recorded outcome must count as lost.

@@ -285,7 +285,7 @@ async def run_chaos(
 ) -> ChaosReport:
     from infra.store import open_store
     from trajflow.client import start_training
-    from trajflow.train import follow_run
+    from commands.train import follow_run
 
     client = await wait_until_reachable(settings, quiet=True)
     store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)

@@ -111,7 +111,7 @@ def status(
 ) -> None:
     """Show the stack's processes and queue pollers; with RUN, the live state of that run (or trajectory)."""
     if run is not None:
-        from trajflow.live import main as live_main
+        from commands.live import main as live_main
 
         _exit(asyncio.run(live_main(run, limit, as_json)))
     from infra import stack
@@ -211,7 +211,7 @@ def rollout(
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """Run one trajectory on the stack and print its transcript, reward, status and timing."""
-    from trajflow.rollout import request_from_config, run_and_report
+    from commands.rollout import request_from_config, run_and_report
 
     try:
         req = request_from_config(_config(config), task, env, seed, max_turns, temperature, request)
@@ -235,7 +235,7 @@ def train(
     from infra.store import open_store
     from infra.temporal import connect
     from trajflow.client import new_run_id
-    from trajflow.train import train as run_training
+    from commands.train import train as run_training
 
     config = _config(config_path)
     overrides = {"sync": True, "alpha": 0} if sync else {}
@@ -311,7 +311,7 @@ def demo(
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """The main job for now: run a handful of trajectories of the config's tasks concurrently, then summarise."""
-    from trajflow.rollout import run_batch
+    from commands.rollout import run_batch
 
     summary = asyncio.run(run_batch(_config(config), n, _say))
     if json_path:
@@ -326,7 +326,7 @@ def images_build(
     ] = None,
 ) -> None:
     """Build the layers that are missing (base, runtime, each shell task's); print each one's tag, cached or built."""
-    from trajflow.images import UnknownTask, build
+    from commands.images import UnknownTask, build
 
     try:
         lines = build(task or None, _say)
@@ -339,7 +339,7 @@ def images_build(
 @images_app.command("list")
 def images_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False) -> None:
     """The layer images on this Docker engine: layer, tag, size, created, current or stale, used by a container."""
-    from trajflow.images import listing
+    from commands.images import listing
 
     typer.echo(listing(as_json))
 
@@ -352,7 +352,7 @@ def images_prune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
 ) -> None:
     """Remove the stale layers (not what the current sources hash to), children first; keep any a container uses."""
-    from trajflow.images import prune
+    from commands.images import prune
 
     typer.echo(prune(tags or None, dry_run, typer.echo))
 
@@ -375,7 +375,7 @@ def trajectories_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """List trajectories (newest first) and print the visibility query, which also works in the Web UI's search box."""
-    from trajflow.visibility import main as list_main
+    from commands.visibility import main as list_main
 
     _exit(asyncio.run(list_main(status, run, env, task, replay_of, limit, as_json)))
 

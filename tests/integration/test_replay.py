@@ -25,7 +25,7 @@ from trajflow.client import start_training
 from replay.rerun import continue_from_failure, rerun, started_request
 from replay.env_only import replay_env
 from replay.formatting import side_by_side
-from trajflow.visibility import list_trajectories, trajectory_query
+from commands.visibility import list_trajectories, trajectory_query
 
 pytestmark = pytest.mark.integration
 

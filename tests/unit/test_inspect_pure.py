@@ -10,9 +10,9 @@ from temporalio.api.history.v1 import HistoryEvent
 from contracts.records import TrajectoryRecord
 from contracts.tasks import TaskConfig
 from contracts.trajectory import TrajectoryRequest, TrajectoryResult, TrajectoryStatus, TurnSummary
-from trajflow.live import format_status
+from commands.live import format_status
 from replay.formatting import NoResetPoint, Outcome, find_reset_point, shorten, side_by_side
-from trajflow.visibility import TrajectoryRow, format_table, trajectory_query
+from commands.visibility import TrajectoryRow, format_table, trajectory_query
 
 
 def test_query_without_filters_is_every_trajectory() -> None:

@@ -22,7 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from contracts import names
 from contracts.training import TrainingProgress
 from replay.formatting import shorten
-from trajflow.visibility import list_trajectories, quote
+from commands.visibility import list_trajectories, quote
 
 QUERY_TIMEOUT = timedelta(seconds=10)
 
