@@ -1,0 +1,22 @@
+"""The `trajflow` command (typer). Thin: parses arguments, imports what a command needs inside it, prints.
+
+`app` is assembled here from the command modules: `stack` (setup, reward-image, up, down, status, worker),
+`runs` (rollout, train, chaos, demo), `inspection` (images, trajectories, replay) and `benchmarks` (bench).
+`--help` must stay instant, so nothing heavy (torch, transformers, docker, temporalio) is imported at module
+level in any of them.
+"""
+
+from __future__ import annotations
+
+from trajflow.cli.common import app
+
+# Each module registers its commands on `app` when imported; the order here is the order of `--help`.
+from trajflow.cli import stack  # noqa: E402, F401, I001
+from trajflow.cli import runs  # noqa: E402, F401
+from trajflow.cli import inspection  # noqa: E402, F401
+from trajflow.cli import benchmarks  # noqa: E402, F401
+
+__all__ = ["app"]
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,49 @@
+"""What every command module of the CLI shares: the `app`, the config and pool options, loading a run config
+(bad input exits 2), progress lines to stderr, and leaving after a Temporal client was used.
+
+Imports nothing heavy (typer and the stdlib only), so `trajflow --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from contracts.config import RunConfig
+
+app = typer.Typer(help="trajflow: agentic RL where every trajectory is a durable Temporal workflow.", no_args_is_help=True)
+
+DEFAULT_CONFIG = Path("configs/default.toml")
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Run config (TOML).")]
+PoolOpt = Annotated[list[str], typer.Option("--pool", "-p", help="Pool to serve (repeatable).")]
+
+
+def load_config(path: Path) -> RunConfig:
+    from contracts.config import load_run_config
+
+    try:
+        return load_run_config(path)
+    except ValueError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def say(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+def exit_now(code: int = 0) -> None:
+    """End a command that used a Temporal client, skipping interpreter teardown.
+
+    The client's Rust runtime threads can abort CPython's finalisation ("PyGILState_Release: thread state must
+    be current", temporalio/sdk-python#300), turning a finished command into a crash; so flush and leave.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+

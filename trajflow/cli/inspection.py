@@ -1,0 +1,114 @@
+"""The CLI's inspection commands: `images build|list|prune` (sandbox layers), `trajectories list` (visibility)
+and `replay` (rerun, from failure, env only, history check). Heavy imports happen inside each command."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Optional
+
+import typer
+
+from trajflow.cli.common import app
+from trajflow.cli.common import exit_now as _exit
+from trajflow.cli.common import say as _say
+
+images_app = typer.Typer(help="Sandbox images: the content-hashed layers (base, runtime, task).", no_args_is_help=True)
+app.add_typer(images_app, name="images")
+
+
+@images_app.command("build")
+def images_build(
+    task: Annotated[
+        Optional[list[str]], typer.Option("--task", "-t", help="A shell task's layer (repeatable; default: all).")
+    ] = None,
+) -> None:
+    """Build the layers that are missing (base, runtime, each shell task's); print each one's tag, cached or built."""
+    from commands.images import UnknownTask, build
+
+    try:
+        lines = build(task or None, _say)
+    except UnknownTask as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo("\n".join(lines))
+
+
+@images_app.command("list")
+def images_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False) -> None:
+    """The layer images on this Docker engine: layer, tag, size, created, current or stale, used by a container."""
+    from commands.images import listing
+
+    typer.echo(listing(as_json))
+
+
+@images_app.command("prune")
+def images_prune(
+    tags: Annotated[
+        Optional[list[str]], typer.Argument(metavar="TAG", help="Only these stale layers (default: all).")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
+) -> None:
+    """Remove the stale layers (not what the current sources hash to), children first; keep any a container uses."""
+    from commands.images import prune
+
+    typer.echo(prune(tags or None, dry_run, typer.echo))
+
+
+trajectories_app = typer.Typer(help="Trajectories in Temporal visibility, by their search attributes.", no_args_is_help=True)
+app.add_typer(trajectories_app, name="trajectories")
+
+
+@trajectories_app.command("list")
+def trajectories_list(
+    status: Annotated[
+        Optional[str],
+        typer.Option(help="completed, failed, infra_failed, running (or canceled, terminated, timed_out)."),
+    ] = None,
+    run: Annotated[Optional[str], typer.Option(help="Training run id.")] = None,
+    env: Annotated[Optional[str], typer.Option(help="Env id, e.g. game:GuessTheNumber-v0-easy.")] = None,
+    task: Annotated[Optional[str], typer.Option(help="Task name from the run config.")] = None,
+    replay_of: Annotated[Optional[str], typer.Option(help="Only replays of this workflow id.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many rows.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """List trajectories (newest first) and print the visibility query, which also works in the Web UI's search box."""
+    from commands.visibility import main as list_main
+
+    _exit(asyncio.run(list_main(status, run, env, task, replay_of, limit, as_json)))
+
+
+@app.command()
+def replay(
+    targets: Annotated[
+        Optional[list[str]],
+        typer.Argument(metavar="WORKFLOW_ID", help="The trajectory; with --check: history files, folders or workflow ids."),
+    ] = None,
+    from_failure: Annotated[
+        bool, typer.Option("--from-failure", help="Reset the original to before its first failure and let it go on.")
+    ] = False,
+    env_only: Annotated[
+        bool, typer.Option("--env-only", help="Re-drive a fresh sandbox with the recorded actions, no LLM.")
+    ] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Replay histories (default tests/histories/*.json) against this code.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the new run.")] = 600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Run a trajectory again with the same request and show old beside new; or continue it from before its
+    failure (--from-failure), or re-drive its env with the recorded actions (--env-only); or check recorded
+    histories for non-deterministic workflow changes (--check)."""
+    if check:
+        from replay.check import main as check_main
+
+        _exit(asyncio.run(check_main(targets or [])))
+    if from_failure and env_only:
+        _say("--from-failure and --env-only exclude each other")
+        raise typer.Exit(2)
+    if not targets or len(targets) != 1:
+        _say("give exactly one WORKFLOW_ID (or --check)")
+        raise typer.Exit(2)
+    from replay.rerun import main as replay_main
+
+    mode = "from-failure" if from_failure else "env-only" if env_only else "rerun"
+    _exit(asyncio.run(replay_main(targets[0], mode, timeout, as_json, _say)))

@@ -1,0 +1,140 @@
+"""The CLI's run commands: `rollout` (one trajectory), `demo` (a handful), `train` (a training run with evals)
+and `chaos` (training under injected faults, then an audit). Heavy imports happen inside each command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from trajflow.cli.common import DEFAULT_CONFIG, ConfigOpt, app
+from trajflow.cli.common import exit_now as _exit
+from trajflow.cli.common import load_config as _config
+from trajflow.cli.common import say as _say
+
+
+@app.command()
+def rollout(
+    env: Annotated[Optional[str], typer.Option(help="GEM env id (default: the config's first task).")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Environment seed (default: --request's, else 0).")] = None,
+    task: Annotated[Optional[str], typer.Option(help="Task name from the config.")] = None,
+    max_turns: Annotated[Optional[int], typer.Option(help="Turn limit.")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature (0: greedy).")] = None,
+    request: Annotated[
+        Optional[str],
+        typer.Option(help='TrajectoryRequest fields as one JSON object, over the task\'s (e.g. \'{"seed": 3}\'); the options above win.'),
+    ] = None,
+    workflow_id: Annotated[Optional[str], typer.Option(help="Workflow id (default: generated).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")] = False,
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """Run one trajectory on the stack and print its transcript, reward, status and timing."""
+    from commands.rollout import request_from_config, run_and_report
+
+    try:
+        req = request_from_config(_config(config), task, env, seed, max_turns, temperature, request)
+    except ValueError as e:  # bad input: say what to fix, exit 2 before touching the stack
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+    _exit(asyncio.run(run_and_report(req, workflow_id, as_json)))
+
+
+@app.command()
+def train(
+    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="Run config (TOML) with a [train] section.")],
+    run_id: Annotated[Optional[str], typer.Option(help="Run id = the TrainingWorkflow's id (default: generated).")] = None,
+    json_summary: Annotated[Optional[Path], typer.Option(help="Also write the JSON summary here.")] = None,
+    no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the held-out evaluation before and after.")] = False,
+    sync: Annotated[bool, typer.Option("--sync", help="The synchronous baseline: alpha = 0 with the batch barrier.")] = False,
+    alpha: Annotated[Optional[int], typer.Option(help="Override the config's train.alpha.")] = None,
+) -> None:
+    """Train on the running stack: eval, the TrainingWorkflow with live progress, eval; summary + plots."""
+    from infra.settings import load_settings
+    from infra.store import open_store
+    from infra.temporal import connect
+    from trajflow.client import new_run_id
+    from commands.train import train as run_training
+
+    config = _config(config_path)
+    overrides = {"sync": True, "alpha": 0} if sync else {}
+    if alpha is not None:
+        overrides["alpha"] = alpha
+    if overrides:
+        from contracts.training import TrainSettings
+
+        try:
+            train_cfg = TrainSettings.model_validate({**config.train.model_dump(), **overrides})
+        except ValueError as e:
+            typer.secho(f"invalid override: {e}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        config = config.model_copy(update={"train": train_cfg})
+    settings = load_settings()
+    rid = run_id or new_run_id()
+    run_dir = settings.state_dir / "runs" / rid
+
+    async def main() -> dict:
+        client = await connect(settings)
+        store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+        return await run_training(config, settings, client, store, rid, run_dir, _say, skip_eval=no_eval)
+
+    summary = asyncio.run(main())
+    if json_summary:
+        json_summary.parent.mkdir(parents=True, exist_ok=True)
+        json_summary.write_text(json.dumps(summary, indent=2))
+    typer.echo(json.dumps({k: summary[k] for k in ("eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds")}, indent=2))
+    _exit(0)
+
+
+@app.command()
+def chaos(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    quick: Annotated[bool, typer.Option("--quick", help="6 short steps (B=8): a few minutes on the tiny config.")] = False,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the counts (and faults, timeline) here.")] = None,
+    run_id: Annotated[Optional[str], typer.Option(help="Run id (default: generated, chaos-...).")] = None,
+    container_kill_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of episodes whose sandbox container is killed mid-episode.")] = 0.1,
+    seed: Annotated[int, typer.Option(help="Seed of which episodes lose their container and when the trainer dies.")] = 0,
+) -> None:
+    """Train on the embedded stack while killing its processes, the Temporal server and sandboxes; then audit the
+    run's records: started, completed, infra-failed, lost, consumed twice, infra failures scored, steps done.
+    Exit 0 only when nothing was lost, nothing consumed twice, no infra failure scored and every step done."""
+    import uuid
+
+    from infra import stack
+    from infra.settings import load_settings
+    from chaos import harness as chaos_mod
+
+    settings = load_settings()
+    cfg = _config(config)
+    try:
+        stack.up(settings, cfg, config, _say)
+    except (RuntimeError, TimeoutError, ValueError) as e:
+        typer.secho(f"trajflow chaos: the stack did not start: {e}", fg="red", err=True)
+        _exit(1)
+    rid = run_id or f"chaos-{uuid.uuid4().hex[:8]}"
+    report = asyncio.run(
+        chaos_mod.run_chaos(cfg, config, settings, _say, quick=quick, run_id=rid, kill_rate=container_kill_rate, seed=seed)
+    )
+    typer.echo(chaos_mod.format_report(report))
+    out_dir = settings.state_dir / "runs" / rid
+    plot = chaos_mod.write_plot(report, out_dir / "chaos.png")
+    chaos_mod.write_json(report, json_path or out_dir / "chaos.json")
+    _say(f"json: {json_path or out_dir / 'chaos.json'}" + (f"; plot: {plot}" if plot else ""))
+    _exit(0 if report.ok else 1)
+
+
+@app.command()
+def demo(
+    n: Annotated[Optional[int], typer.Option("--n", help="Trajectories to run (default: the config's).")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the summary as JSON here.")] = None,
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """The main job for now: run a handful of trajectories of the config's tasks concurrently, then summarise."""
+    from commands.rollout import run_batch
+
+    summary = asyncio.run(run_batch(_config(config), n, _say))
+    if json_path:
+        json_path.write_text(json.dumps(summary, indent=2))
+    _exit(1 if summary["lost"] else 0)

@@ -1,0 +1,161 @@
+"""The CLI's stack commands: `setup`, `reward-image`, `up`, `down`, `status` and `worker <kind>` (one worker
+process of a pool kind). Heavy imports happen inside each command."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Optional
+
+import typer
+
+from trajflow.cli.common import DEFAULT_CONFIG, ConfigOpt, PoolOpt, app
+from trajflow.cli.common import exit_now as _exit
+from trajflow.cli.common import load_config as _config
+from trajflow.cli.common import say as _say
+
+worker_app = typer.Typer(help="Run one worker process of a pool kind (what `trajflow up` starts).", no_args_is_help=True)
+app.add_typer(worker_app, name="worker")
+
+
+@app.command()
+def setup(config: ConfigOpt = DEFAULT_CONFIG) -> None:
+    """Prepare what the stack needs: Docker reachable, sandbox images built, the model converted."""
+    from infra.settings import load_settings
+    from infra.setup import prepare
+
+    prepare(load_settings(), _config(config), _say)
+
+
+@app.command("reward-image")
+def reward_image() -> None:
+    """Build (or find cached) the reward service's container image, for any platform that serves HTTP containers."""
+    from infra.reward_image import ensure_reward_image
+    from infra.settings import load_settings
+    from infra.setup import docker_client
+
+    tag = ensure_reward_image(docker_client(), load_settings().cache_dir / "images", progress=_say)
+    typer.echo(tag)
+
+
+@app.command()
+def up(config: ConfigOpt = DEFAULT_CONFIG) -> None:
+    """Start the embedded stack in the background: Temporal + Web UI, reward service, one worker per pool kind."""
+    from infra import stack
+    from infra.settings import load_settings
+    from infra.setup import prepare
+
+    settings = load_settings()
+    cfg = _config(config)
+    prepare(settings, cfg, _say)
+    try:
+        stack.up(settings, cfg, config, _say)
+    except (RuntimeError, TimeoutError, ValueError) as e:
+        typer.secho(f"trajflow up failed: {e}", fg="red", err=True)
+        _exit(1)
+    typer.echo(f"up: Temporal Web UI at http://127.0.0.1:{settings.temporal_ui_port}  (stop with `trajflow down`)")
+    _exit(0)
+
+
+@app.command()
+def down() -> None:
+    """Stop exactly the processes `trajflow up` started."""
+    from infra import stack
+    from infra.settings import load_settings
+
+    n = stack.down(load_settings(), _say)
+    typer.echo(f"down: stopped {n} process(es)")
+
+
+@app.command()
+def status(
+    run: Annotated[
+        Optional[str], typer.Argument(metavar="[RUN]", help="A training run id or a trajectory's workflow id.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="With RUN: print JSON only.")] = False,
+    limit: Annotated[int, typer.Option(help="With RUN: query at most this many running trajectories.")] = 100,
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """Show the stack's processes and queue pollers; with RUN, the live state of that run (or trajectory)."""
+    if run is not None:
+        from commands.live import main as live_main
+
+        _exit(asyncio.run(live_main(run, limit, as_json)))
+    from infra import stack
+    from infra.processes import ProcessTable, is_alive
+    from infra.settings import load_settings
+
+    settings = load_settings()
+    records = ProcessTable(settings.run_dir).load()
+    if not records:
+        typer.echo("nothing started by `trajflow up` (state dir: %s)" % settings.state_dir)
+    for rec in records:
+        state = "up" if is_alive(rec) else "DOWN"
+        typer.echo(f"{rec.name:15} {state:5} pid {rec.pid:<8} log {rec.log}")
+    try:
+        report = asyncio.run(stack.queue_report(settings, _config(config)))
+    except TimeoutError:
+        typer.echo(f"temporal: not reachable at {settings.temporal_address}")
+        _exit(1)
+    for queue, n in report:
+        typer.echo(f"queue {queue:40} pollers {n}")
+    _exit(0)
+
+
+@worker_app.command("orchestrator")
+def worker_orchestrator() -> None:
+    """Workflows only."""
+    from infra.settings import load_settings
+    from workers import orchestrator
+    from workers.common import configure_logging
+
+    configure_logging("orchestrator")
+    asyncio.run(orchestrator.serve(load_settings()))
+    _exit(0)
+
+
+@worker_app.command("decode")
+def worker_decode(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFIG) -> None:  # noqa: B006
+    """The LLM engine of the given decode pools (model from the config)."""
+    from infra.settings import load_settings
+    from workers import decode
+    from workers.common import configure_logging
+
+    configure_logging("decode")
+    asyncio.run(decode.serve(load_settings(), pool, _config(config).model))
+    _exit(0)
+
+
+@worker_app.command("env")
+def worker_env(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
+    """Docker sandboxes of the given env pools."""
+    from infra.settings import load_settings
+    from workers import env
+    from workers.common import configure_logging
+
+    configure_logging("env")
+    asyncio.run(env.serve(load_settings(), pool))
+    _exit(0)
+
+
+@worker_app.command("reward")
+def worker_reward(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
+    """Scoring (client of the reward service) and saving trajectories for the given reward pools."""
+    from infra.settings import load_settings
+    from workers import reward
+    from workers.common import configure_logging
+
+    configure_logging("reward")
+    asyncio.run(reward.serve(load_settings(), pool))
+    _exit(0)
+
+
+@worker_app.command("trainer")
+def worker_trainer(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFIG) -> None:  # noqa: B006
+    """Optimizer steps of the given trainer pools (model from the config)."""
+    from infra.settings import load_settings
+    from workers import trainer
+    from workers.common import configure_logging
+
+    configure_logging("trainer")
+    asyncio.run(trainer.serve(load_settings(), pool, _config(config).model))
+    _exit(0)
