@@ -5,16 +5,17 @@ the service with `python3 -m rewards.service`, which listens on `$HOST` (`0.0.0.
 (8080 unless the platform sets it), as an unprivileged user (uid 65534, nobody), with nothing else in it.
 
 How it is made (no image registry is reachable, so everything is built here):
-- `FROM` the sandbox base layer (`sandbox.images.ensure_base_image`: Debian bookworm minbase + python3, no pip).
+- `FROM` the Debian base layer that the sandbox layers use too (`imagebuild.base.ensure_base_image`: bookworm
+  minbase + python3, no pip).
 - The service's runtime dependencies, pinned to the versions in the project's environment, are fetched on the
-  host with `pip wheel` (`sandbox.images.download_wheels`) and installed by a build stage with pip run from
+  host with `pip wheel` (`imagebuild.wheels.download_wheels`) and installed by a build stage with pip run from
   its own wheel, so the wheels and pip stay out of the final image.
 - The sources of the `rewards/` and `contracts/` packages are copied in (and byte-compiled).
 The tag is a hash of the base tag, the requirements, the wheels' sha256, the copied sources and the Dockerfile
 text, so it rebuilds only when one of them changes; a cached call costs a few file hashes and image lookups.
 
 Concurrency: an fcntl lock in `cache_dir` makes many callers (threads or processes) build once.
-Limits: the same as `sandbox.images` (Linux x86_64, CPython 3.11 on the host to match the image's Python 3.11;
+Limits: the same as `imagebuild` (Linux x86_64, CPython 3.11 on the host to match the image's Python 3.11;
 building a missing base layer needs root). Reward functions that need more than these packages (verifiers,
 models) need their wheels added to `REWARD_REQUIREMENTS`. Old images are never garbage-collected here, and
 the image is never pushed: publishing it to a platform's registry is the deployment's job.
@@ -23,25 +24,14 @@ the image is never pushed: publishing it to a platform's registry is the deploym
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 
 import docker
 
-from sandbox.images import (
-    PIP_REQUIREMENT,
-    SANDBOX_UID,
-    Progress,
-    build_from_context,
-    cached_wheels,
-    download_wheels,
-    ensure_base_image,
-    file_lock,
-    image_exists,
-    wheel_build_stage,
-    wheel_dir,
-)
+from imagebuild.base import ensure_base_image
+from imagebuild.docker_build import UNPRIVILEGED_UID, Progress, build_from_context, digest, file_lock, image_exists, quiet
+from imagebuild.wheels import PIP_REQUIREMENT, cached_wheels, download_wheels, wheel_build_stage, wheel_dir
 
 REWARD_REPO = "trajflow-reward"
 REWARD_FORMAT = 1
@@ -72,12 +62,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 APP_DIR = "/opt/trajflow/app"
 SITE_DIR = "/opt/trajflow/site"
 DEFAULT_PORT = 8080
-SERVICE_UID = SANDBOX_UID
+SERVICE_UID = UNPRIVILEGED_UID
 """The unprivileged user (nobody) that the service runs as."""
-
-
-def _quiet(_: str) -> None:
-    return None
 
 
 def source_files(root: Path = REPO_ROOT) -> dict[str, bytes]:
@@ -119,8 +105,7 @@ def reward_image_tag(base_tag: str, wheel_hashes: dict[str, str], sources: dict[
         "dockerfile": reward_dockerfile(base_tag, sorted(wheel_hashes)),
         "format": REWARD_FORMAT,
     }
-    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-    return f"{REWARD_REPO}:{digest}"
+    return f"{REWARD_REPO}:{digest(parts)}"
 
 
 def build_reward_image(
@@ -153,7 +138,7 @@ def _cached_tag(client: docker.DockerClient, cache_dir: Path, base_tag: str, sou
 
 def ensure_reward_image(client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None) -> str:
     """The reward image tag, building the base layer, the wheels and the reward image where missing."""
-    report = progress or _quiet
+    report = progress or quiet
     cache_dir = Path(cache_dir)
     base = ensure_base_image(client, cache_dir, report)
     sources = source_files()

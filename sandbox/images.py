@@ -2,11 +2,9 @@
 
 No image registry is reachable, so every image is built here and named by a hash of what defines it:
 
-- `trajflow-base:<hash>`: `debootstrap --variant=minbase --include=python3 bookworm` from the host's Debian
-  mirror, imported with `docker import`. The hash covers suite, variant, packages and a format version (not
-  the mirror: any mirror gives the same layer).
+- `trajflow-base:<hash>`: the Debian base layer of `imagebuild.base` (debootstrap minbase + python3).
 - `trajflow-runtime:<hash>`: a Dockerfile `FROM` the base that installs wheels downloaded on the host
-  (`pip wheel`, so sdists are built here once and the build is offline) and copies in `envs/runner.py`;
+  (`imagebuild.wheels`, so sdists are built here once and the build is offline) and copies in `envs/runner.py`;
   its CMD runs the runner as an unprivileged user. The hash covers the base tag, the requirements, the
   wheels' sha256 and the runner sources (`envs/runner.py`, `envs/shell.py`), so editing the runner rebuilds
   only this layer and the ones above it.
@@ -14,6 +12,7 @@ No image registry is reachable, so every image is built here and named by a hash
   reference solution) copied `FROM` the runtime layer. The hash covers the runtime tag and every file, so
   editing a task rebuilds only its own layer. GEM envs need no task layer: they run on the runtime image.
 
+The generic build steps (context builds, the base layer, wheels, hashing, the lock) live in `imagebuild/`.
 Concurrency: an fcntl lock in `cache_dir` makes many callers (threads or processes) build once.
 Listing and pruning old layers: `sandbox/layers.py`.
 Limits: Linux x86_64 hosts with CPython 3.11 (the wheels are fetched for the host's interpreter, which must
@@ -23,38 +22,23 @@ that a build leaves untagged are not tracked.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
-import json
-import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import docker
-import docker.errors
 
 from envs.runner import SHELL_PREFIX
 from envs.shell import TASKS_ROOT
+from imagebuild import wheels
+from imagebuild.base import base_image_tag, build_base_image
+from imagebuild.docker_build import UNPRIVILEGED_UID, Progress, build_from_context, build_lock, digest, image_exists, quiet
+from imagebuild.wheels import PIP_REQUIREMENT, wheel_build_stage
 from sandbox.errors import ImageBuildError
 
-Progress = Callable[[str], None]
-
-BASE_REPO = "trajflow-base"
 RUNTIME_REPO = "trajflow-runtime"
-BASE_SUITE = "bookworm"
-BASE_VARIANT = "minbase"
-BASE_PACKAGES: tuple[str, ...] = ("python3",)
-BASE_FORMAT = 1
-"""Bump when the way the base layer is made changes (cleanup steps, import changes)."""
 RUNTIME_FORMAT = 1
 """Bump when the runtime layer changes in a way its Dockerfile text does not show (the text is hashed)."""
 
@@ -65,41 +49,28 @@ RUNTIME_REQUIREMENTS: tuple[str, ...] = (
     "requests==2.34.2",
     "pylatexenc==2.11",
 )
-PIP_REQUIREMENT = "pip==26.3"
-"""Debian minbase python3 has no pip: the image runs pip from this wheel."""
 
 ENVS_DIR = Path(__file__).resolve().parent.parent / "envs"
+
 RUNTIME_SOURCES: tuple[str, ...] = ("runner.py", "shell.py")
 """The files of `envs/` copied into the runtime layer, beside each other in /opt/trajflow."""
+
 SHELL_TASKS_DIR = ENVS_DIR / "shell_tasks"
+
 TASK_REPO = "trajflow-task"
+
 TASK_FORMAT = 1
+
 HOST_ONLY_TASK_FILES = frozenset({"solution.sh"})
 """Files of a task directory that stay out of its image (a reference solution must not be visible to the agent)."""
-SANDBOX_UID = 65534
+SANDBOX_UID = UNPRIVILEGED_UID
 """The unprivileged user (nobody) that the runner runs as inside the container."""
 RUNNER_SOCKET_DIR = "/run/trajflow"
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
-
-
-def _quiet(_: str) -> None:
-    return None
-
-
-def _digest(parts: object) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def base_image_tag() -> str:
-    """The tag of the base layer; depends only on what defines the layer."""
-    parts = {"suite": BASE_SUITE, "variant": BASE_VARIANT, "packages": BASE_PACKAGES, "format": BASE_FORMAT}
-    return f"{BASE_REPO}:{_digest(parts)}"
 
 
 def runtime_sources() -> dict[str, bytes]:
     """The runtime layer's own files (the runner and the shell-task env), by name."""
     return {name: (ENVS_DIR / name).read_bytes() for name in RUNTIME_SOURCES}
-
 
 def runtime_image_tag(base_tag: str, wheel_hashes: dict[str, str], sources: dict[str, bytes]) -> str:
     """The tag of the runtime layer built on `base_tag` from these wheels and these source files."""
@@ -112,201 +83,22 @@ def runtime_image_tag(base_tag: str, wheel_hashes: dict[str, str], sources: dict
         "dockerfile": runtime_dockerfile(base_tag, sorted(wheel_hashes)),
         "format": RUNTIME_FORMAT,
     }
-    return f"{RUNTIME_REPO}:{_digest(parts)}"
+    return f"{RUNTIME_REPO}:{digest(parts)}"
 
 
-def debian_mirror(apt_dir: Path = Path("/etc/apt"), suite: str = BASE_SUITE) -> str:
-    """The host's Debian mirror for `suite`: deb822 `*.sources` first, then `sources.list`, then deb.debian.org."""
-    for sources in sorted(apt_dir.glob("sources.list.d/*.sources")):
-        for stanza in sources.read_text().split("\n\n"):
-            fields: dict[str, str] = {}
-            for line in stanza.splitlines():
-                if ":" in line and not line.startswith(("#", " ")):
-                    key, _, value = line.partition(":")
-                    fields[key.strip().lower()] = value.strip()
-            if "deb" in fields.get("types", "").split() and suite in fields.get("suites", "").split():
-                uris = fields.get("uris", "").split()
-                if uris:
-                    return uris[0].rstrip("/")
-    legacy = apt_dir / "sources.list"
-    if legacy.exists():
-        for line in legacy.read_text().splitlines():
-            words = re.sub(r"\[[^\]]*\]", " ", line.split("#", 1)[0]).split()  # drop [options]
-            if len(words) >= 3 and words[0] == "deb" and words[2] == suite:
-                return words[1].rstrip("/")
-    return DEFAULT_MIRROR
+def wheel_dir(cache_dir: Path) -> Path:
+    """Where the runtime layer's wheels are cached."""
+    return wheels.wheel_dir(cache_dir, RUNTIME_REQUIREMENTS)
 
 
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive fcntl lock on `path` (created if missing): callers in any process build one at a time."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def cached_wheels(cache_dir: Path) -> dict[str, str] | None:
+    """The {filename: sha256} of the runtime layer's downloaded wheels, or None if they are not all there."""
+    return wheels.cached_wheels(cache_dir, RUNTIME_REQUIREMENTS)
 
 
-def _build_lock(cache_dir: Path) -> contextlib.AbstractContextManager[None]:
-    return file_lock(cache_dir / ".build.lock")
-
-
-def image_exists(client: docker.DockerClient, tag: str) -> bool:
-    try:
-        client.images.get(tag)
-    except docker.errors.ImageNotFound:
-        return False
-    return True
-
-
-def build_from_context(
-    client: docker.DockerClient,
-    cache_dir: Path,
-    *,
-    tag: str,
-    wheels: Path | None,
-    files: dict[str, bytes],
-    dockerfile: str,
-    labels: dict[str, str],
-    progress: Progress,
-) -> None:
-    """`docker build` a context of the cached wheels (hard-linked under wheels/; none when `wheels` is None),
-    `files` and the Dockerfile."""
-    with tempfile.TemporaryDirectory(dir=cache_dir, prefix="context-") as context:
-        ctx = Path(context)
-        (ctx / "wheels").mkdir()
-        for wheel in sorted(wheels.glob("*.whl")) if wheels is not None else ():
-            os.link(wheel, ctx / "wheels" / wheel.name)  # same filesystem: no copy
-        for name, data in files.items():
-            target = ctx / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)  # exactly the bytes that were hashed into the tag
-        (ctx / "Dockerfile").write_text(dockerfile)
-        stream = client.api.build(path=str(ctx), tag=tag, rm=True, forcerm=True, decode=True, labels=labels)
-        for chunk in stream:
-            if "error" in chunk:
-                raise RuntimeError(f"docker build of {tag} failed: {chunk['error']}")
-            text = str(chunk.get("stream", "")).strip()
-            if text:
-                progress(f"docker build: {text}")
-    if not image_exists(client, tag):
-        raise RuntimeError(f"docker build did not produce {tag}")
-
-
-def _is_noise(line: str) -> bool:
-    """pip's warnings about local index directories that lack a package say nothing useful to a user."""
-    return "is ignored: it is neither a file nor a directory" in line
-
-
-def _run_logged(cmd: list[str], progress: Progress, what: str) -> None:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    tail: list[str] = []
-    for line in proc.stdout:
-        tail = [*tail[-19:], line.rstrip()]
-        if not _is_noise(line):
-            progress(f"{what}: {line.rstrip()}")
-    if proc.wait() != 0:
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n" + "\n".join(tail))
-
-
-def build_base_image(client: docker.DockerClient, cache_dir: Path, tag: str, progress: Progress) -> None:
-    """debootstrap a minimal Debian with python3 and `docker import` it as `tag` (needs root)."""
-    mirror = debian_mirror()
-    started = time.monotonic()
-    progress(f"building base image {tag} with debootstrap from {mirror}")
-    with tempfile.TemporaryDirectory(dir=cache_dir, prefix="rootfs-") as work:
-        rootfs = Path(work) / "rootfs"
-        include = ",".join(BASE_PACKAGES)
-        cmd = ["debootstrap", f"--variant={BASE_VARIANT}", f"--include={include}", BASE_SUITE, str(rootfs), mirror]
-        _run_logged(cmd, progress, "debootstrap")
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            for entry in (rootfs / junk).glob("*"):
-                if entry.is_file():
-                    entry.unlink()
-        progress(f"debootstrap done in {time.monotonic() - started:.1f}s; importing")
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        repo, _, version = tag.partition(":")
-        changes = ["ENV LANG=C.UTF-8", f"LABEL trajflow.layer=base trajflow.hash={version}", 'CMD ["python3"]']
-        client.api.import_image(src=tar.stdout, repository=repo, tag=version, changes=changes, stream_src=True)
-        if tar.wait() != 0:
-            raise RuntimeError(f"tar of {rootfs} failed (exit {tar.returncode})")
-    if not image_exists(client, tag):
-        raise RuntimeError(f"docker import did not produce {tag}")
-    progress(f"built base image {tag} in {time.monotonic() - started:.1f}s")
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def wheel_dir(cache_dir: Path, requirements: tuple[str, ...] = RUNTIME_REQUIREMENTS) -> Path:
-    """Where `download_wheels(cache_dir, ..., requirements)` puts its wheels: one directory per set."""
-    key = _digest({"requirements": requirements, "pip": PIP_REQUIREMENT, "python": sys.version_info[:2]})
-    return cache_dir / "wheels" / key
-
-
-def cached_wheels(cache_dir: Path, requirements: tuple[str, ...] = RUNTIME_REQUIREMENTS) -> dict[str, str] | None:
-    """The {filename: sha256} of the downloaded wheels, or None if they are not (completely) there."""
-    manifest = wheel_dir(cache_dir, requirements) / "manifest.json"
-    if not manifest.exists():
-        return None
-    hashes: dict[str, str] = json.loads(manifest.read_text())
-    return hashes
-
-
-def download_wheels(
-    cache_dir: Path, progress: Progress, requirements: tuple[str, ...] = RUNTIME_REQUIREMENTS
-) -> dict[str, str]:
-    """`pip wheel` the requirements (default: the runtime's) and pip itself into the cache; returns
-    {filename: sha256}."""
-    target = wheel_dir(cache_dir, requirements)
-    started = time.monotonic()
-    progress(f"downloading wheels into {target}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix="staging-"))
-    try:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--wheel-dir",
-            str(staging),
-            *requirements,
-            PIP_REQUIREMENT,
-        ]
-        _run_logged(cmd, progress, "pip wheel")
-        hashes = {p.name: _sha256_file(p) for p in sorted(staging.glob("*.whl"))}
-        if not any(name.startswith("pip-") for name in hashes):
-            raise RuntimeError("pip wheel produced no pip wheel")
-        (staging / "manifest.json").write_text(json.dumps(hashes, indent=1, sort_keys=True))
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)  # the manifest appears together with the wheels
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    progress(f"downloaded {len(hashes)} wheels in {time.monotonic() - started:.1f}s")
-    return hashes
-
-
-def wheel_build_stage(base_tag: str, wheel_names: list[str], requirements: tuple[str, ...], target: str) -> str:
-    """A Dockerfile build stage that installs the context's wheels/ into `target` with pip run from its wheel
-    (the base image has no pip), so that wheels and pip stay out of the final image."""
-    pip_wheel = next((name for name in wheel_names if name.startswith("pip-")), "pip-missing.whl")
-    reqs = " ".join(f"'{r}'" for r in requirements)
-    return f"""\
-FROM {base_tag} AS build
-COPY wheels/ /w/
-RUN python3 /w/{pip_wheel}/pip install --no-index --find-links /w --no-cache-dir --disable-pip-version-check \\
-    --root-user-action=ignore --target {target} {reqs}
-"""
+def download_wheels(cache_dir: Path, progress: Progress) -> dict[str, str]:
+    """`pip wheel` the runtime layer's requirements (and pip) into the cache; returns {filename: sha256}."""
+    return wheels.download_wheels(cache_dir, progress, RUNTIME_REQUIREMENTS)
 
 
 def runtime_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
@@ -321,7 +113,6 @@ ENV PYTHONPATH=/opt/trajflow/site HOME=/tmp MPLCONFIGDIR=/tmp/matplotlib PYTHONU
 USER {SANDBOX_UID}:{SANDBOX_UID}
 CMD ["python3", "/opt/trajflow/runner.py"]
 """
-
 
 def build_runtime_image(
     client: docker.DockerClient, cache_dir: Path, base_tag: str, tag: str, progress: Progress
@@ -342,18 +133,6 @@ def build_runtime_image(
     )
     progress(f"built runtime image {tag} in {time.monotonic() - started:.1f}s")
 
-
-def ensure_base_image(client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None) -> str:
-    """The base image tag, building the base layer (under the build lock) if it is missing."""
-    base = base_image_tag()
-    if image_exists(client, base):
-        return base
-    with _build_lock(Path(cache_dir)):
-        if not image_exists(client, base):  # another caller may have built it while we waited
-            build_base_image(client, Path(cache_dir), base, progress or _quiet)
-    return base
-
-
 def cached_runtime_tag(client: docker.DockerClient, cache_dir: Path) -> str | None:
     """The runtime tag when the wheels, the base and the runtime layer are all cached; else None (builds nothing)."""
     hashes = cached_wheels(cache_dir)
@@ -365,13 +144,13 @@ def cached_runtime_tag(client: docker.DockerClient, cache_dir: Path) -> str | No
 
 def ensure_runtime_image(client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None) -> str:
     """The runtime image tag, building the base layer, the wheels and the runtime layer where missing."""
-    report = progress or _quiet
+    report = progress or quiet
     cache_dir = Path(cache_dir)
     tag = cached_runtime_tag(client, cache_dir)
     if tag is not None:
         report(f"runtime image {tag} is cached")
         return tag
-    with _build_lock(cache_dir):
+    with build_lock(cache_dir):
         tag = cached_runtime_tag(client, cache_dir)  # another caller may have built it while we waited
         if tag is not None:
             report(f"runtime image {tag} was built by another caller")
@@ -389,11 +168,9 @@ def ensure_runtime_image(client: docker.DockerClient, cache_dir: Path, progress:
 class UnknownTask(ValueError):
     """No shell task of that name ships with trajflow."""
 
-
 def shell_task_names(tasks_dir: Path = SHELL_TASKS_DIR) -> list[str]:
     """The shell tasks that ship with trajflow (directories with a task.json)."""
     return sorted(p.parent.name for p in tasks_dir.glob("*/task.json"))
-
 
 def task_files(name: str, tasks_dir: Path = SHELL_TASKS_DIR) -> dict[str, bytes]:
     """The files of shell task `name` that go into its layer, by path relative to the task's directory."""
@@ -406,7 +183,6 @@ def task_files(name: str, tasks_dir: Path = SHELL_TASKS_DIR) -> dict[str, bytes]
         if path.is_file() and path.name not in HOST_ONLY_TASK_FILES and "__pycache__" not in path.parts
     }
 
-
 def task_image_tag(runtime_tag: str, name: str, files: dict[str, bytes]) -> str:
     """The tag of task `name`'s layer on `runtime_tag`; it changes with the runtime layer or any task file."""
     parts = {
@@ -416,7 +192,7 @@ def task_image_tag(runtime_tag: str, name: str, files: dict[str, bytes]) -> str:
         "dockerfile": task_dockerfile(runtime_tag, name),
         "format": TASK_FORMAT,
     }
-    return f"{TASK_REPO}:{name}-{_digest(parts)}"
+    return f"{TASK_REPO}:{name}-{digest(parts)}"
 
 
 def task_dockerfile(runtime_tag: str, name: str) -> str:
@@ -425,19 +201,18 @@ FROM {runtime_tag}
 COPY task/ {TASKS_ROOT}/{name}/
 """
 
-
 def ensure_task_image(
     client: docker.DockerClient, cache_dir: Path, name: str, progress: Progress | None = None
 ) -> str:
     """Shell task `name`'s image tag (its layer on the runtime layer), building whatever layer is missing."""
-    report = progress or _quiet
+    report = progress or quiet
     cache_dir = Path(cache_dir)
     files = task_files(name)
     runtime = ensure_runtime_image(client, cache_dir, progress)
     tag = task_image_tag(runtime, name, files)
     if image_exists(client, tag):
         return tag
-    with _build_lock(cache_dir):
+    with build_lock(cache_dir):
         if image_exists(client, tag):  # another caller built it while we waited
             report(f"task image {tag} was built by another caller")
             return tag
@@ -446,7 +221,6 @@ def ensure_task_image(
         build_task_image(client, cache_dir, runtime, name, tag, report)
         report(f"built task image {tag} in {time.monotonic() - started:.1f}s")
     return tag
-
 
 def build_task_image(
     client: docker.DockerClient,
@@ -471,13 +245,11 @@ def build_task_image(
         progress=progress,
     )
 
-
 def image_for_env(client: docker.DockerClient, cache_dir: Path, env_id: str, progress: Progress | None = None) -> str:
     """The image that hosts `env_id`: a shell task's own layer for `shell:<task>`, else the runtime layer."""
     if env_id.startswith(SHELL_PREFIX):
         return ensure_task_image(client, cache_dir, env_id.removeprefix(SHELL_PREFIX), progress)
     return ensure_runtime_image(client, cache_dir, progress)
-
 
 class ImageResolver:
     """Env id -> image tag for one env worker: builds what a task needs on first use, once however many
@@ -506,4 +278,3 @@ class ImageResolver:
         with self._lock:
             self._tags[key] = tag
         return tag
-

@@ -1,5 +1,5 @@
 """Managing the sandbox image layers (`trajflow images build|list|prune`); the layers themselves are made in
-`sandbox/images.py`.
+`sandbox/images.py` (on `imagebuild/`).
 
 `build_all` builds every layer that is missing, `list_images` finds the layers by repository name and marks each
 current (what today's sources and wheel cache hash to) or stale, and `prune_images` removes the stale ones,
@@ -21,18 +21,15 @@ from typing import Literal
 import docker
 import docker.errors
 
+from imagebuild.base import BASE_REPO, base_image_tag, ensure_base_image
+from imagebuild.docker_build import Progress, image_exists
 from sandbox.images import (
-    BASE_REPO,
     RUNTIME_REPO,
     TASK_REPO,
-    Progress,
     cached_runtime_tag,
-    base_image_tag,
     cached_wheels,
-    ensure_base_image,
     ensure_runtime_image,
     ensure_task_image,
-    image_exists,
     runtime_image_tag,
     runtime_sources,
     shell_task_names,

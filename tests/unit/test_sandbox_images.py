@@ -70,29 +70,6 @@ def test_dockerfile_installs_from_wheels_and_runs_the_runner() -> None:
     assert text.rstrip().endswith('CMD ["python3", "/opt/trajflow/runner.py"]')
 
 
-def test_mirror_from_deb822(tmp_path: Path) -> None:
-    (tmp_path / "sources.list.d").mkdir()
-    (tmp_path / "sources.list.d" / "debian.sources").write_text(
-        "Types: deb\n# a comment\nURIs: http://mirror.example/debian/\nSuites: bookworm bookworm-updates\n"
-        "Components: main\n\nTypes: deb\nURIs: http://security.example/debian-security\n"
-        "Suites: bookworm-security\nComponents: main\n"
-    )
-    assert images.debian_mirror(tmp_path) == "http://mirror.example/debian"
-
-
-def test_mirror_from_sources_list(tmp_path: Path) -> None:
-    (tmp_path / "sources.list").write_text(
-        "# deb http://commented.example/debian bookworm main\n"
-        "deb http://security.example/debian-security bookworm-security main\n"
-        "deb [arch=amd64 signed-by=/k.gpg] http://list.example/debian bookworm main\n"
-    )
-    assert images.debian_mirror(tmp_path) == "http://list.example/debian"
-
-
-def test_mirror_default(tmp_path: Path) -> None:
-    assert images.debian_mirror(tmp_path) == images.DEFAULT_MIRROR
-
-
 def test_concurrent_callers_build_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Eight threads ask for the image at once; the lock makes exactly one of them build each layer."""
     existing: set[str] = set()
