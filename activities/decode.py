@@ -12,7 +12,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeats import with_heartbeats
-from activities.keys import store_key
+from infra.layout import context_key
 from contracts import names
 from contracts.records import TurnContext
 from contracts.trajectory import GenerateInput, GenerateResult
@@ -50,7 +50,7 @@ class DecodeActivities:
         )
         version = completion.policy_version
         ctx = append_completion(ctx, completion.token_ids, completion.logprobs, completion.text, version)
-        key = store_key(inp.trajectory_id, f"context-turn{inp.turn:03d}.json")
+        key = context_key(inp.trajectory_id, inp.turn)
         uri = await asyncio.to_thread(self.store.put_json, key, ctx)
         return GenerateResult(
             text=completion.text,

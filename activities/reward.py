@@ -12,7 +12,7 @@ import asyncio
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.keys import store_key
+from infra.layout import trajectory_record_key
 from contracts import names
 from contracts.records import TrajectoryRecord, TurnContext
 from contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult, ScoreInput, ScoreResult
@@ -60,6 +60,6 @@ class RewardActivities:
             timings=inp.timings,
         )
         info = activity.info()
-        key = store_key(f"{info.workflow_id}/{info.workflow_run_id}", "trajectory.json")
+        key = trajectory_record_key(info.workflow_id, info.workflow_run_id)
         uri = await asyncio.to_thread(self.store.put_json, key, record)
         return SaveTrajectoryResult(trajectory_uri=uri)

@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 from contracts import names
 from contracts.records import TrajectoryRecord
 from contracts.training import TrainStepInput, TrainStepResult
+from infra.layout import checkpoint_prefix, manifest_key, policy_version_prefix, step_key
 from infra.policies import PolicyStore, delete_prefix, get_dir, put_dir
 from infra.policies import safe_name as _safe
 from infra.store import ObjectNotFound, ObjectStore
@@ -28,14 +29,6 @@ from infra.store import ObjectNotFound, ObjectStore
 HEARTBEAT_EVERY_S = 5.0
 """Below a fifth of the heartbeat timeout in workflows/stubs.py."""
 CHECKPOINTS_KEPT = 2
-
-
-def step_key(run_id: str, version: int) -> str:
-    return f"runs/{run_id}/steps/v{version:06d}.json"
-
-
-def checkpoint_prefix(run_id: str, version: int) -> str:
-    return f"runs/{run_id}/trainer/v{version:06d}"
 
 
 class TrainerActivities:
@@ -116,7 +109,7 @@ class TrainerActivities:
         trainer.export_weights(export_dir, dtype=_checkpoint_dtype(self.model_path))
         result = TrainStepResult(
             version=version,
-            weights_uri=self.store.uri_for(f"{names.policy_prefix(inp.run_id)}/v{version:06d}/manifest.json"),
+            weights_uri=self.store.uri_for(manifest_key(policy_version_prefix(inp.run_id, version))),
             metrics={k: float(v) for k, v in metrics.items()},
             seconds=time.monotonic() - started,
         )

@@ -283,12 +283,12 @@ async def run_chaos(
     seed: int = 0,
     settle_s: float = 180.0,
 ) -> ChaosReport:
-    from infra.store import open_store
+    from infra.store import open_store_from
     from trajflow.client import start_training
     from commands.train import follow_run
 
     client = await wait_until_reachable(settings, quiet=True)
-    store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+    store = open_store_from(settings)
     run = chaos_run_config(config, quick)
     say(
         f"chaos run {run_id}: {run.steps} steps of B={run.batch_size}, alpha={run.alpha}; faults: "

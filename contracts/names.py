@@ -47,11 +47,6 @@ def trainer_queue(pool: str) -> str:
     return f"trajflow-trainer-{pool}"
 
 
-def policy_prefix(run_id: str) -> str:
-    """Store key prefix of a run's published policy weights (`.../latest.json`, `.../v000001/...`)."""
-    return f"runs/{run_id}/policy"
-
-
 # Custom search attributes: registered by `trajflow up` and the test server, kept current by the workflow.
 SA_ENV = "TrajflowEnv"
 SA_RUN = "TrajflowRun"

@@ -1,6 +1,6 @@
 """Published policy weights in the object store: the trainer publishes, decode workers follow.
 
-Layout under `runs/<run>/policy/`:
+Layout under `runs/<run>/policy/` (keys from `infra.layout`):
     v000003/<files of a Hugging Face checkpoint directory>
     v000003/manifest.json          written after the files: a version directory is complete once it exists
     latest.json                    {"version": 3, "weights": true} written last: the pointer decode workers read
@@ -22,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from contracts.names import policy_prefix
+from infra.layout import dir_file_key, manifest_key, policy_latest_key, policy_prefix, policy_version_prefix
 from infra.store import ObjectNotFound, ObjectStore
 from rl.engine import PolicyWeights
 
@@ -40,11 +40,9 @@ class PolicyStore:
     def publish(self, run_id: str, version: int, directory: Path | None) -> str | None:
         """Upload a checkpoint directory as `version` of `run_id` and point `latest` at it; None publishes a
         version pointer without weights (simulated training). Returns the version's manifest URI."""
-        prefix = f"{policy_prefix(run_id)}/v{version:06d}"
+        prefix = policy_version_prefix(run_id, version)
         manifest_uri = put_dir(self.store, prefix, directory) if directory is not None else None
-        self.store.put_json(
-            f"{policy_prefix(run_id)}/latest.json", {"version": version, "weights": directory is not None}
-        )
+        self.store.put_json(policy_latest_key(run_id), {"version": version, "weights": directory is not None})
         with self._lock:
             self._pointers[run_id] = (time.monotonic(), version, directory is not None)
         return manifest_uri
@@ -77,7 +75,7 @@ class PolicyStore:
         if cached and not fresh and now - cached[0] < self.pointer_ttl_s:
             return cached[1], cached[2]
         try:
-            data = self.store.get_json(self.store.uri_for(f"{policy_prefix(policy)}/latest.json"))
+            data = self.store.get_json(self.store.uri_for(policy_latest_key(policy)))
             version, weights = int(data["version"]), bool(data.get("weights", True))
         except ObjectNotFound:
             version, weights = 0, False
@@ -90,7 +88,7 @@ class PolicyStore:
         target = self.cache_dir / safe_name(run_id) / f"v{version:06d}"
         if (target / "manifest.json").is_file():
             return target
-        get_dir(self.store, f"{policy_prefix(run_id)}/v{version:06d}", target)
+        get_dir(self.store, policy_version_prefix(run_id, version), target)
         self._prune_cache(run_id, keep_from=version - 1)
         return target
 
@@ -105,18 +103,18 @@ def put_dir(store: ObjectStore, prefix: str, directory: Path) -> str:
     A reader that finds the manifest finds every file."""
     files = sorted(p for p in Path(directory).iterdir() if p.is_file())
     for path in files:
-        store.put_file(f"{prefix}/{path.name}", path)
-    return store.put_json(f"{prefix}/manifest.json", {"files": [p.name for p in files]})
+        store.put_file(dir_file_key(prefix, path.name), path)
+    return store.put_json(manifest_key(prefix), {"files": [p.name for p in files]})
 
 
 def get_dir(store: ObjectStore, prefix: str, target: Path) -> Path:
     """Download what `put_dir` uploaded under `prefix` into `target` (replaced whole); ObjectNotFound if absent."""
-    manifest = store.get_json(store.uri_for(f"{prefix}/manifest.json"))
+    manifest = store.get_json(store.uri_for(manifest_key(prefix)))
     tmp = target.with_name(f".{target.name}-{uuid.uuid4().hex}")
     tmp.mkdir(parents=True)
     try:
         for name in manifest["files"]:
-            (tmp / name).write_bytes(store.get_bytes(store.uri_for(f"{prefix}/{name}")))
+            (tmp / name).write_bytes(store.get_bytes(store.uri_for(dir_file_key(prefix, name))))
         (tmp / "manifest.json").write_text(json.dumps(manifest))
         if target.exists():
             shutil.rmtree(target)

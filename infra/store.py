@@ -8,7 +8,9 @@ Two backends behind one `ObjectStore` protocol:
   `s3://bucket/key`. S3 PUTs are atomic by nature. Credentials come from the usual AWS environment variables
   or config files (boto3's default chain); nothing here reads or stores them.
 
-`open_store(url)` picks the backend from a URL (`file:///path`, a plain path, or `s3://bucket/prefix`).
+`open_store(url)` picks the backend from a URL (`file:///path`, a plain path, or `s3://bucket/prefix`);
+`open_store_from(settings)` opens the store the process settings name (what every worker and command uses).
+Which keys go where: `infra.layout`.
 
 Keys are relative, `/`-separated names (`runs/r1/traj/abc.json`); `..`, `.`, empty segments, absolute keys and
 NUL bytes are rejected with a ValueError in both backends, so a key means the same thing everywhere.
@@ -29,10 +31,13 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import quote, unquote, urlparse
 
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from infra.settings import Settings
 
 _TMP_MARK = ".tmp-"
 """Temp files of in-flight local writes carry this in their name; `list` never reports them."""
@@ -366,4 +371,15 @@ def open_store(
     return LocalStore(Path(url))
 
 
-__all__ = ["LocalStore", "ObjectNotFound", "ObjectStore", "S3Store", "check_key", "open_store"]
+def open_store_from(settings: Settings) -> ObjectStore:
+    """The store of these process settings: `TRAJFLOW_STORE_URL` (default: a directory under the state dir), with
+    the S3 endpoint, region and bucket creation of `TRAJFLOW_S3_*`."""
+    return open_store(
+        settings.resolved_store_url,
+        s3_endpoint_url=settings.s3_endpoint_url,
+        s3_region=settings.s3_region,
+        create_bucket=settings.s3_create_bucket,
+    )
+
+
+__all__ = ["LocalStore", "ObjectNotFound", "ObjectStore", "S3Store", "check_key", "open_store", "open_store_from"]

@@ -150,13 +150,13 @@ async def main(workflow_id: str, mode: str, timeout_s: float, as_json: bool, say
     """What `trajflow replay` does in each mode ("rerun", "from-failure", "env-only"); returns the exit code:
     0 when the new run completed (env-only: finished without error), 1 otherwise, 2 when it could not start."""
     from infra.settings import load_settings
-    from infra.store import open_store
+    from infra.store import open_store_from
     from infra.temporal import connect
     from replay import formatting as fmt
 
     settings = load_settings()
     client = await connect(settings)
-    store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+    store = open_store_from(settings)
     try:
         if mode == "env-only":
             from replay.env_only import replay_env

@@ -24,7 +24,7 @@ from contracts.records import TrajectoryRecord
 from contracts.training import TrainingProgress, TrainingResult, TrainingRunConfig, TrainingStart
 from contracts.trajectory import TrajectoryRequest, TrajectoryResult
 from infra.settings import Settings, load_settings
-from infra.store import open_store
+from infra.store import open_store_from
 from infra.temporal import connect
 
 
@@ -71,9 +71,7 @@ async def run_trajectory(
 def load_trajectory(uri: str, settings: Settings | None = None) -> TrajectoryRecord:
     """Read a finished trajectory (transcript, token ids, logprobs, masks, versions) from the store."""
     settings = settings or load_settings()
-    store = open_store(
-        settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region
-    )
+    store = open_store_from(settings)
     return TrajectoryRecord.model_validate(store.get_json(uri))
 
 

@@ -12,7 +12,7 @@ from activities.decode import DecodeActivities
 from contracts import names
 from contracts.config import ModelConfig
 from infra.settings import Settings
-from infra.store import ObjectStore, open_store
+from infra.store import ObjectStore, open_store_from
 from infra.temporal import wait_until_reachable
 from rl.engine import Engine
 from workers.common import new_worker_id, run_until_signalled
@@ -41,7 +41,7 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
     from infra.policies import PolicyStore
     from rl.engine import load_engine
 
-    store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+    store = open_store_from(settings)
     worker_id = new_worker_id()
     engine = load_engine(
         model.name_or_path,

@@ -10,7 +10,7 @@ from temporalio.worker import Worker
 from activities.reward import RewardActivities
 from contracts import names
 from infra.settings import Settings
-from infra.store import ObjectStore, open_store
+from infra.store import ObjectStore, open_store_from
 from infra.temporal import wait_until_reachable
 from rewards.client import RewardClient
 from workers.common import run_until_signalled
@@ -25,7 +25,7 @@ def reward_workers(client: Client, reward_client: RewardClient, store: ObjectSto
 
 
 async def serve(settings: Settings, pools: Sequence[str]) -> None:
-    store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+    store = open_store_from(settings)
     reward_client = RewardClient(settings.resolved_reward_url, timeout_s=settings.reward_timeout_s)
     client = await wait_until_reachable(settings)
     await run_until_signalled(reward_workers(client, reward_client, store, pools), on_stop=reward_client.close)

@@ -15,7 +15,7 @@ from contracts import names
 from contracts.config import ModelConfig
 from infra.policies import PolicyStore
 from infra.settings import Settings
-from infra.store import ObjectStore, open_store
+from infra.store import ObjectStore, open_store_from
 from infra.temporal import wait_until_reachable
 from workers.common import new_worker_id, run_until_signalled
 
@@ -41,7 +41,7 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
     from rl.models import resolve_model
 
     model_path = resolve_model(model.name_or_path, settings.cache_dir / "models")
-    store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+    store = open_store_from(settings)
     client = await wait_until_reachable(settings)
     worker_id = new_worker_id()
     log.info("trainer %s for %s, pools %s", worker_id, model_path, list(pools))

@@ -53,7 +53,7 @@ def train(
 ) -> None:
     """Train on the running stack: eval, the TrainingWorkflow with live progress, eval; summary + plots."""
     from infra.settings import load_settings
-    from infra.store import open_store
+    from infra.store import open_store_from
     from infra.temporal import connect
     from trajflow.client import new_run_id
     from commands.train import train as run_training
@@ -77,7 +77,7 @@ def train(
 
     async def main() -> dict:
         client = await connect(settings)
-        store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
+        store = open_store_from(settings)
         return await run_training(config, settings, client, store, rid, run_dir, _say, skip_eval=no_eval)
 
     summary = asyncio.run(main())
