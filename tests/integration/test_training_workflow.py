@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from contracts.tasks import TaskConfig
 from contracts.trajectory import SamplingParams, StagePools, TrajectoryReport, TrajectoryStatus
-from contracts.training import TrainerConfig, TrainingRunConfig, TrainingState
+from contracts.training import TrainingRunConfig, TrainingState
 from infra.policies import PolicyStore
 from rl.engine import ScriptedEngine
 from tests.conftest import async_wait_for, pending_work, running_stack
@@ -30,7 +30,6 @@ def run_config(pools: str, **fields) -> TrainingRunConfig:  # type: ignore[no-un
         sampling=SamplingParams(temperature=0.0, max_new_tokens=16),
         pools=StagePools(decode=pools, env=pools, reward=pools),
     )
-    fields.setdefault("trainer", TrainerConfig(simulate_step_s=0.3))
     return TrainingRunConfig(tasks=[task], trainer_pool=pools, **fields)
 
 
@@ -114,8 +113,8 @@ async def test_sync_mode_is_a_batch_barrier(temporal_env, reward_service, store,
 async def test_stale_samples_are_dropped_never_trained(
     temporal_env, reward_service, store, sandbox_manager, engine
 ) -> None:
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
-        cfg = run_config(st.pools, steps=4, batch_size=2, group_size=2, alpha=0, trainer=TrainerConfig(simulate_step_s=1.0))
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, train_step_s=1.0) as st:
+        cfg = run_config(st.pools, steps=4, batch_size=2, group_size=2, alpha=0)
         run_id = f"run-{uuid.uuid4().hex[:8]}"
         handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
 
