@@ -27,7 +27,8 @@ Figures, in the order they are measured (each phase prints progress and a line w
 Not covered: the Temporal round trip per activity, several env workers or hosts. The "cold" wheel download may
 still be served by pip's HTTP cache or the host's wheelhouse (PIP_FIND_LINKS).
 Limits: ≥ 500 resets resolve the success rate to 0.2%, so 99.99% reads as "no failure in this run".
-The episode budget and the Killer are in `bench.sandboxes_chaos`, the summary and report in `bench.sandboxes_report`.
+The episode budget, the Killer and the resets under kills are in `bench.sandboxes_chaos`, the cached-image and
+layer-build figures in `bench.sandboxes_builds`, the summary and report in `bench.sandboxes_report`.
 """
 
 from __future__ import annotations
@@ -36,14 +37,11 @@ import asyncio
 import json
 import logging
 import os
-import shutil
-import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,18 +67,11 @@ from sandbox import labels
 from sandbox.images import (
     ImageResolver,
     UnknownTask,
-    base_image_tag,
-    build_base_image,
-    build_from_context,
-    build_runtime_image,
-    build_task_image,
-    download_wheels,
-    ensure_runtime_image,
-    image_for_env,
 )
 from sandbox.manager import SandboxManager
 from sandbox.pool import WarmPool
-from bench.sandboxes_chaos import Episode, Killer, chaos_figures, run_episode
+from bench.sandboxes_builds import measure_builds, measure_cached
+from bench.sandboxes_chaos import measure_chaos
 from bench.sandboxes_report import LAYERS, Figures, latency, percentile, render, summarize
 from workers.env import build_manager
 from workflows.stubs import ENV_FATAL
@@ -221,21 +212,6 @@ async def probe(rig: Rig) -> None:
         pool.close()
 
 
-def measure_cached(client: docker.DockerClient, cache_dir: Path, env_id: str, reps: int = 5) -> dict[str, Any]:
-    """What an env worker pays for its images when every layer is cached: hashes + exists, no build."""
-    runtime, env_image = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        ensure_runtime_image(client, cache_dir)
-        t1 = time.perf_counter()
-        image_for_env(client, cache_dir, env_id)
-        runtime.append(t1 - t0)
-        env_image.append(time.perf_counter() - t1)
-    totals = [a + b for a, b in zip(runtime, env_image, strict=True)]
-    detail = {"ensure_runtime_image": statistics.median(runtime), "image_for_env": statistics.median(env_image)}
-    return {"cached_build_s": statistics.median(totals), "cached_build_detail_s": detail}
-
-
 async def _timed_resets(
     ops: ActivityOps, n: int, label: str, say: Say, before: Callable[[], None] | None
 ) -> list[float]:
@@ -331,185 +307,6 @@ def measure_steps(rig: Rig, say: Say) -> dict[str, Any]:
         "per_sandbox": counts,
         "action": plan.step_action,
         "errors": errors[:5],
-    }
-
-
-async def measure_chaos(rig: Rig, say: Say) -> dict[str, Any]:
-    """Episodes (reset, 1 or 2 steps, close) through the activities, `pool_size` at a time, while the killer
-    kills a fraction of the containers; each episode with a TrajectoryWorkflow's budget."""
-    plan = rig.plan
-    pool = WarmPool(rig.manager, rig.pool_size)
-    ops = rig.ops(pool)
-    episodes: list[Episode] = []
-    todo = iter(range(plan.chaos_resets))
-    every = max(1, plan.chaos_resets // 10)
-
-    async def worker() -> None:
-        for i in todo:
-            episodes.append(await run_episode(ops, [plan.step_action] * (1 + i % 2)))
-            if len(episodes) % every == 0 and len(episodes) < plan.chaos_resets:
-                lost = sum(1 for ep in episodes if not ep.ok)
-                say(f"  resets under kills: {len(episodes)}/{plan.chaos_resets}, {killer.kills} kills, {lost} failed")
-
-    try:
-        say(f"resets under kills: filling a warm pool of {rig.pool_size}")
-        await asyncio.to_thread(rig.fill, pool)
-        with Killer(rig.manager, plan.kill_fraction, plan.kill_span_s, plan.seed) as killer:
-            async with asyncio.TaskGroup() as tg:
-                for _ in range(rig.pool_size):
-                    tg.create_task(worker())
-    finally:
-        pool.close()
-    figures = chaos_figures(episodes)
-    figures.update(
-        kill_fraction=plan.kill_fraction,
-        containers=killer.containers,
-        kill_targets=killer.targeted,
-        kills=killer.kills,
-        kills_missed=killer.missed,
-        kills_pending_at_end=killer.pending,
-        median_lifetime_s=statistics.median(killer.lifetimes) if killer.lifetimes else None,
-        warm_hits=pool.stats.warm_hits,
-        cold_starts=pool.stats.cold_starts,
-        discarded_dead=pool.stats.discarded_dead,
-        refill_failures=pool.stats.refill_failures,
-        concurrency=rig.pool_size,
-    )
-    say(
-        f"resets under kills: {figures['resets']} resets, {killer.kills} kills, {figures['first_attempt_failures']} "
-        f"hit a failure, {figures['final_failures']} failed past the budget -> {figures['success_rate']:.2%}"
-    )
-    return figures
-
-
-# --- layer builds ------------------------------------------------------------------------------------------------
-
-
-def _quiet(_: str) -> None:
-    return None
-
-
-def _every(say: Say, seconds: float = 10.0) -> Callable[[str], None]:
-    """A build progress callback that passes on at most one line every `seconds`."""
-    last = [0.0]
-
-    def progress(line: str) -> None:
-        if time.monotonic() - last[0] >= seconds:
-            last[0] = time.monotonic()
-            say(f"  {line[:150]}")
-
-    return progress
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    t0 = time.monotonic()
-    fn()
-    return time.monotonic() - t0
-
-
-def _stand_in(client: docker.DockerClient, scratch: Path, source: str, tag: str, nonce: str) -> str:
-    """A relabelled copy of cached layer `source`: the same files under a new image id, so Docker's build cache
-    cannot serve a layer built on it."""
-    dockerfile = f"FROM {source}\nLABEL trajflow.bench={nonce}\n"
-    build_from_context(
-        client, scratch, tag=tag, wheels=None, files={}, dockerfile=dockerfile, labels={}, progress=_quiet
-    )
-    return tag
-
-
-def _build_task(client: docker.DockerClient, scratch: Path, runtime: str, name: str, tag: str, say: Say) -> None:
-    """Shell task `name`'s layer on `runtime` under `tag`, built as `ensure_task_image` builds it."""
-    build_task_image(client, scratch, runtime, name, tag, _every(say), labels={"trajflow.bench": "1"})
-
-
-def remove_images(client: docker.DockerClient, tags: Sequence[str]) -> int:
-    """Remove the images tagged `tags` (those that exist) and every image descending from them, children first:
-    the intermediate images their builds left too. Nothing else: an image not built on one of them stays."""
-    mine = set()
-    for tag in tags:
-        try:
-            mine.add(client.images.get(tag).id)
-        except docker.errors.ImageNotFound:
-            continue
-    parent_of = {img["Id"]: img.get("ParentId") or "" for img in client.api.images(all=True)}
-    while grown := {i for i, p in parent_of.items() if p in mine and i not in mine}:
-        mine |= grown
-    removed = 0
-    while mine:
-        parents = {parent_of.get(i, "") for i in mine}
-        leaves = {i for i in mine if i not in parents} or set(mine)
-        for image_id in leaves:
-            try:
-                client.api.remove_image(image_id, force=True, noprune=True)
-                removed += 1
-            except docker.errors.NotFound:
-                pass  # removed meanwhile
-        mine -= leaves
-    return removed
-
-
-def measure_builds(
-    client: docker.DockerClient, cache_dir: Path, runtime_tag: str, plan: Plan, say: Say
-) -> dict[str, Any]:
-    """Build each layer of `plan.cold_layers` cold under throwaway tags (wheels downloaded into a scratch cache),
-    each on the bench's own layer below it (a relabelled copy of the cached one when that was not built cold),
-    then remove every image this made. A failed build is reported in the notes, not raised: the figures measured
-    before it are worth keeping."""
-    nonce = uuid.uuid4().hex[:10]
-    task = plan.env_id.removeprefix(SHELL_PREFIX) if plan.env_id.startswith(SHELL_PREFIX) else None
-    tags = {
-        "base": f"trajflow-bench-base:{nonce}",
-        "runtime": f"trajflow-bench-runtime:{nonce}",
-        "task": f"trajflow-bench-task:{task}-{nonce}",
-    }
-    below = {"runtime": ("base", base_image_tag()), "task": ("runtime", runtime_tag)}
-    seconds: dict[str, float | None] = dict.fromkeys(LAYERS)
-    notes: dict[str, str] = {}
-    wheels: list[float] = []
-    scratch = Path(tempfile.mkdtemp(dir=cache_dir, prefix="bench-"))
-
-    def build(layer: str, parent: str) -> None:
-        if layer == "base":
-            build_base_image(client, scratch, tags["base"], _every(say))
-        elif layer == "runtime":
-            wheels.append(_timed(lambda: download_wheels(scratch, _every(say))))
-            build_runtime_image(client, scratch, parent, tags["runtime"], _every(say))
-        else:
-            _build_task(client, scratch, parent, task or "", tags["task"], say)
-
-    parent: str | None = None  # the bench's own image that the next layer builds on
-    try:
-        for layer in LAYERS:
-            if layer == "task" and task is None:
-                notes[layer] = "a GEM env runs on the runtime layer: it has no task layer"
-                continue
-            if layer not in plan.cold_layers:
-                quick = layer == "base" and plan.quick
-                notes[layer] = "not built cold in --quick (debootstrap takes minutes)" if quick else "not built cold"
-                parent = None
-                continue
-            if layer != "base" and parent is None:
-                lower, cached = below[layer]
-                parent = _stand_in(client, scratch, cached, f"trajflow-bench-{lower}:{nonce}-copy", nonce)
-            say(f"layer builds: {layer}" + (f" on {parent}" if parent else " (debootstrap + docker import; minutes)"))
-            try:
-                seconds[layer] = _timed(lambda: build(layer, parent or ""))  # noqa: B023 — called right here
-                parent = tags[layer]
-            except (RuntimeError, OSError, docker.errors.DockerException) as e:
-                notes[layer] = f"cold build failed: {type(e).__name__}: {e}"[:800]
-                say(f"layer builds: {layer} FAILED: {notes[layer]}")
-                parent = None
-    finally:
-        made = [*tags.values(), *(f"trajflow-bench-{lower}:{nonce}-copy" for lower in ("base", "runtime"))]
-        removed = remove_images(client, made)
-        shutil.rmtree(scratch, ignore_errors=True)
-    built = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items() if v is not None) or "nothing"
-    say(f"layer builds: {built}; removed the {removed} images they made")
-    return {
-        "layer_build_s": seconds,
-        "wheel_download_s": wheels[0] if wheels else None,
-        "layer_build_notes": notes,
-        "bench_images_removed": removed,
     }
 
 

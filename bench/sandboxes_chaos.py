@@ -4,7 +4,7 @@
 TrajectoryWorkflow gives its sandbox (`Budget`): env.reset's retry policy (`RESET_ATTEMPTS` attempts, with
 Temporal's 1 s, 2 s waits), then `max_env_recoveries` fresh sandboxes with the actions done so far replayed. A
 failed step is one attempt and spends a recovery; an env fault (`ENV_FATAL`: ERR_ENV, ERR_BAD_REQUEST) ends the
-episode at once. `chaos_figures` counts what a run of episodes spent. The ops are a protocol, so the budget is
+episode at once. `chaos_figures` counts what a run of episodes spent, and `measure_chaos` runs the bench's resets under kills. The ops are a protocol, so the budget is
 tested against scripted failures.
 `Killer` chooses each container of a manager with probability `fraction` when it first sees it and kills it (a
 Docker kill) after a delay drawn uniformly over a typical container lifetime; a chosen container gone before its
@@ -23,7 +23,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import docker.errors
 from temporalio.common import RetryPolicy
@@ -32,8 +32,13 @@ from temporalio.exceptions import ApplicationError
 from contracts.trajectory import EnvResetResult, EnvStepResult, SandboxHandle, TrajectoryRequest
 from sandbox.errors import SandboxLost
 from sandbox.manager import SandboxManager
+from sandbox.pool import WarmPool
 from workflows.stubs import ENV_FATAL
 
+if TYPE_CHECKING:
+    from bench.sandboxes import Rig
+
+Say = Callable[[str], None]
 RESET_ATTEMPTS = 3
 """env.reset's RetryPolicy(maximum_attempts=3) in `workflows.stubs.env_reset` (a unit test keeps them equal)."""
 
@@ -253,3 +258,51 @@ class Killer:
             self._owed += 1
             return
         self.kills += 1
+
+
+async def measure_chaos(rig: Rig, say: Say) -> dict[str, Any]:
+    """Episodes (reset, 1 or 2 steps, close) through the activities, `pool_size` at a time, while the killer
+    kills a fraction of the containers; each episode with a TrajectoryWorkflow's budget."""
+    plan = rig.plan
+    pool = WarmPool(rig.manager, rig.pool_size)
+    ops = rig.ops(pool)
+    episodes: list[Episode] = []
+    todo = iter(range(plan.chaos_resets))
+    every = max(1, plan.chaos_resets // 10)
+
+    async def worker() -> None:
+        for i in todo:
+            episodes.append(await run_episode(ops, [plan.step_action] * (1 + i % 2)))
+            if len(episodes) % every == 0 and len(episodes) < plan.chaos_resets:
+                lost = sum(1 for ep in episodes if not ep.ok)
+                say(f"  resets under kills: {len(episodes)}/{plan.chaos_resets}, {killer.kills} kills, {lost} failed")
+
+    try:
+        say(f"resets under kills: filling a warm pool of {rig.pool_size}")
+        await asyncio.to_thread(rig.fill, pool)
+        with Killer(rig.manager, plan.kill_fraction, plan.kill_span_s, plan.seed) as killer:
+            async with asyncio.TaskGroup() as tg:
+                for _ in range(rig.pool_size):
+                    tg.create_task(worker())
+    finally:
+        pool.close()
+    figures = chaos_figures(episodes)
+    figures.update(
+        kill_fraction=plan.kill_fraction,
+        containers=killer.containers,
+        kill_targets=killer.targeted,
+        kills=killer.kills,
+        kills_missed=killer.missed,
+        kills_pending_at_end=killer.pending,
+        median_lifetime_s=statistics.median(killer.lifetimes) if killer.lifetimes else None,
+        warm_hits=pool.stats.warm_hits,
+        cold_starts=pool.stats.cold_starts,
+        discarded_dead=pool.stats.discarded_dead,
+        refill_failures=pool.stats.refill_failures,
+        concurrency=rig.pool_size,
+    )
+    say(
+        f"resets under kills: {figures['resets']} resets, {killer.kills} kills, {figures['first_attempt_failures']} "
+        f"hit a failure, {figures['final_failures']} failed past the budget -> {figures['success_rate']:.2%}"
+    )
+    return figures
