@@ -1,0 +1,2 @@
+"""Deterministic orchestration: `TrajectoryWorkflow`, `TrainingWorkflow`, `ReplayEnvWorkflow` and the typed
+activity stubs; imports temporalio.workflow, the stdlib and `contracts` only."""
