@@ -89,7 +89,7 @@ class TrainerActivities:
         return result
 
     def _train(self, inp: TrainStepInput) -> TrainStepResult:
-        from rl.trainer import TrainSample
+        from rl.samples import TrainSample
 
         started = time.monotonic()
         trainer = self._trainer_at(inp)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from contracts.names import policy_prefix
 from infra.store import ObjectNotFound, ObjectStore
-from rl.engine import PolicyWeights
+from rl.engines.base import PolicyWeights
 
 
 class PolicyStore:

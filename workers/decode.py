@@ -14,7 +14,7 @@ from contracts.config import ModelConfig
 from infra.settings import Settings
 from infra.store import ObjectStore, open_store
 from infra.temporal import wait_until_reachable
-from rl.engine import Engine
+from rl.engines.base import Engine
 from workers.common import new_worker_id, run_until_signalled
 
 log = logging.getLogger("trajflow.decode")
@@ -39,7 +39,7 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
     import torch
 
     from infra.policies import PolicyStore
-    from rl.engine import load_engine
+    from rl.engines.load import load_engine
 
     store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
     worker_id = new_worker_id()

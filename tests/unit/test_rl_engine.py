@@ -1,4 +1,4 @@
-"""rl.engine: HFEngine batches concurrent requests, respects its budget, reports honest logprobs, handles
+"""rl.engines: HFEngine batches concurrent requests, respects its budget, reports honest logprobs, handles
 cancellation; ScriptedEngine replays text. All on the tiny random model (float32, CPU)."""
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import torch
 from contracts.records import TurnContext
 from contracts.trajectory import SamplingParams
 from rl.chat import append_completion, append_user
-from rl.engine import Completion, Engine, HFEngine, ScriptedEngine, load_engine
+from rl.engines.base import Completion, Engine
+from rl.engines.hf import HFEngine
+from rl.engines.load import load_engine
+from rl.engines.scripted import ScriptedEngine
 from rl.models import build_tiny_model
 
 LOGPROB_TOL = 1e-4

@@ -14,7 +14,8 @@ from safetensors.torch import save_file
 from contracts.records import TrajectoryRecord, TurnContext
 from contracts.training import LossConfig, TrainerConfig
 from contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryStatus
-from rl.trainer import PolicyTrainer, TrainSample, samples_from_records
+from rl.samples import TrainSample, samples_from_records
+from rl.trainer import PolicyTrainer
 from rl.weights import apply_weights
 
 CONFIG = TrainerConfig(lr=1e-3, micro_batch=4)
@@ -254,7 +255,7 @@ def test_train_sample_is_validated() -> None:
 
 async def test_teacher_forced_logprobs_match_the_engine(tiny_model: Path) -> None:
     from rl.chat import append_user
-    from rl.engine import HFEngine
+    from rl.engines.hf import HFEngine
 
     trainer = make_trainer(tiny_model)
     engine = HFEngine(tiny_model, max_batch=1)
