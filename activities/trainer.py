@@ -5,6 +5,10 @@ A step is idempotent: its result is recorded in the store before the new version
 step whose version is already published returns that record instead of training again. Per step it writes, in
 this order: the trainer checkpoint (model + optimizer + version) of version v+1, the step record, then the
 policy weights of v+1 and the `latest` pointer decode workers follow. Old checkpoints and versions are pruned.
+
+The step loads the referenced trajectory records and turns them into training samples with
+`rl.samples.samples_from_records` (advantages from the groups and rewards the workflow recorded in the refs);
+a batch holding an unscored or token-less trajectory fails without retry (`ERR_BAD_REQUEST`).
 """
 
 from __future__ import annotations
@@ -89,24 +93,15 @@ class TrainerActivities:
         return result
 
     def _train(self, inp: TrainStepInput) -> TrainStepResult:
-        from rl.samples import TrainSample
+        from rl.samples import samples_from_records
 
         started = time.monotonic()
         trainer = self._trainer_at(inp)
         records = [TrajectoryRecord.model_validate(self.store.get_json(r.trajectory_uri)) for r in inp.refs]
-        samples = [
-            TrainSample(
-                token_ids=rec.context.token_ids,
-                behaviour_logprobs=rec.context.logprobs,
-                loss_mask=rec.context.loss_mask,
-                advantage=adv,
-                version=ref.policy_version,
-                # behaviour logprobs were taken at the sampling temperature (greedy reports T = 1)
-                temperature=rec.request.sampling.temperature or 1.0,
-            )
-            for rec, ref, adv in zip(records, inp.refs, _advantages(inp), strict=True)
-            if rec.context is not None
-        ]
+        try:
+            samples = samples_from_records(records, normalize_std=inp.trainer.normalize_adv_std, refs=inp.refs)
+        except ValueError as e:  # an unscored or token-less trajectory: retrying cannot fix the batch
+            raise ApplicationError(str(e), type=names.ERR_BAD_REQUEST, non_retryable=True) from e
         metrics = trainer.train_step(samples, inp.trainer)
         version = inp.version + 1
         ckpt_dir = self.work_dir / _safe(inp.run_id) / f"ckpt-v{version:06d}"
@@ -160,21 +155,6 @@ class TrainerActivities:
         for path in (self.work_dir / _safe(run_id)).glob("*-v*"):
             if path.name.rsplit("-v", 1)[-1].isdigit() and int(path.name.rsplit("-v", 1)[-1]) < version:
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def _advantages(inp: TrainStepInput) -> list[float]:
-    """Group-relative advantages from the refs' groups and rewards (the workflow's grouping is authoritative)."""
-    from rl.advantages import group_advantages
-
-    by_group: dict[str, list[int]] = {}
-    for i, ref in enumerate(inp.refs):
-        by_group.setdefault(ref.group, []).append(i)
-    out = [0.0] * len(inp.refs)
-    for idx in by_group.values():
-        advs = group_advantages([inp.refs[i].reward for i in idx], normalize_std=inp.trainer.normalize_adv_std)
-        for i, a in zip(idx, advs, strict=True):
-            out[i] = a
-    return out
 
 
 def _checkpoint_dtype(model_path: Path) -> str:
