@@ -43,10 +43,21 @@ def checkpoint_prefix(run_id: str, version: int) -> str:
 
 
 class TrainerActivities:
-    def __init__(self, store: ObjectStore, policies: PolicyStore, model_path: Path, work_dir: Path) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        policies: PolicyStore,
+        model_path: Path,
+        work_dir: Path,
+        export_dtype: str = "float32",
+    ) -> None:
+        """`export_dtype`: the dtype published weights are written in, the decode workers' choice
+        (`rl.engines.load.decode_precision`); they cast on load, so another dtype still works, at a cost in bytes
+        (float32) or precision (bfloat16)."""
         self.store = store
         self.policies = policies
         self.model_path = Path(model_path)
+        self.export_dtype = export_dtype
         self.work_dir = Path(work_dir)
         self.run_id: str | None = None
         self.trainer: Any = None
@@ -108,7 +119,7 @@ class TrainerActivities:
         trainer.save_checkpoint(ckpt_dir)
         put_dir(self.store, checkpoint_prefix(inp.run_id, version), ckpt_dir)
         export_dir = self.work_dir / _safe(inp.run_id) / f"weights-v{version:06d}"
-        trainer.export_weights(export_dir, dtype=_checkpoint_dtype(self.model_path))
+        trainer.export_weights(export_dir, dtype=self.export_dtype)
         result = TrainStepResult(
             version=version,
             weights_uri=self.store.uri_for(f"{names.policy_prefix(inp.run_id)}/v{version:06d}/manifest.json"),
@@ -131,6 +142,7 @@ class TrainerActivities:
             return self.trainer
         self.trainer = None
         trainer = PolicyTrainer(self.model_path, inp.trainer)
+        activity.logger.info("trainer for run %s: autocast %s", inp.run_id, trainer.autocast.describe())
         if inp.version > 0:
             local = self.work_dir / _safe(inp.run_id) / f"restore-v{inp.version:06d}"
             try:
@@ -155,11 +167,3 @@ class TrainerActivities:
         for path in (self.work_dir / _safe(run_id)).glob("*-v*"):
             if path.name.rsplit("-v", 1)[-1].isdigit() and int(path.name.rsplit("-v", 1)[-1]) < version:
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def _checkpoint_dtype(model_path: Path) -> str:
-    """Published weights keep the dtype of the initial checkpoint (what decode workers were sized for)."""
-    import json
-
-    config = json.loads((model_path / "config.json").read_text())
-    return str(config.get("dtype") or config.get("torch_dtype") or "float32")

@@ -38,6 +38,7 @@ import torch
 from contracts.training import TrainerConfig
 from rl import checkpoint
 from rl.losses import merge_metrics, policy_loss
+from rl.precision import CpuInfo, Precision, autocast_precision
 from rl.samples import TrainSample
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -88,9 +89,18 @@ class _Collated:
 class PolicyTrainer:
     """A causal LM, its AdamW optimizer and its policy version; see the module docstring."""
 
-    def __init__(self, model_path: Path, config: TrainerConfig, *, seed: int = 0, accelerator: Any = None) -> None:
+    def __init__(
+        self,
+        model_path: Path,
+        config: TrainerConfig,
+        *,
+        seed: int = 0,
+        accelerator: Any = None,
+        cpu: CpuInfo | None = None,
+    ) -> None:
         """Load `model_path` in `config.dtype`. `accelerator` None builds an `accelerate.Accelerator` (CPU when
-        there is no CUDA); pass one to share it with the rest of a launched program."""
+        there is no CUDA); pass one to share it with the rest of a launched program. `cpu` injects the CPU
+        that `config.autocast = "auto"` decides for (None: this one)."""
         from accelerate import Accelerator
         from accelerate.utils import set_seed
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -108,6 +118,9 @@ class PolicyTrainer:
         trainable = _trainable_parameters(model, config.train_last_layers)
         optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self._cpu = cpu
+        self.autocast: Precision = autocast_precision(config.autocast, self.accelerator.device.type, cpu=cpu)
+        """bfloat16: forward and backward under bf16 autocast; float32: autocast off. With the reason."""
         pad = self.tokenizer.pad_token_id
         self._pad_id = int(pad) if pad is not None else 0
 
@@ -135,7 +148,7 @@ class PolicyTrainer:
     def _token_logprobs(self, batch: _Collated) -> torch.Tensor:
         """[B, L - 1]: column t - 1 is the logprob of token t given tokens < t (float32, at each row's temperature)."""
         device_type = self.accelerator.device.type
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.config.autocast_bf16):
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.autocast.bf16):
             logits = self.model(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False).logits
         logits = logits[:, :-1].float() / batch.temperatures[:, None, None]
         chosen = logits.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
@@ -155,6 +168,8 @@ class PolicyTrainer:
             raise ValueError(f"the trainer holds {self.config.dtype} weights; a step cannot switch to {cfg.dtype}")
         if cfg.train_last_layers != self.config.train_last_layers:
             raise ValueError("train_last_layers is fixed when the trainer is built; a step cannot change it")
+        if cfg.autocast != self.config.autocast:
+            self.autocast = autocast_precision(cfg.autocast, self.accelerator.device.type, cpu=self._cpu)
         self.config = cfg
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr
@@ -187,7 +202,8 @@ class PolicyTrainer:
 
     def train_step(self, samples: Sequence[TrainSample], config: TrainerConfig | None = None) -> dict[str, float]:
         """One optimizer step on `samples` (the whole batch, every process passes the same list); see the module
-        docstring. Returns loss, grad_norm, the loss metrics, tokens, sequences, seconds."""
+        docstring. Returns loss, grad_norm, the loss metrics, tokens, sequences, autocast_bf16 (1.0 when the step
+        ran under bf16 autocast), seconds."""
         if not samples:
             raise ValueError("train_step needs at least one sample")
         cfg = config or self.config
@@ -222,6 +238,7 @@ class PolicyTrainer:
             "grad_norm": float(grad_norm),
             "tokens": float(sum(map(sum, masks))),
             "sequences": float(len(samples)),
+            "autocast_bf16": 1.0 if self.autocast.bf16 else 0.0,
             "seconds": time.perf_counter() - started,
         }
 

@@ -36,23 +36,20 @@ def decode_workers(
 
 
 async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> None:
-    import torch
-
     from infra.policies import PolicyStore
-    from rl.engines.load import load_engine
+    from rl.engines.load import decode_precision, load_engine
 
     store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
     worker_id = new_worker_id()
+    precision = decode_precision(model)
+    log.info("decode %s", precision.describe())
     engine = load_engine(
-        model.name_or_path,
-        settings.cache_dir / "models",
-        max_batch=model.max_batch,
-        batch_wait_ms=model.batch_wait_ms,
-        dtype=None if model.dtype == "auto" else getattr(torch, model.dtype),
+        model,
+        cache_dir=settings.cache_dir / "models",
         weights=PolicyStore(store, settings.cache_dir / "policies" / worker_id),
-        engine=model.engine,
+        precision=precision,
     )
     await engine.start()
-    log.info("engine %s ready", engine.name)
+    log.info("engine %s ready (%s)", engine.name, precision.dtype)
     client = await wait_until_reachable(settings)
     await run_until_signalled(decode_workers(client, engine, store, pools, worker_id), on_stop=engine.close)

@@ -12,9 +12,9 @@ logits after transformers' built-in processors (e.g. a repetition penalty a fore
 asks for; our checkpoints ask for none) and before temperature and top-p, which transformers applies after custom
 processors. With `top_p < 1` the value is the untruncated distribution's. Greedy (`temperature == 0`) reports
 the T=1 logprob. Precision follows the weights: float32 matches a teacher-forced forward pass to ~1e-6; with
-bfloat16 weights (SmolLM2's checkpoint dtype, about twice as fast on this CPU) the batched, left-padded,
-KV-cached decode and a teacher-forced pass differed by up to ~0.2 nats per token (mean ~0.04) when measured; pass
-`dtype=torch.float32` where that matters.
+bfloat16 weights (SmolLM2's checkpoint dtype; faster only where the hardware has native bf16, see `rl.precision`)
+the batched, left-padded, KV-cached decode and a teacher-forced pass differed by up to ~0.2 nats per token (mean
+~0.04) when measured; pass `dtype=torch.float32` where that matters. `rl.engines.load` picks the dtype.
 
 Completions keep the EOS token when one was sampled (finish_reason "stop"; training must see the model stop)
 and drop everything after it; "length" when `max_new_tokens` ran out. `text` is decoded without special tokens.
