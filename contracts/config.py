@@ -36,7 +36,7 @@ class ModelConfig(_Config):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Decode weights' dtype. `auto` picks what the decode device runs natively (`rl.precision`): bfloat16 on a
     CUDA GPU or a CPU with AVX512-BF16/AMX, float32 where bf16 would be emulated (most laptops and many cloud
-    CPUs: ~3.5x slower decode there). bfloat16 rollout logprobs are up to ~0.2 nats off the trainer's float32
+    CPUs: several times slower decode there). bfloat16 rollout logprobs are up to ~0.2 nats off the trainer's float32
     ones; the losses correct for it. `float32` / `bfloat16` force a dtype."""
 
 

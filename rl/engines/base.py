@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from contracts.trajectory import SamplingParams
 
+
 @dataclass
 class Completion:
     token_ids: list[int]
@@ -77,6 +78,7 @@ class Engine(Protocol):
 
 
 def eos_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
+    """The EOS token ids of a tokenizer (and of a model config, which may add more), sorted."""
     ids: set[int] = set()
     for source in (tokenizer.eos_token_id, getattr(model_config, "eos_token_id", None)):
         if isinstance(source, int):
@@ -89,6 +91,7 @@ def eos_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
 
 
 def trim_at_eos(ids: list[int], logprobs: list[float], eos: set[int]) -> tuple[list[int], list[float], str]:
+    """Cut a generation after its first EOS (kept: training must see the model stop); "stop" or "length"."""
     for i, tok in enumerate(ids):
         if tok in eos:
             return ids[: i + 1], logprobs[: i + 1], "stop"

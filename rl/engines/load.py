@@ -2,8 +2,8 @@
 hardware runs natively unless the config forces one (`rl.precision`).
 
 `prepare_model` converts or builds the model once (what `trajflow setup` / `up` call) and says which precision
-decode will run in. `decode_precision` is that choice on its own, so a trainer can publish weights in the dtype decode workers on
-the same kind of host will run (they cast on load anyway, so another host's choice still works).
+decode will run in. `decode_precision` is that choice on its own, so a trainer can publish weights in the dtype
+decode workers on the same kind of host will run (they cast on load anyway, so another host's choice works too).
 
 Limits: the HF engine runs on the `device` given (CPU by default); vLLM picks its own device, assumed CUDA when
 torch sees one.
