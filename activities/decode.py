@@ -18,7 +18,7 @@ from contracts.records import TurnContext
 from contracts.trajectory import GenerateInput, GenerateResult
 from infra.store import ObjectStore
 from rl.chat import append_completion, append_user
-from rl.engine import Engine
+from rl.engines.base import Engine
 
 HEARTBEAT_EVERY_S = 5.0
 """Below a fifth of the heartbeat timeout in workflows/stubs.py."""

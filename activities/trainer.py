@@ -5,6 +5,10 @@ A step is idempotent: its result is recorded in the store before the new version
 step whose version is already published returns that record instead of training again. Per step it writes, in
 this order: the trainer checkpoint (model + optimizer + version) of version v+1, the step record, then the
 policy weights of v+1 and the `latest` pointer decode workers follow. Old checkpoints and versions are pruned.
+
+The step loads the referenced trajectory records and turns them into training samples with
+`rl.samples.samples_from_records` (advantages from the groups and rewards the workflow recorded in the refs);
+a batch holding an unscored or token-less trajectory fails without retry (`ERR_BAD_REQUEST`).
 """
 
 from __future__ import annotations
@@ -32,10 +36,21 @@ CHECKPOINTS_KEPT = 2
 
 
 class TrainerActivities:
-    def __init__(self, store: ObjectStore, policies: PolicyStore, model_path: Path, work_dir: Path) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        policies: PolicyStore,
+        model_path: Path,
+        work_dir: Path,
+        export_dtype: str = "float32",
+    ) -> None:
+        """`export_dtype`: the dtype published weights are written in, the decode workers' choice
+        (`rl.engines.load.decode_precision`); they cast on load, so another dtype still works, at a cost in bytes
+        (float32) or precision (bfloat16)."""
         self.store = store
         self.policies = policies
         self.model_path = Path(model_path)
+        self.export_dtype = export_dtype
         self.work_dir = Path(work_dir)
         self.run_id: str | None = None
         self.trainer: Any = None
@@ -67,31 +82,22 @@ class TrainerActivities:
             return None
 
     def _train(self, inp: TrainStepInput) -> TrainStepResult:
-        from rl.trainer import TrainSample
+        from rl.samples import samples_from_records
 
         started = time.monotonic()
         trainer = self._trainer_at(inp)
         records = [TrajectoryRecord.model_validate(self.store.get_json(r.trajectory_uri)) for r in inp.refs]
-        samples = [
-            TrainSample(
-                token_ids=rec.context.token_ids,
-                behaviour_logprobs=rec.context.logprobs,
-                loss_mask=rec.context.loss_mask,
-                advantage=adv,
-                version=ref.policy_version,
-                # behaviour logprobs were taken at the sampling temperature (greedy reports T = 1)
-                temperature=rec.request.sampling.temperature or 1.0,
-            )
-            for rec, ref, adv in zip(records, inp.refs, _advantages(inp), strict=True)
-            if rec.context is not None
-        ]
+        try:
+            samples = samples_from_records(records, normalize_std=inp.trainer.normalize_adv_std, refs=inp.refs)
+        except ValueError as e:  # an unscored or token-less trajectory: retrying cannot fix the batch
+            raise ApplicationError(str(e), type=names.ERR_BAD_REQUEST, non_retryable=True) from e
         metrics = trainer.train_step(samples, inp.trainer)
         version = inp.version + 1
         ckpt_dir = self.work_dir / _safe(inp.run_id) / f"ckpt-v{version:06d}"
         trainer.save_checkpoint(ckpt_dir)
         put_dir(self.store, checkpoint_prefix(inp.run_id, version), ckpt_dir)
         export_dir = self.work_dir / _safe(inp.run_id) / f"weights-v{version:06d}"
-        trainer.export_weights(export_dir, dtype=_checkpoint_dtype(self.model_path))
+        trainer.export_weights(export_dir, dtype=self.export_dtype)
         result = TrainStepResult(
             version=version,
             weights_uri=self.store.uri_for(manifest_key(policy_version_prefix(inp.run_id, version))),
@@ -114,6 +120,7 @@ class TrainerActivities:
             return self.trainer
         self.trainer = None
         trainer = PolicyTrainer(self.model_path, inp.trainer)
+        activity.logger.info("trainer for run %s: autocast %s", inp.run_id, trainer.autocast.describe())
         if inp.version > 0:
             local = self.work_dir / _safe(inp.run_id) / f"restore-v{inp.version:06d}"
             try:
@@ -138,26 +145,3 @@ class TrainerActivities:
         for path in (self.work_dir / _safe(run_id)).glob("*-v*"):
             if path.name.rsplit("-v", 1)[-1].isdigit() and int(path.name.rsplit("-v", 1)[-1]) < version:
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def _advantages(inp: TrainStepInput) -> list[float]:
-    """Group-relative advantages from the refs' groups and rewards (the workflow's grouping is authoritative)."""
-    from rl.advantages import group_advantages
-
-    by_group: dict[str, list[int]] = {}
-    for i, ref in enumerate(inp.refs):
-        by_group.setdefault(ref.group, []).append(i)
-    out = [0.0] * len(inp.refs)
-    for idx in by_group.values():
-        advs = group_advantages([inp.refs[i].reward for i in idx], normalize_std=inp.trainer.normalize_adv_std)
-        for i, a in zip(idx, advs, strict=True):
-            out[i] = a
-    return out
-
-
-def _checkpoint_dtype(model_path: Path) -> str:
-    """Published weights keep the dtype of the initial checkpoint (what decode workers were sized for)."""
-    import json
-
-    config = json.loads((model_path / "config.json").read_text())
-    return str(config.get("dtype") or config.get("torch_dtype") or "float32")

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from contracts.trajectory import SamplingParams
-from rl.engine import Completion, WeightSource, _eos_ids
+from rl.engines.base import Completion, WeightSource, eos_ids
 
 DEFAULT_SLOTS = 32
 DEFAULT_SIGMA = 1.0
@@ -67,7 +67,7 @@ class SimulatedEngine:
         self.median_units = median_units
         self.sigma = sigma
         self._rng = random.Random(seed)
-        eos = _eos_ids(tokenizer)[0]
+        eos = eos_ids(tokenizer)[0]
         self._ids = [*tokenizer.encode(completion, add_special_tokens=False), eos]
         self._text = str(tokenizer.decode(self._ids, skip_special_tokens=True))
         self._sem: asyncio.Semaphore | None = None

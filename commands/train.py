@@ -82,6 +82,16 @@ def progress_line(p: TrainingProgress, first_t: float) -> str:
     ) + (f"\n  ADMISSION PAUSED: {p.paused}" if p.paused else "")
 
 
+def _local_autocast(setting: str) -> str:
+    """The trainer's precision as this host would choose it (the trainer worker logs its own choice)."""
+    import torch
+
+    from rl.precision import autocast_precision
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return f"{autocast_precision(setting, device).describe()} (on this host)"
+
+
 async def train(
     config: RunConfig,
     settings: Settings,
@@ -100,6 +110,7 @@ async def train(
         f"run {run_id}: {run.steps} steps of B={run.batch_size} (groups of {run.group_size}+{run.redundancy}), "
         f"alpha={run.alpha}{' sync' if run.sync else ''}, loss {run.trainer.loss.kind}, lr {run.trainer.lr:g}"
     )
+    say(f"trainer autocast {run.trainer.autocast}: {_local_autocast(run.trainer.autocast)}")
     evaluate_now = not skip_eval and run.eval.episodes > 0
     before = await evaluate(client, store, run, run_id, 0, say) if evaluate_now else None
     t0 = time.monotonic()

@@ -34,8 +34,10 @@ class ModelConfig(_Config):
     batch_wait_ms: Annotated[float, Field(ge=0.0, le=1000.0)] = 10.0
     """How long the engine waits for more requests before starting a batch."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Decode weights' dtype; `auto` keeps the checkpoint's (bfloat16 for SmolLM2: about twice as fast on CPU,
-    with rollout logprobs up to ~0.2 nats off the trainer's float32 ones; the losses correct for it)."""
+    """Decode weights' dtype. `auto` picks what the decode device runs natively (`rl.precision`): bfloat16 on a
+    CUDA GPU or a CPU with AVX512-BF16/AMX, float32 where bf16 would be emulated (most laptops and many cloud
+    CPUs: several times slower decode there). bfloat16 rollout logprobs are up to ~0.2 nats off the trainer's float32
+    ones; the losses correct for it. `float32` / `bfloat16` force a dtype."""
 
 
 class PoolsConfig(_Config):

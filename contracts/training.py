@@ -57,9 +57,22 @@ class TrainerConfig(_Model):
     """GRPO advantages (r - group mean) / group std; False keeps r - group mean (Dr. GRPO)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Trainer weights and optimizer state dtype; published weights are written in the decode dtype."""
-    autocast_bf16: bool = False
+    autocast: Literal["auto", "bf16", "off"] = "auto"
     """Mixed precision: forward and backward matmuls in bfloat16 under torch.autocast, weights, optimizer and
-    logprobs in float32. About twice as fast on CPUs with AVX512-BF16 (and on GPUs)."""
+    logprobs in float32. `auto` turns it on where the trainer's device runs bf16 natively (a CUDA GPU, a CPU
+    with AVX512-BF16 or AMX: about twice as fast) and off where bf16 would be emulated (~25x slower there);
+    `bf16` forces it on, `off` off. See `rl.precision`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_autocast_bf16(cls, data: object) -> object:
+        # Recorded histories and older configs carry `autocast_bf16: bool` (true = bf16, false = off).
+        if isinstance(data, dict) and "autocast_bf16" in data:
+            data = dict(data)
+            legacy = data.pop("autocast_bf16")
+            data.setdefault("autocast", "bf16" if legacy else "off")
+        return data
+
     train_last_layers: Annotated[int, Field(ge=0, le=1000)] = 0
     """0 trains every parameter. k > 0 trains only the last k transformer blocks and the final norm (embeddings
     and everything below frozen), so the backward pass stops at block L - k: much cheaper on CPU."""

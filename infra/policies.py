@@ -24,7 +24,7 @@ from pathlib import Path
 
 from infra.layout import dir_file_key, manifest_key, policy_latest_key, policy_prefix, policy_version_prefix
 from infra.store import ObjectNotFound, ObjectStore
-from rl.engine import PolicyWeights
+from rl.engines.base import PolicyWeights
 
 
 class PolicyStore:

@@ -1,7 +1,9 @@
-"""Preparing a machine for the stack: Docker reachable, sandbox images built, the policy model converted.
+"""Preparing a machine for the stack: state directories, Docker reachable, sandbox images built.
 
 Idempotent and cached: a second call finds everything ready in about a second. Installing Docker itself is
-the job of `scripts/bootstrap.sh` (it needs root and apt); here a missing engine is a clear error.
+the job of `scripts/bootstrap.sh` (it needs root and apt); here a missing engine is a clear error. The policy
+model is not prepared here (infra never imports torch): `rl.engines.load.prepare_model` does it, called by the
+commands after `prepare`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ def docker_client():  # type: ignore[no-untyped-def]
 
 
 def prepare(settings: Settings, config: RunConfig, say: Callable[[str], None]) -> None:
-    from rl.models import resolve_model
     from sandbox.images import ensure_runtime_image
 
     for d in (settings.state_dir, settings.cache_dir, settings.log_dir, settings.run_dir, settings.sandbox_dir):
@@ -37,6 +38,3 @@ def prepare(settings: Settings, config: RunConfig, say: Callable[[str], None]) -
     t0 = time.monotonic()
     image = ensure_runtime_image(docker_client(), settings.cache_dir / "images", progress=say)
     say(f"sandbox image {image} ready ({time.monotonic() - t0:.1f}s)")
-    t0 = time.monotonic()
-    path = resolve_model(config.model.name_or_path, settings.cache_dir / "models", progress=say)
-    say(f"model {config.model.name_or_path} ready at {path} ({time.monotonic() - t0:.1f}s)")

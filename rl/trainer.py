@@ -1,8 +1,6 @@
-"""The policy trainer: one optimizer step on a batch of scored trajectories, checkpoints, and weight export.
+"""The policy trainer: one optimizer step on a batch of training samples (`rl.samples`).
 
-One trajectory is one training sequence: all its turns, with prompt and observation tokens masked out of the
-loss. `samples_from_records` turns stored `TrajectoryRecord`s into `TrainSample`s with group-relative
-advantages; `PolicyTrainer.train_step` takes exactly one optimizer step on them:
+`PolicyTrainer.train_step` takes exactly one optimizer step on `TrainSample`s:
 
 - samples are sharded over processes (`samples[process_index::num_processes]`) and split into right-padded
   micro-batches of `micro_batch` sequences;
@@ -16,11 +14,8 @@ advantages; `PolicyTrainer.train_step` takes exactly one optimizer step on them:
   proximal policy is the current one, so r' = 1 and decoupled_ppo's gradient equals a capped-IS REINFORCE;
 - the gradient norm is clipped, AdamW steps, `version` (completed optimizer steps) increments.
 
-Checkpoints (`save_checkpoint` / `load_checkpoint`) hold the weights (safetensors), AdamW state, version and
-RNG state, written to a temp dir beside the target and renamed, so a reader sees an old or a new one, whole.
-`export_weights` writes a Hugging Face checkpoint (config, safetensors, tokenizer) in the decode dtype;
-`rl.weights.apply_weights` copies such a checkpoint into an existing model in place, so an engine can switch weights
-between batches without rebuilding its model.
+Checkpoints and weight export (`save_checkpoint`, `load_checkpoint`, `export_weights`) are `rl.checkpoint`'s;
+the methods here delegate to it.
 
 Limits: one optimizer step per batch (no PPO epochs or mini-batches); constant learning rate; pure bf16 when
 `dtype` is bfloat16 (no fp32 master weights); no sequence packing, so padding costs compute. Multi-GPU is
@@ -32,12 +27,7 @@ float32 logits of a whole micro-batch are kept for backward: `micro_batch` x len
 from __future__ import annotations
 
 import contextlib
-import json
-import math
-import random
-import shutil
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,85 +35,13 @@ from typing import Any
 
 import torch
 
-from contracts.records import TrajectoryRecord
 from contracts.training import TrainerConfig
-from contracts.trajectory import TrajectoryStatus
-from rl.advantages import group_advantages
+from rl import checkpoint
 from rl.losses import merge_metrics, policy_loss
-from rl.weights import apply_weights
+from rl.precision import CpuInfo, Precision, autocast_precision
+from rl.samples import TrainSample
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_STATE_FILE = "trainer_state.json"
-_OPTIMIZER_FILE = "optimizer.pt"
-_TRAINABLE_FILE = "trainable.safetensors"
-"""With frozen lower blocks, a checkpoint holds only the trained parameters (the rest is the initial model)."""
-
-
-@dataclass
-class TrainSample:
-    """One training sequence: aligned token ids, behaviour logprobs (0.0 where not generated) and loss mask."""
-
-    token_ids: list[int]
-    behaviour_logprobs: list[float]
-    loss_mask: list[int]
-    advantage: float
-    version: int = 0
-    """The policy version that generated it (the oldest of its turns)."""
-    temperature: float = 1.0
-    """The sampling temperature its behaviour logprobs were computed at (greedy decoding records T = 1)."""
-
-    def __post_init__(self) -> None:
-        n = len(self.token_ids)
-        if len(self.behaviour_logprobs) != n or len(self.loss_mask) != n:
-            raise ValueError(
-                f"token_ids ({n}), behaviour_logprobs ({len(self.behaviour_logprobs)}) and loss_mask "
-                f"({len(self.loss_mask)}) must be aligned"
-            )
-        if n == 0:
-            raise ValueError("a training sample needs at least one token")
-        if self.loss_mask[0]:
-            raise ValueError("the first token has no logprob (nothing precedes it): its loss mask must be 0")
-        if any(m not in (0, 1) for m in self.loss_mask):
-            raise ValueError("loss_mask holds 0 or 1 only")
-        if not math.isfinite(self.advantage) or self.temperature <= 0:
-            raise ValueError(f"advantage must be finite and temperature > 0, got {self.advantage}, {self.temperature}")
-
-
-def samples_from_records(records: Sequence[TrajectoryRecord], *, normalize_std: bool) -> list[TrainSample]:
-    """TrainSamples in the records' order, advantages relative to each `request.group` (every record with the
-    same group id, "" included, is one group). A record that is not completed, has no reward or has no token
-    context raises ValueError: unscored trajectories are never trained on."""
-    by_group: dict[str, list[int]] = defaultdict(list)
-    for index, record in enumerate(records):
-        if record.status != TrajectoryStatus.COMPLETED or record.reward is None:
-            raise ValueError(
-                f"trajectory {record.workflow_id} is {record.status.value} with reward {record.reward}: only "
-                "completed, scored trajectories are trained on"
-            )
-        if record.context is None or not record.context.token_ids:
-            raise ValueError(f"trajectory {record.workflow_id} has no token context; nothing to train on")
-        by_group[record.request.group].append(index)
-    advantages = [0.0] * len(records)
-    for indices in by_group.values():
-        rewards = [float(records[i].reward or 0.0) for i in indices]
-        for i, adv in zip(indices, group_advantages(rewards, normalize_std=normalize_std), strict=True):
-            advantages[i] = adv
-    samples = []
-    for record, adv in zip(records, advantages, strict=True):
-        ctx = record.context
-        assert ctx is not None  # checked above
-        temperature = record.request.sampling.temperature
-        samples.append(
-            TrainSample(
-                token_ids=list(ctx.token_ids),
-                behaviour_logprobs=list(ctx.logprobs),
-                loss_mask=list(ctx.loss_mask),
-                advantage=adv,
-                version=min(ctx.turn_versions, default=0),
-                temperature=temperature if temperature > 0 else 1.0,
-            )
-        )
-    return samples
 
 
 def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -156,57 +74,6 @@ def _micro_batches(samples: Sequence[TrainSample], size: int) -> list[list[Train
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
 
 
-def _replace_dir(tmp: Path, target: Path) -> None:
-    """Rename the finished `tmp` to `target`, replacing an older `target` (never leaving a half-written one)."""
-    old = target.with_name(f".{target.name}.old")
-    if old.exists():
-        shutil.rmtree(old)
-    if target.exists():
-        target.rename(old)
-    tmp.rename(target)
-    if old.exists():
-        shutil.rmtree(old)
-
-
-def _fresh_tmp(target: Path) -> Path:
-    tmp = target.with_name(f".{target.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-def _save_in_dtype(model: Any, out: Path, dtype: torch.dtype) -> None:
-    """`save_pretrained` with every tensor cast to `dtype` (tied tensors stay tied) and the config saying so."""
-    import copy
-
-    cast: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
-    state: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
-        key = (tensor.data_ptr(), tuple(tensor.shape))
-        if key not in cast:
-            cast[key] = tensor.detach().to(device="cpu", dtype=dtype)
-        state[name] = cast[key]
-    model.save_pretrained(out, state_dict=state)
-    config = copy.deepcopy(model.config)
-    config.dtype = dtype
-    config.save_pretrained(out)
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 @dataclass
 class _Collated:
     """A right-padded micro-batch, on the training device."""
@@ -222,9 +89,18 @@ class _Collated:
 class PolicyTrainer:
     """A causal LM, its AdamW optimizer and its policy version; see the module docstring."""
 
-    def __init__(self, model_path: Path, config: TrainerConfig, *, seed: int = 0, accelerator: Any = None) -> None:
+    def __init__(
+        self,
+        model_path: Path,
+        config: TrainerConfig,
+        *,
+        seed: int = 0,
+        accelerator: Any = None,
+        cpu: CpuInfo | None = None,
+    ) -> None:
         """Load `model_path` in `config.dtype`. `accelerator` None builds an `accelerate.Accelerator` (CPU when
-        there is no CUDA); pass one to share it with the rest of a launched program."""
+        there is no CUDA); pass one to share it with the rest of a launched program. `cpu` injects the CPU
+        that `config.autocast = "auto"` decides for (None: this one)."""
         from accelerate import Accelerator
         from accelerate.utils import set_seed
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -242,6 +118,9 @@ class PolicyTrainer:
         trainable = _trainable_parameters(model, config.train_last_layers)
         optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self._cpu = cpu
+        self.autocast: Precision = autocast_precision(config.autocast, self.accelerator.device.type, cpu=cpu)
+        """bfloat16: forward and backward under bf16 autocast; float32: autocast off. With the reason."""
         pad = self.tokenizer.pad_token_id
         self._pad_id = int(pad) if pad is not None else 0
 
@@ -269,7 +148,7 @@ class PolicyTrainer:
     def _token_logprobs(self, batch: _Collated) -> torch.Tensor:
         """[B, L - 1]: column t - 1 is the logprob of token t given tokens < t (float32, at each row's temperature)."""
         device_type = self.accelerator.device.type
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.config.autocast_bf16):
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.autocast.bf16):
             logits = self.model(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False).logits
         logits = logits[:, :-1].float() / batch.temperatures[:, None, None]
         chosen = logits.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
@@ -289,6 +168,8 @@ class PolicyTrainer:
             raise ValueError(f"the trainer holds {self.config.dtype} weights; a step cannot switch to {cfg.dtype}")
         if cfg.train_last_layers != self.config.train_last_layers:
             raise ValueError("train_last_layers is fixed when the trainer is built; a step cannot change it")
+        if cfg.autocast != self.config.autocast:
+            self.autocast = autocast_precision(cfg.autocast, self.accelerator.device.type, cpu=self._cpu)
         self.config = cfg
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr
@@ -321,7 +202,8 @@ class PolicyTrainer:
 
     def train_step(self, samples: Sequence[TrainSample], config: TrainerConfig | None = None) -> dict[str, float]:
         """One optimizer step on `samples` (the whole batch, every process passes the same list); see the module
-        docstring. Returns loss, grad_norm, the loss metrics, tokens, sequences, seconds."""
+        docstring. Returns loss, grad_norm, the loss metrics, tokens, sequences, autocast_bf16 (1.0 when the step
+        ran under bf16 autocast), seconds."""
         if not samples:
             raise ValueError("train_step needs at least one sample")
         cfg = config or self.config
@@ -356,70 +238,19 @@ class PolicyTrainer:
             "grad_norm": float(grad_norm),
             "tokens": float(sum(map(sum, masks))),
             "sequences": float(len(samples)),
+            "autocast_bf16": 1.0 if self.autocast.bf16 else 0.0,
             "seconds": time.perf_counter() - started,
         }
 
     def save_checkpoint(self, directory: Path) -> None:
         """Weights, AdamW state, version and RNG state into `directory` (replaced whole, via a temp dir)."""
-        acc = self.accelerator
-        directory = Path(directory)
-        tmp = directory.with_name(f".{directory.name}.tmp")
-        if acc.is_main_process:
-            directory.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _fresh_tmp(directory)
-            if self.config.train_last_layers:
-                # frozen parameters equal the initial model's: keep only what training changes
-                from safetensors.torch import save_file
-
-                model = self.unwrapped_model
-                trainable = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-                save_file(trainable, str(tmp / _TRAINABLE_FILE))
-            else:
-                self.unwrapped_model.save_pretrained(tmp)
-                self.tokenizer.save_pretrained(tmp)
-            torch.save(self.optimizer.state_dict(), tmp / _OPTIMIZER_FILE)
-            state = {"version": self.version, "num_processes": acc.num_processes, "config": self.config.model_dump()}
-            (tmp / _STATE_FILE).write_text(json.dumps(state, indent=2))
-        acc.wait_for_everyone()
-        torch.save(_rng_state(), tmp / f"rng-{acc.process_index}.pt")
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            _replace_dir(tmp, directory)
-        acc.wait_for_everyone()
+        checkpoint.save_checkpoint(self, directory)
 
     def load_checkpoint(self, directory: Path) -> None:
         """Resume from `save_checkpoint`'s directory: weights, AdamW state, version and (this rank's) RNG."""
-        directory = Path(directory)
-        state = json.loads((directory / _STATE_FILE).read_text())
-        if (directory / _TRAINABLE_FILE).exists():  # frozen blocks are the initial model's, already loaded
-            from safetensors.torch import load_file
-
-            saved = load_file(str(directory / _TRAINABLE_FILE))
-            params = dict(self.unwrapped_model.named_parameters())
-            expected = {n for n, p in params.items() if p.requires_grad}
-            if set(saved) != expected:
-                raise ValueError(f"{directory} holds other trainable tensors than this trainer trains")
-            with torch.no_grad():
-                for name, tensor in saved.items():
-                    params[name].copy_(tensor)
-        else:
-            apply_weights(self.unwrapped_model, directory)
-        optimizer_state = torch.load(directory / _OPTIMIZER_FILE, map_location="cpu", weights_only=True)
-        self.optimizer.load_state_dict(optimizer_state)
-        rng_file = directory / f"rng-{self.accelerator.process_index}.pt"
-        if rng_file.exists():
-            _set_rng_state(torch.load(rng_file, weights_only=True))
-        self.version = int(state["version"])
+        checkpoint.load_checkpoint(self, directory)
 
     def export_weights(self, directory: Path, dtype: str | torch.dtype) -> None:
         """A Hugging Face checkpoint of the current weights in `dtype`, with the tokenizer, for decode workers
         (`from_pretrained(directory)` or `apply_weights`). Replaces `directory` whole, via a temp dir."""
-        acc = self.accelerator
-        if acc.is_main_process:
-            target = Path(directory)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _fresh_tmp(target)
-            _save_in_dtype(self.unwrapped_model, tmp, _as_dtype(dtype))
-            self.tokenizer.save_pretrained(tmp)
-            _replace_dir(tmp, target)
-        acc.wait_for_everyone()
+        checkpoint.export_weights(self, directory, _as_dtype(dtype))

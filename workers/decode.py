@@ -14,7 +14,7 @@ from contracts.config import ModelConfig
 from infra.settings import Settings
 from infra.store import ObjectStore, open_store_from
 from infra.temporal import wait_until_reachable
-from rl.engine import Engine
+from rl.engines.base import Engine
 from workers.common import new_worker_id, run_until_signalled
 
 log = logging.getLogger("trajflow.decode")
@@ -36,23 +36,20 @@ def decode_workers(
 
 
 async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> None:
-    import torch
-
     from infra.policies import PolicyStore
-    from rl.engine import load_engine
+    from rl.engines.load import decode_precision, load_engine
 
     store = open_store_from(settings)
     worker_id = new_worker_id()
+    precision = decode_precision(model)
+    log.info("decode %s", precision.describe())
     engine = load_engine(
-        model.name_or_path,
-        settings.cache_dir / "models",
-        max_batch=model.max_batch,
-        batch_wait_ms=model.batch_wait_ms,
-        dtype=None if model.dtype == "auto" else getattr(torch, model.dtype),
+        model,
+        cache_dir=settings.cache_dir / "models",
         weights=PolicyStore(store, settings.cache_dir / "policies" / worker_id),
-        engine=model.engine,
+        precision=precision,
     )
     await engine.start()
-    log.info("engine %s ready", engine.name)
+    log.info("engine %s ready (%s)", engine.name, precision.dtype)
     client = await wait_until_reachable(settings)
     await run_until_signalled(decode_workers(client, engine, store, pools, worker_id), on_stop=engine.close)

@@ -23,9 +23,15 @@ log = logging.getLogger("trajflow.trainer")
 
 
 def trainer_workers(
-    client: Client, store: ObjectStore, model_path: Path, work_dir: Path, pools: Sequence[str], cache_dir: Path
+    client: Client,
+    store: ObjectStore,
+    model_path: Path,
+    work_dir: Path,
+    pools: Sequence[str],
+    cache_dir: Path,
+    export_dtype: str = "float32",
 ) -> list[Worker]:
-    acts = TrainerActivities(store, PolicyStore(store, cache_dir), model_path, work_dir)
+    acts = TrainerActivities(store, PolicyStore(store, cache_dir), model_path, work_dir, export_dtype)
     return [
         Worker(
             client,
@@ -38,14 +44,25 @@ def trainer_workers(
 
 
 async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> None:
+    import torch
+
+    from rl.engines.load import decode_precision
     from rl.models import resolve_model
+    from rl.precision import choose_precision
 
     model_path = resolve_model(model.name_or_path, settings.cache_dir / "models")
+    # The step's autocast is per run (TrainerConfig.autocast); "auto" means this device's native choice.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    log.info("trainer %s (autocast auto)", choose_precision(device).describe())
+    export = decode_precision(model)
+    log.info("published weights in %s, the decode workers' dtype (%s)", export.dtype, export.reason)
     store = open_store_from(settings)
     client = await wait_until_reachable(settings)
     worker_id = new_worker_id()
     log.info("trainer %s for %s, pools %s", worker_id, model_path, list(pools))
     work_dir = settings.state_dir / "trainer" / worker_id
     await run_until_signalled(
-        trainer_workers(client, store, model_path, work_dir, pools, settings.cache_dir / "policies" / worker_id)
+        trainer_workers(
+            client, store, model_path, work_dir, pools, settings.cache_dir / "policies" / worker_id, export.dtype
+        )
     )

@@ -23,7 +23,7 @@ from contracts import names
 from contracts.limits import MAX_OBSERVATION_CHARS
 from contracts.records import TrajectoryRecord
 from contracts.trajectory import SamplingParams, TrajectoryStatus
-from rl.engine import ScriptedEngine
+from rl.engines.scripted import ScriptedEngine
 from sandbox.images import ImageResolver
 from tests.conftest import running_stack
 

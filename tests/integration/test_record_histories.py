@@ -65,7 +65,7 @@ def _blank_stack_traces(node):  # type: ignore[no-untyped-def]
 def scripted(tiny_model):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    from rl.engine import ScriptedEngine
+    from rl.engines.scripted import ScriptedEngine
 
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), GUESS)
 
@@ -112,7 +112,7 @@ async def test_record_training_history_that_continued_as_new(
     from transformers import AutoTokenizer
 
     from infra.policies import PolicyStore
-    from rl.engine import ScriptedEngine
+    from rl.engines.scripted import ScriptedEngine
 
     # stamps each turn with the run's newest published version (the simulated trainer publishes versions)
     weights = PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0)

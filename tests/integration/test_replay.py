@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 def scripted(tiny_model):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    from rl.engine import ScriptedEngine
+    from rl.engines.scripted import ScriptedEngine
 
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), GUESS)
 
@@ -195,7 +195,7 @@ async def test_status_shows_the_live_queries_of_a_run_and_its_trajectories(
     from transformers import AutoTokenizer
 
     from infra.policies import PolicyStore
-    from rl.engine import ScriptedEngine
+    from rl.engines.scripted import ScriptedEngine
 
     weights = PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0)
     engine = HoldingEngine(ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), "\\boxed{5}", weights=weights))

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from contracts.records import TrajectoryRecord
 from contracts.trajectory import SamplingParams, TrajectoryStatus
 from envs.shell import WORK_DIR
-from rl.engine import ScriptedEngine
+from rl.engines.scripted import ScriptedEngine
 from sandbox.images import SHELL_TASKS_DIR, ImageResolver
 from tests.conftest import running_stack
 

@@ -169,7 +169,7 @@ async def test_a_trajectory_stores_its_data_in_s3(
     """The same workers with the S3 backend: context and trajectory records land in the bucket."""
     from contracts.records import TrajectoryRecord
     from contracts.trajectory import TrajectoryStatus
-    from rl.engine import HFEngine
+    from rl.engines.hf import HFEngine
     from tests.conftest import running_stack
 
     store = open_store(f"s3://traj-{uuid.uuid4().hex[:8]}/runs", s3_endpoint_url=endpoint, create_bucket=True)

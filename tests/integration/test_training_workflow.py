@@ -17,7 +17,7 @@ from contracts.tasks import TaskConfig
 from contracts.trajectory import SamplingParams, StagePools, TrajectoryReport, TrajectoryStatus
 from contracts.training import TrainingRunConfig, TrainingState
 from infra.policies import PolicyStore
-from rl.engine import ScriptedEngine
+from rl.engines.scripted import ScriptedEngine
 from tests.conftest import async_wait_for, pending_work, running_stack
 from trajflow.client import start_training, training_progress
 

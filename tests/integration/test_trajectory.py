@@ -42,7 +42,7 @@ class GatedEngine:
 
 @pytest.fixture(scope="module")
 async def hf_engine(tiny_model):  # type: ignore[no-untyped-def]
-    from rl.engine import HFEngine
+    from rl.engines.hf import HFEngine
 
     engine = HFEngine(tiny_model, max_batch=16, batch_wait_ms=20)
     await engine.start()
@@ -54,7 +54,7 @@ async def hf_engine(tiny_model):  # type: ignore[no-untyped-def]
 def scripted(tiny_model):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    from rl.engine import ScriptedEngine
+    from rl.engines.scripted import ScriptedEngine
 
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), OUT_OF_RANGE)
 
@@ -178,7 +178,7 @@ async def test_unknown_env_fails_as_env_error_not_infra(
 async def test_concurrent_trajectories_share_decode_batches(
     temporal_env, reward_service, store, sandbox_manager, tiny_model
 ):  # type: ignore[no-untyped-def]
-    from rl.engine import HFEngine
+    from rl.engines.hf import HFEngine
 
     # A generous batching window: sandboxes start at slightly different times, and the point here is that
     # turns of different trajectories that are waiting together go into one forward pass.

@@ -8,6 +8,7 @@ inside its commands, and the public client never.
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,7 +30,8 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     "envs": ({"envs", "gem", "shell"}, set()),
     "rewards": (None, {"torch", "docker", "temporalio", "transformers"} | NOT_CORE),
     "activities": (None, NOT_CORE),
-    "infra": (None, {"workflows", "activities"} | NOT_CORE),
+    # infra never imports torch, not even inside a function (DESIGN.md "Layout"); rl only through TORCH_FREE_RL
+    "infra": (None, {"workflows", "activities", "torch", "transformers", "accelerate", "vllm"} | NOT_CORE),
     "workers": (None, NOT_CORE),
     "imagebuild": ({"docker", "imagebuild"}, set()),
     "bench": (None, {"chaos", "replay", "commands"}),
@@ -39,6 +41,9 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     # the CLI dispatches to bench/chaos/replay/commands inside its commands: see the tests below
     "trajflow": (None, set()),
 }
+
+TORCH_FREE_RL = {"rl", "rl.engines", "rl.engines.base", "rl.advantages"}
+"""The rl modules that import no torch (nor anything that does): all that infra may import from rl."""
 
 
 def top_level_packages() -> set[str]:
@@ -120,3 +125,54 @@ def test_cli_imports_nothing_heavy() -> None:
 
 def test_the_client_is_a_library() -> None:
     assert imported_modules(ROOT / "trajflow" / "client.py") & (NOT_CORE - {"trajflow"}) == set()
+
+
+def imported_names(path: Path) -> set[str]:
+    """Full dotted names of absolute imports anywhere in the file (function bodies included)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_infra_imports_only_torch_free_rl_modules() -> None:
+    bad = [
+        f"{f.relative_to(ROOT)} imports {name}"
+        for f in sorted((ROOT / "infra").rglob("*.py"))
+        for name in imported_names(f)
+        if name.split(".")[0] == "rl" and name not in TORCH_FREE_RL
+    ]
+    assert bad == []
+
+
+@pytest.mark.parametrize("module", sorted(TORCH_FREE_RL - {"rl", "rl.engines"}))
+def test_torch_free_rl_modules_import_only_stdlib_contracts_and_each_other(module: str) -> None:
+    path = ROOT / (module.replace(".", "/") + ".py")
+    for name in imported_names(path):
+        top = name.split(".")[0]
+        assert top in STDLIB | {"contracts", "pydantic"} or name in TORCH_FREE_RL, f"{module} imports {name}"
+
+
+def test_torch_free_base_and_infra_load_no_torch() -> None:
+    """Imported for real in a fresh interpreter: not even a transitive import may pull torch in."""
+    modules = sorted(TORCH_FREE_RL) + ["infra.policies", "infra.setup", "infra.settings", "infra.store"]
+    code = (
+        "import sys\n"
+        f"for m in {modules!r}: __import__(m)\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'accelerate', 'vllm') if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
+
+
+def test_the_infra_rule_catches_a_torch_using_rl_module(tmp_path: Path) -> None:
+    bad = tmp_path / "mod.py"
+    bad.write_text("def f():\n    from rl.models import resolve_model\n    import torch\n")
+    assert imported_names(bad) == {"rl.models", "torch"}
+    assert "rl.models" not in TORCH_FREE_RL

@@ -11,7 +11,7 @@ import torch
 from contracts.trajectory import SamplingParams
 from infra.policies import PolicyStore
 from infra.store import LocalStore
-from rl.engine import HFEngine
+from rl.engines.hf import HFEngine
 
 
 def _perturbed(src, dst) -> None:  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""rl.engine: HFEngine batches concurrent requests, respects its budget, reports honest logprobs, handles
+"""rl.engines: HFEngine batches concurrent requests, respects its budget, reports honest logprobs, handles
 cancellation; ScriptedEngine replays text. All on the tiny random model (float32, CPU)."""
 
 from __future__ import annotations
@@ -12,11 +12,16 @@ import pytest
 import pytest_asyncio
 import torch
 
+from contracts.config import ModelConfig
 from contracts.records import TurnContext
 from contracts.trajectory import SamplingParams
 from rl.chat import append_completion, append_user
-from rl.engine import Completion, Engine, HFEngine, ScriptedEngine, load_engine
+from rl.engines.base import Completion, Engine
+from rl.engines.hf import HFEngine
+from rl.engines.load import load_engine
+from rl.engines.scripted import ScriptedEngine
 from rl.models import build_tiny_model
+from rl.precision import CpuInfo, choose_precision, resolve_dtype
 
 LOGPROB_TOL = 1e-4
 """float32 on CPU: a left-padded batched decode with a KV cache and one unpadded teacher-forced forward pass
@@ -181,8 +186,34 @@ async def test_scripted_engine(engine: HFEngine) -> None:
 
 
 async def test_load_engine_resolves_tiny(tmp_path: Path) -> None:
-    eng = load_engine("tiny", tmp_path, max_batch=4, batch_wait_ms=1.0)
+    eng = load_engine(ModelConfig(name_or_path="tiny", max_batch=4, batch_wait_ms=1.0), cache_dir=tmp_path)
     assert eng.max_batch == 4 and eng.version == 0 and (tmp_path / "tiny-qwen2").is_dir()
+    await eng.close()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "native", "expected"),
+    [
+        ("auto", True, torch.bfloat16),
+        ("auto", False, torch.float32),  # an AVX2-only CPU: bf16 would be emulated
+        ("float32", True, torch.float32),
+        ("bfloat16", False, torch.bfloat16),  # forced, even where it is slow
+    ],
+)
+async def test_load_engine_takes_the_dtype_from_the_config_and_the_hardware(
+    tmp_path: Path, dtype: str, native: bool, expected: torch.dtype
+) -> None:
+    cpu = CpuInfo("AVX512", frozenset({"avx512_f", "avx512_bf16"})) if native else CpuInfo("AVX2", frozenset({"avx2"}))
+    model = ModelConfig(name_or_path="tiny", dtype=dtype)  # type: ignore[arg-type]
+    precision = resolve_dtype(model.dtype, "cpu", cpu=cpu)
+    eng = load_engine(model, cache_dir=tmp_path, precision=precision)
+    assert isinstance(eng, HFEngine) and eng.dtype == expected
+    await eng.close()
+
+
+async def test_load_engine_auto_is_this_machines_native_choice(tmp_path: Path) -> None:
+    eng = load_engine(ModelConfig(name_or_path="tiny"), cache_dir=tmp_path)
+    assert isinstance(eng, HFEngine) and eng.dtype == getattr(torch, choose_precision("cpu").dtype)
     await eng.close()
 
 

@@ -14,10 +14,12 @@ from safetensors.torch import save_file
 from contracts.records import TrajectoryRecord, TurnContext
 from contracts.training import LossConfig, TrainerConfig
 from contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryStatus
-from rl.trainer import PolicyTrainer, TrainSample, samples_from_records
+from rl.precision import CpuInfo
+from rl.samples import TrainSample, samples_from_records
+from rl.trainer import PolicyTrainer
 from rl.weights import apply_weights
 
-CONFIG = TrainerConfig(lr=1e-3, micro_batch=4)
+CONFIG = TrainerConfig(lr=1e-3, micro_batch=4, autocast="off")  # float32 on every CPU, so tolerances hold
 
 
 def make_trainer(path: Path, config: TrainerConfig = CONFIG) -> PolicyTrainer:
@@ -245,6 +247,27 @@ def test_samples_from_records_refuses_unscored_trajectories(bad: TrajectoryRecor
         samples_from_records([record("a", 1.0), bad], normalize_std=True)
 
 
+@pytest.mark.parametrize(
+    ("setting", "cpu", "bf16"),
+    [
+        ("auto", CpuInfo("AVX2", frozenset({"avx2"})), False),  # emulated bf16: autocast stays off
+        ("auto", CpuInfo("AVX512", frozenset({"amx_bf16"})), True),
+        ("off", CpuInfo("AVX512", frozenset({"amx_bf16"})), False),
+    ],
+)
+def test_autocast_follows_the_cpu_and_is_reported(tiny_model: Path, setting: str, cpu: CpuInfo, bf16: bool) -> None:
+    config = CONFIG.model_copy(update={"autocast": setting})
+    trainer = PolicyTrainer(tiny_model, config, seed=0, cpu=cpu)
+    assert trainer.autocast.bf16 is bf16 and trainer.autocast.reason
+    metrics = trainer.train_step([sample(trainer, "Guess the number.", "5", 1.0)])
+    assert metrics["autocast_bf16"] == (1.0 if bf16 else 0.0)
+    # a later step may switch the setting; the trainer re-decides for the same CPU
+    flipped = trainer.train_step(
+        [sample(trainer, "Guess.", "5", 1.0)], config.model_copy(update={"autocast": "bf16" if not bf16 else "off"})
+    )
+    assert flipped["autocast_bf16"] == (0.0 if bf16 else 1.0)
+
+
 def test_train_sample_is_validated() -> None:
     with pytest.raises(ValueError, match="first token"):
         TrainSample([1, 2], [-0.1, -0.2], [1, 1], 1.0)
@@ -254,7 +277,7 @@ def test_train_sample_is_validated() -> None:
 
 async def test_teacher_forced_logprobs_match_the_engine(tiny_model: Path) -> None:
     from rl.chat import append_user
-    from rl.engine import HFEngine
+    from rl.engines.hf import HFEngine
 
     trainer = make_trainer(tiny_model)
     engine = HFEngine(tiny_model, max_batch=1)

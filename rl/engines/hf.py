@@ -1,11 +1,10 @@
-"""Generation engines: many concurrent `generate` calls in, one batched forward pass at a time out.
+"""`HFEngine`, transformers on torch: many concurrent `generate` calls in, one batched forward pass at a time out.
 
-- `HFEngine` runs transformers on torch. A background asyncio task collects concurrent requests into batches
-  (up to `max_batch`; once one request waits, it waits at most `batch_wait_ms` for more) and runs each batch as
-  ONE `model.generate` (left padding + attention mask) in a worker thread, so the event loop stays free.
-  Requests are grouped by identical `SamplingParams`: the oldest waiting request picks the params of the next
-  batch and later requests with the same params join it (FIFO within a group, so no group starves).
-- `ScriptedEngine` replays fixed text, for testing the code around an engine.
+A background asyncio task collects concurrent requests into batches (up to `max_batch`; once one request waits,
+it waits at most `batch_wait_ms` for more) and runs each batch as ONE `model.generate` (left padding + attention
+mask) in a worker thread, so the event loop stays free. Requests are grouped by identical `SamplingParams`: the
+oldest waiting request picks the params of the next batch and later requests with the same params join it (FIFO
+within a group, so no group starves).
 
 Logprobs: each sampled token's logprob under `log_softmax(logits / temperature)` of the step it was sampled at,
 computed on the fly by a logits processor (no vocabulary-sized tensor is kept per step). The processor sees the
@@ -13,9 +12,9 @@ logits after transformers' built-in processors (e.g. a repetition penalty a fore
 asks for; our checkpoints ask for none) and before temperature and top-p, which transformers applies after custom
 processors. With `top_p < 1` the value is the untruncated distribution's. Greedy (`temperature == 0`) reports
 the T=1 logprob. Precision follows the weights: float32 matches a teacher-forced forward pass to ~1e-6; with
-bfloat16 weights (SmolLM2's checkpoint dtype, about twice as fast on this CPU) the batched, left-padded,
-KV-cached decode and a teacher-forced pass differed by up to ~0.2 nats per token (mean ~0.04) when measured; pass
-`dtype=torch.float32` where that matters.
+bfloat16 weights (SmolLM2's checkpoint dtype; faster only where the hardware has native bf16, see `rl.precision`)
+the batched, left-padded, KV-cached decode and a teacher-forced pass differed by up to ~0.2 nats per token (mean
+~0.04) when measured; pass `dtype=torch.float32` where that matters. `rl.engines.load` picks the dtype.
 
 Completions keep the EOS token when one was sampled (finish_reason "stop"; training must see the model stop)
 and drop everything after it; "length" when `max_new_tokens` ran out. `text` is decoded without special tokens.
@@ -41,69 +40,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 
 from contracts.trajectory import SamplingParams
-
-
-@dataclass
-class Completion:
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str
-    """"stop" when EOS was generated, "length" when max_new_tokens ran out."""
-    policy_version: int = 0
-    """The version of the weights that generated this completion (0: the initial model)."""
-
-
-@dataclass(frozen=True)
-class PolicyWeights:
-    """Published weights of one policy (a training run) at one version, downloaded to a local directory."""
-
-    policy: str
-    version: int
-    path: Path
-    """A Hugging Face checkpoint directory (config + safetensors) loadable by `from_pretrained`."""
-
-
-@runtime_checkable
-class WeightSource(Protocol):
-    """Where an engine finds the newest weights of a policy. Called between batches, so it must be cheap when
-    nothing changed (cache the pointer, download each version once)."""
-
-    def latest(self, policy: str) -> PolicyWeights | None:
-        """The newest published weights of `policy`, or None when it has none yet (the initial model serves)."""
-        ...
-
-    def latest_version(self, policy: str) -> int:
-        """The newest published version of `policy` (0 when none), without downloading anything."""
-        ...
-
-
-@runtime_checkable
-class Engine(Protocol):
-    tokenizer: Any
-    version: int
-    """Policy version of the loaded weights (0 for the initial model)."""
-    name: str
-
-    async def start(self) -> None: ...
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, policy: str = "") -> Completion:
-        """Generate one completion with the newest weights of `policy` (a training run id; "" for the initial
-        model). The completion carries the version that produced it."""
-        ...
-
-    def available_version(self, policy: str) -> int:
-        """The newest version of `policy` this engine could serve now (0 when none is published)."""
-        ...
-
-    async def close(self) -> None: ...
-
-    def stats(self) -> dict[str, float]: ...
+from rl.engines.base import Completion, WeightSource, eos_ids, trim_at_eos
 
 
 @dataclass
@@ -125,25 +67,6 @@ class _Stats:
             "busy_s": self.busy_s,
             "tokens_per_s": self.completion_tokens / self.busy_s if self.busy_s > 0 else 0.0,
         }
-
-
-def _eos_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
-    ids: set[int] = set()
-    for source in (tokenizer.eos_token_id, getattr(model_config, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, list):
-            ids.update(int(x) for x in source)
-    if not ids:
-        raise ValueError("the tokenizer defines no EOS token; the engine cannot tell when a completion ends")
-    return sorted(ids)
-
-
-def _trim_at_eos(ids: list[int], logprobs: list[float], eos: set[int]) -> tuple[list[int], list[float], str]:
-    for i, tok in enumerate(ids):
-        if tok in eos:
-            return ids[: i + 1], logprobs[: i + 1], "stop"
-    return ids, logprobs, "length"
 
 
 class _LogprobRecorder:
@@ -219,7 +142,7 @@ class HFEngine:
         self.dtype = dtype
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.model: Any = None
-        self._eos: list[int] = _eos_ids(self.tokenizer)
+        self._eos: list[int] = eos_ids(self.tokenizer)
         self._pad_id: int = self._pick_pad_id()
         self._pending: list[_Request] = []
         self._running: list[_Request] = []
@@ -247,7 +170,7 @@ class HFEngine:
             torch.set_num_threads(self.torch_threads)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype or "auto")
         model.to(self.device).eval()
-        self._eos = _eos_ids(self.tokenizer, model.config)
+        self._eos = eos_ids(self.tokenizer, model.config)
         self.model = model
 
     async def close(self) -> None:
@@ -390,93 +313,7 @@ class HFEngine:
         eos = set(self._eos)
         completions = []
         for row in range(len(prompts)):
-            ids, lps, reason = _trim_at_eos(generated[row].tolist(), logprobs[row].tolist(), eos)
+            ids, lps, reason = trim_at_eos(generated[row].tolist(), logprobs[row].tolist(), eos)
             text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
             completions.append(Completion(ids, lps, text, reason, version))
         return completions
-
-
-class ScriptedEngine:
-    """Returns fixed text (cycling through a list, one entry per call), tokenized and ended with EOS."""
-
-    def __init__(
-        self, tokenizer: Any, script: str | list[str], name: str = "scripted", weights: WeightSource | None = None
-    ) -> None:
-        """With `weights`, completions are stamped with the policy's newest published version (no weights are
-        loaded: the script is the policy)."""
-        self.tokenizer = tokenizer
-        self.version = 0
-        self.weights = weights
-        self.name = name
-        self._script = [script] if isinstance(script, str) else list(script)
-        if not self._script:
-            raise ValueError("script must hold at least one reply")
-        self._eos = _eos_ids(tokenizer)[0]
-        self._calls = 0
-        self._tokens = 0
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    def stats(self) -> dict[str, float]:
-        return {
-            "requests": float(self._calls),
-            "batches": float(self._calls),
-            "mean_batch_size": 1.0 if self._calls else 0.0,
-            "completion_tokens": float(self._tokens),
-            "busy_s": 0.0,
-            "tokens_per_s": 0.0,
-        }
-
-    def available_version(self, policy: str) -> int:
-        return self.weights.latest_version(policy) if self.weights is not None and policy else self.version
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, policy: str = "") -> Completion:
-        version = self.available_version(policy)
-        text = self._script[self._calls % len(self._script)]
-        self._calls += 1
-        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self._eos]
-        reason = "stop"
-        if len(ids) > params.max_new_tokens:
-            ids, reason = ids[: params.max_new_tokens], "length"
-        self._tokens += len(ids)
-        text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
-        return Completion(ids, [0.0] * len(ids), text, reason, version)
-
-
-def load_engine(
-    name_or_path: str,
-    cache_dir: Path,
-    *,
-    max_batch: int = 32,
-    batch_wait_ms: float = 10.0,
-    device: str = "cpu",
-    torch_threads: int | None = None,
-    dtype: torch.dtype | None = None,
-    weights: WeightSource | None = None,
-    engine: str = "hf",
-) -> Engine:
-    """Resolve a model name (`smollm2`, `tiny`, or a local path) and build its engine (not started): `hf` or
-    `vllm` (imports vLLM only when started)."""
-    from rl.models import resolve_model
-
-    path = resolve_model(name_or_path, cache_dir)
-    if engine == "vllm":
-        from rl.vllm_engine import VLLMEngine
-
-        dtype_name = {None: "auto", torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
-        return VLLMEngine(path, weights=weights, max_batch=max_batch, dtype=dtype_name)  # type: ignore[arg-type]
-    if engine != "hf":
-        raise ValueError(f"unknown engine {engine!r}; expected 'hf' or 'vllm'")
-    return HFEngine(
-        path,
-        max_batch=max_batch,
-        batch_wait_ms=batch_wait_ms,
-        device=device,
-        torch_threads=torch_threads,
-        dtype=dtype,
-        weights=weights,
-    )

@@ -1,0 +1,99 @@
+"""The torch-free half of the generation engines: the `Engine` protocol, what a generation returns
+(`Completion`), and where an engine finds newer weights (`WeightSource`, `PolicyWeights`).
+
+Everything here is stdlib + contracts, so `infra/` (the policy store is a `WeightSource`) and the workflows'
+neighbours can use these types without importing torch; a unit test imports this module in a fresh interpreter
+and checks that torch never loads. The engines themselves live beside it: `rl.engines.hf` (transformers on
+torch), `rl.engines.vllm` (vLLM), `rl.engines.scripted` (fixed replies, for tests); `rl.engines.load` builds one
+from a `ModelConfig`.
+
+Not here: batching, sampling, logprob computation (each engine's own job).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from contracts.trajectory import SamplingParams
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    """"stop" when EOS was generated, "length" when max_new_tokens ran out."""
+    policy_version: int = 0
+    """The version of the weights that generated this completion (0: the initial model)."""
+
+
+@dataclass(frozen=True)
+class PolicyWeights:
+    """Published weights of one policy (a training run) at one version, downloaded to a local directory."""
+
+    policy: str
+    version: int
+    path: Path
+    """A Hugging Face checkpoint directory (config + safetensors) loadable by `from_pretrained`."""
+
+
+@runtime_checkable
+class WeightSource(Protocol):
+    """Where an engine finds the newest weights of a policy. Called between batches, so it must be cheap when
+    nothing changed (cache the pointer, download each version once)."""
+
+    def latest(self, policy: str) -> PolicyWeights | None:
+        """The newest published weights of `policy`, or None when it has none yet (the initial model serves)."""
+        ...
+
+    def latest_version(self, policy: str) -> int:
+        """The newest published version of `policy` (0 when none), without downloading anything."""
+        ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    tokenizer: Any
+    version: int
+    """Policy version of the loaded weights (0 for the initial model)."""
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, policy: str = "") -> Completion:
+        """Generate one completion with the newest weights of `policy` (a training run id; "" for the initial
+        model). The completion carries the version that produced it."""
+        ...
+
+    def available_version(self, policy: str) -> int:
+        """The newest version of `policy` this engine could serve now (0 when none is published)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    def stats(self) -> dict[str, float]: ...
+
+
+def eos_ids(tokenizer: Any, model_config: Any = None) -> list[int]:
+    """The EOS token ids of a tokenizer (and of a model config, which may add more), sorted."""
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(model_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list):
+            ids.update(int(x) for x in source)
+    if not ids:
+        raise ValueError("the tokenizer defines no EOS token; the engine cannot tell when a completion ends")
+    return sorted(ids)
+
+
+def trim_at_eos(ids: list[int], logprobs: list[float], eos: set[int]) -> tuple[list[int], list[float], str]:
+    """Cut a generation after its first EOS (kept: training must see the model stop); "stop" or "length"."""
+    for i, tok in enumerate(ids):
+        if tok in eos:
+            return ids[: i + 1], logprobs[: i + 1], "stop"
+    return ids, logprobs, "length"
+

@@ -1,0 +1,78 @@
+"""`load_engine`: build the generation engine a `ModelConfig` asks for (not started), in the precision the
+hardware runs natively unless the config forces one (`rl.precision`).
+
+`prepare_model` converts or builds the model once (what `trajflow setup` / `up` call) and says which precision
+decode will run in. `decode_precision` is that choice on its own, so a trainer can publish weights in the dtype
+decode workers on the same kind of host will run (they cast on load anyway, so another host's choice works too).
+
+Limits: the HF engine runs on the `device` given (CPU by default); vLLM picks its own device, assumed CUDA when
+torch sees one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from contracts.config import ModelConfig
+from rl.engines.base import Engine, WeightSource
+from rl.engines.hf import HFEngine
+from rl.precision import Precision, resolve_dtype
+
+
+def decode_device(model: ModelConfig, device: str = "cpu") -> str:
+    """The device decoding runs on: `device` for the HF engine; vLLM's (CUDA when there is one)."""
+    if model.engine == "vllm":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def decode_precision(model: ModelConfig, device: str = "cpu") -> Precision:
+    """The dtype decode weights get: `model.dtype`, with "auto" resolved for the decode device."""
+    return resolve_dtype(model.dtype, decode_device(model, device))
+
+
+def load_engine(
+    model: ModelConfig,
+    *,
+    cache_dir: Path,
+    weights: WeightSource | None = None,
+    device: str = "cpu",
+    torch_threads: int | None = None,
+    precision: Precision | None = None,
+) -> Engine:
+    """Resolve `model.name_or_path` (`smollm2`, `tiny`, or a local path) under `cache_dir` and build its engine:
+    `hf`, or `vllm` (imports vLLM only when started). `precision` None is `decode_precision(model, device)`;
+    pass the one you computed to log it. `weights` None serves the initial model only."""
+    from rl.models import resolve_model
+
+    path = resolve_model(model.name_or_path, cache_dir)
+    chosen = precision or decode_precision(model, device)
+    if model.engine == "vllm":
+        from rl.engines.vllm import VLLMEngine
+
+        return VLLMEngine(path, weights=weights, max_batch=model.max_batch, dtype=chosen.dtype)
+    return HFEngine(
+        path,
+        max_batch=model.max_batch,
+        batch_wait_ms=model.batch_wait_ms,
+        device=device,
+        torch_threads=torch_threads,
+        dtype=getattr(torch, chosen.dtype),
+        weights=weights,
+    )
+
+
+def prepare_model(model: ModelConfig, cache_dir: Path, say: Callable[[str], None]) -> Path:
+    """Resolve (convert or build, once) the config's model under `cache_dir`, and say where it is and which
+    precision decode will use on this host, and why."""
+    from rl.models import resolve_model
+
+    started = time.monotonic()
+    path = resolve_model(model.name_or_path, cache_dir, progress=say)
+    say(f"model {model.name_or_path} ready at {path} ({time.monotonic() - started:.1f}s)")
+    say(f"decode {decode_precision(model).describe()}")
+    return path
