@@ -182,7 +182,8 @@ class GenerateInput(_Model):
     trajectory_id: str
     turn: int
     context_uri: str | None
-    """The previous turn's context in the store (None on the first turn)."""
+    """The previous turn's context in the store: its newest delta, linked to the ones before (None on the first
+    turn)."""
     user_message: str
     """The new observation, appended to the context as a user message."""
     system_prompt: str = ""
@@ -195,7 +196,8 @@ class GenerateInput(_Model):
 class GenerateResult(_Model):
     text: str
     context_uri: str
-    """The updated context (all token ids, logprobs, loss mask and per-turn versions so far)."""
+    """The updated context: what this turn added to it (token ids, logprobs, loss mask, version), stored as a delta
+    linked to the previous turn's, so the whole context so far can be read back from it."""
     prompt_tokens: int
     completion_tokens: int
     policy_version: int

@@ -146,6 +146,12 @@ async def test_twenty_turn_history_stays_small(
     assert "token_ids" not in text and "logprobs" not in text  # the data plane stays in the store
     record = load_record(store, result.trajectory_uri)
     assert len(record.context.turn_spans) == 20
+    # the store side stays O(turns) too: each turn writes what it adds to the token context, not the whole context
+    contexts = sorted(u for u in store.list("trajectories/") if "/context-turn" in u)
+    sizes = [len(store.get_bytes(u)) for u in contexts]
+    print(f"bytes written per turn: {sizes}")
+    assert len(sizes) == 20
+    assert max(sizes[1:]) <= 1.5 * min(sizes[1:]), f"a turn's write grows with the turn number: {sizes}"
 
 
 async def test_two_tasks_send_llm_steps_to_their_own_decode_pools(
