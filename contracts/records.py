@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.trajectory import (
     JsonScalar,
@@ -124,4 +124,11 @@ class TrajectoryRecord(BaseModel):
     env_recoveries: int
     error: str | None = None
     timings: dict[str, float] = Field(default_factory=dict)
-    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_old_extra(cls, data: Any) -> Any:
+        # Records saved before the unused `extra` field was removed hold `"extra": {}`: still readable.
+        if isinstance(data, dict) and data.get("extra") == {}:
+            data = {k: v for k, v in data.items() if k != "extra"}
+        return data

@@ -227,7 +227,6 @@ class ScoreResult(_Model):
 
 
 class ScoreInput(_Model):
-    pool: str
     request: ScoreRequest
 
 

@@ -236,7 +236,6 @@ class TrajectoryWorkflow:
             res = await stubs.reward_score(
                 self.req.pools.reward,
                 ScoreInput(
-                    pool=self.req.pools.reward,
                     request=self.req.score_request(
                         self.actions, env_rewards, last.terminated, last.truncated or not last.terminated, last.info
                     ),
