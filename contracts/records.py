@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from contracts.base import Contract
 from contracts.trajectory import (
     JsonScalar,
     TrajectoryRequest,
@@ -20,22 +21,18 @@ from contracts.trajectory import (
 )
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ChatMessage(Contract):
     role: str
     content: str
 
 
-class TurnContext(BaseModel):
+class TurnContext(Contract):
     """Everything the policy saw and produced so far in one trajectory, token by token.
 
     `token_ids`, `logprobs` and `loss_mask` are aligned: prompt and observation tokens have mask 0 and
     logprob 0.0; generated tokens have mask 1 and the behaviour policy's logprob. `turn_versions[i]` is the
     policy version that generated turn i; `turn_spans[i]` is its [start, end) in `token_ids`.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     messages: list[ChatMessage] = Field(default_factory=list)
     token_ids: list[int] = Field(default_factory=list)
@@ -46,7 +43,7 @@ class TurnContext(BaseModel):
     model: str = ""
 
 
-class TurnDelta(BaseModel):
+class TurnDelta(Contract):
     """What one turn added to a trajectory's `TurnContext`: the tail of each of its lists, and where it starts.
 
     `previous` is the store URI of the turn before's delta (None on the first turn), so the whole context is the
@@ -54,8 +51,6 @@ class TurnDelta(BaseModel):
     `turns_before` are the lengths the context had before this turn; `apply` checks them, so a delta is never
     joined onto a context it was not made from.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     previous: str | None
     messages_before: int
@@ -108,10 +103,8 @@ class TurnDelta(BaseModel):
         )
 
 
-class TrajectoryRecord(BaseModel):
+class TrajectoryRecord(Contract):
     """A finished trajectory as written to the store by `trajectory.save`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     workflow_id: str
     request: TrajectoryRequest
