@@ -136,7 +136,7 @@ class Chaos:
         """Sample the run's progress every second (rides out a restarting server: samples just pause)."""
         while not done.is_set():
             try:
-                p = await self.handle.query("progress", result_type=TrainingProgress)
+                p = await self.handle.query(names.QUERY_PROGRESS, result_type=TrainingProgress)
                 self.progress = p
                 self.timeline.append((self.now(), ended(p), p.version))
             except Exception:  # noqa: BLE001 - server restarting or between continue-as-new runs
@@ -243,7 +243,7 @@ class Chaos:
                 if not decided[wid] or wid in c.killed_ids:
                     continue
                 try:
-                    p = await self.client.get_workflow_handle(wid).query("progress")
+                    p = await self.client.get_workflow_handle(wid).query(names.QUERY_PROGRESS)
                 except Exception:  # noqa: BLE001 - it ended meanwhile, or the server restarts
                     continue
                 if p.get("sandbox"):

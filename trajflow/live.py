@@ -39,7 +39,7 @@ def _attributes(raw: dict[str, Any]) -> dict[str, Any]:
 async def _query(client: Client, workflow_id: str, result_type: type | None = None) -> tuple[Any, str | None]:
     try:
         handle = client.get_workflow_handle(workflow_id)
-        value = await handle.query("progress", result_type=result_type, rpc_timeout=QUERY_TIMEOUT)
+        value = await handle.query(names.QUERY_PROGRESS, result_type=result_type, rpc_timeout=QUERY_TIMEOUT)
         return value, None
     except Exception as e:  # noqa: BLE001 - one unanswered query must not hide the rest of the status
         return None, f"{type(e).__name__}: {e}"

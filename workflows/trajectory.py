@@ -131,7 +131,7 @@ class TrajectoryWorkflow:
         await self._report(result)
         return result
 
-    @workflow.query
+    @workflow.query(name=names.QUERY_PROGRESS)
     def progress(self) -> dict[str, object]:
         """Where the episode is: turn, sandbox, last observation."""
         return {

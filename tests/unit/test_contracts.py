@@ -166,3 +166,41 @@ def test_rewards_that_are_trained_on_refuse_nan_and_infinity() -> None:
         for x in NON_FINITE:
             with pytest.raises(ValueError, match="finite number"):
                 model.model_validate({**base, name: x})
+
+
+# --- query and signal names are constants -------------------------------------------------------------------------
+
+import ast  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+_MESSAGE_CALLS = {"query", "signal", "execute_update", "start_update", "get_update_handle"}
+_HANDLERS = {"query", "signal", "update"}
+
+
+def _sources() -> list[Path]:
+    skip = {".venv", ".git", "node_modules", "build", "dist"}
+    return [p for p in REPO.rglob("*.py") if not skip & set(p.relative_to(REPO).parts)]
+
+
+def test_query_signal_and_update_names_come_from_contracts_names() -> None:
+    """Every `@workflow.query/signal/update` names its handler with a constant of `contracts.names`, and no client
+    queries or signals a workflow by a string literal."""
+    bad = []
+    for path in _sources():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for dec in node.decorator_list:
+                    target = dec.func if isinstance(dec, ast.Call) else dec
+                    if not (isinstance(target, ast.Attribute) and target.attr in _HANDLERS
+                            and isinstance(target.value, ast.Name) and target.value.id == "workflow"):  # fmt: skip
+                        continue
+                    name = next((k.value for k in dec.keywords if k.arg == "name"), None) if isinstance(dec, ast.Call) else None
+                    if not (isinstance(name, ast.Attribute) and isinstance(name.value, ast.Name) and name.value.id == "names"):
+                        bad.append(f"{where}: @workflow.{target.attr} without name=names.<CONSTANT>")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MESSAGE_CALLS
+                    and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):  # fmt: skip
+                bad.append(f"{where}: .{node.func.attr}({node.args[0].value!r}, ...) names a message by a string literal")
+    assert not bad, "\n".join(bad)
