@@ -279,6 +279,22 @@ class TrajectoryResult(Contract):
     seconds: float = 0.0
 
 
+class TrajectoryProgress(Contract):
+    """What the TrajectoryWorkflow's `progress` query answers: where a running episode is."""
+
+    env_id: str
+    max_turns: int
+    turn: int
+    """Turns done so far."""
+    sandbox: str | None
+    """The sandbox's id while one is open."""
+    host_queue: str | None
+    """The env worker's own queue that the sandbox's steps go to, while one is open."""
+    env_recoveries: int
+    last_observation: str
+    """The end (at most 2000 characters) of the newest observation."""
+
+
 class TrajectoryReport(Contract):
     """The small signal a trajectory sends to `report_to` when it ends."""
 

@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         SandboxHandle,
         SaveTrajectoryInput,
         ScoreInput,
+        TrajectoryProgress,
         TrajectoryReport,
         TrajectoryRequest,
         TrajectoryResult,
@@ -132,17 +133,17 @@ class TrajectoryWorkflow:
         return result
 
     @workflow.query(name=names.QUERY_PROGRESS)
-    def progress(self) -> dict[str, object]:
+    def progress(self) -> TrajectoryProgress:
         """Where the episode is: turn, sandbox, last observation."""
-        return {
-            "env_id": self.req.env_id,
-            "max_turns": self.req.max_turns,
-            "turn": len(self.turns),
-            "sandbox": self.handle.sandbox_id if self.handle else None,
-            "host_queue": self.handle.host_queue if self.handle else None,
-            "env_recoveries": self.recoveries,
-            "last_observation": self.observation[-2000:],
-        }
+        return TrajectoryProgress(
+            env_id=self.req.env_id,
+            max_turns=self.req.max_turns,
+            turn=len(self.turns),
+            sandbox=self.handle.sandbox_id if self.handle else None,
+            host_queue=self.handle.host_queue if self.handle else None,
+            env_recoveries=self.recoveries,
+            last_observation=self.observation[-2000:],
+        )
 
     async def _turn(self) -> EnvStepResult:
         req = self.req
