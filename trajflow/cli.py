@@ -233,6 +233,7 @@ def train(
     """Train on the running stack: eval, the TrainingWorkflow with live progress, eval; summary + plots."""
     from infra.settings import load_settings
     from infra.store import open_store
+    from contracts.runs import RunSummary
     from infra.temporal import connect
     from trajflow.client import new_run_id
     from trajflow.train import train as run_training
@@ -254,7 +255,7 @@ def train(
     rid = run_id or new_run_id()
     run_dir = settings.state_dir / "runs" / rid
 
-    async def main() -> dict:
+    async def main() -> RunSummary:
         client = await connect(settings)
         store = open_store(settings.resolved_store_url, s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region)
         return await run_training(config, settings, client, store, rid, run_dir, _say, skip_eval=no_eval)
@@ -262,8 +263,9 @@ def train(
     summary = asyncio.run(main())
     if json_summary:
         json_summary.parent.mkdir(parents=True, exist_ok=True)
-        json_summary.write_text(json.dumps(summary, indent=2))
-    typer.echo(json.dumps({k: summary[k] for k in ("eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds")}, indent=2))
+        json_summary.write_text(summary.model_dump_json(indent=2))
+    shown = {"eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds"}
+    typer.echo(json.dumps(summary.model_dump(mode="json", include=shown), indent=2))
     _exit(0)
 
 
