@@ -131,3 +131,19 @@ def test_a_whole_context_written_before_deltas_is_still_read(tmp_path: Path) -> 
     assert ContextStore(store).load(uri) == after
     with pytest.raises(ValueError, match="cannot extend"):
         TurnDelta.between(old, after, None).apply(after)
+
+
+async def test_a_retried_turn_writes_its_own_delta(tokenizer: Any, tmp_path: Path) -> None:
+    """An earlier attempt that finishes late (a worker that lost its heartbeat) never overwrites the delta the
+    workflow went on with."""
+    import dataclasses
+
+    store = CountingStore(tmp_path / "store")
+    req = TrajectoryRequest()
+    inp = req.generate_input("traj-3/run-1", 0, None, observation(0))
+    first, retry = ActivityEnvironment(), ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2)
+    kept = await retry.run(decoder(tokenizer, store, "b").generate, inp)
+    late = await first.run(decoder(tokenizer, store, "a").generate, inp)
+    assert kept.context_uri != late.context_uri and kept.context_uri.endswith("context-turn000-attempt2.json")
+    assert (await save(store, req, kept.context_uri)).context == (await save(store, req, late.context_uri)).context
