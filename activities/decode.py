@@ -1,7 +1,8 @@
 """Decode activity: one LLM turn of one trajectory, batched with every other trajectory's turn by the engine.
 
-Loads the trajectory's token-level context from the store, appends the new observation (chat formatting on our
-side), generates, stores the extended context and returns the text, the context URI and the policy version.
+Loads the trajectory's token-level context (from this worker's memory, else from the store), appends the new
+observation (chat formatting on our side), generates, stores what this turn added to the context (a delta linked to
+the previous turn's: `activities.contexts`) and returns the text, the delta's URI and the policy version.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.contexts import ContextStore
 from activities.heartbeats import with_heartbeats
 from infra.layout import context_key
 from contracts import names
@@ -30,6 +32,7 @@ class DecodeActivities:
         self.store = store
         self.pool = pool
         self.worker_id = worker_id
+        self.contexts = ContextStore(store)
 
     @activity.defn(name=names.LLM_GENERATE)
     async def generate(self, inp: GenerateInput) -> GenerateResult:
@@ -41,17 +44,17 @@ class DecodeActivities:
                 f"v{inp.min_policy_version} or newer",
                 type=names.ERR_POLICY_BEHIND,
             )
-        ctx = TurnContext(model=self.engine.name)
+        before = TurnContext(model=self.engine.name)
         if inp.context_uri:
-            ctx = TurnContext.model_validate(await asyncio.to_thread(self.store.get_json, inp.context_uri))
-        ctx, prompt_ids = append_user(ctx, self.engine.tokenizer, inp.user_message, inp.system_prompt)
+            before = await asyncio.to_thread(self.contexts.load, inp.context_uri)
+        ctx, prompt_ids = append_user(before, self.engine.tokenizer, inp.user_message, inp.system_prompt)
         completion = await with_heartbeats(
             self.engine.generate(prompt_ids, inp.sampling, inp.policy), "generating", HEARTBEAT_EVERY_S
         )
         version = completion.policy_version
         ctx = append_completion(ctx, completion.token_ids, completion.logprobs, completion.text, version)
-        key = context_key(inp.trajectory_id, inp.turn)
-        uri = await asyncio.to_thread(self.store.put_json, key, ctx)
+        key = context_key(inp.trajectory_id, inp.turn, activity.info().attempt)
+        uri = await asyncio.to_thread(self.contexts.save, key, inp.context_uri, before, ctx)
         return GenerateResult(
             text=completion.text,
             context_uri=uri,

@@ -2,7 +2,7 @@
 
 Scoring is an HTTP call to the (serverless) reward service; its errors are classified once here: a rejected or
 garbled answer is final, an unreachable service is retried by Temporal. Saving assembles the trajectory record
-from the last turn's context and the workflow's summary and writes it to the store.
+from the turns' context deltas (`activities.contexts`) and the workflow's summary and writes it to the store.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import asyncio
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.contexts import ContextStore
 from infra.layout import trajectory_record_key
 from contracts import names
-from contracts.records import TrajectoryRecord, TurnContext
+from contracts.records import TrajectoryRecord
 from contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult, ScoreInput, ScoreResult
 from infra.store import ObjectStore
 from rewards.client import (
@@ -45,7 +46,8 @@ class RewardActivities:
     async def save(self, inp: SaveTrajectoryInput) -> SaveTrajectoryResult:
         context = None
         if inp.context_uri:
-            context = TurnContext.model_validate(await asyncio.to_thread(self.store.get_json, inp.context_uri))
+            # no cache: the reward pool is stateless, and each trajectory is saved once
+            context = await asyncio.to_thread(ContextStore(self.store, max_cached_tokens=0).load, inp.context_uri)
         record = TrajectoryRecord(
             workflow_id=inp.workflow_id,
             request=inp.request,

@@ -108,7 +108,6 @@ class BatchRolloutWorkflow:
         res = await stubs.reward_score(
             e.req.pools.reward,
             ScoreInput(
-                pool=e.req.pools.reward,
                 request=e.req.score_request(
                     [t.action for t in e.turns],
                     [t.env_reward for t in e.turns],

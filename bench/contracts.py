@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from contracts.base import Contract
 from contracts.trajectory import TrajectoryRequest
 
 BATCH_ROLLOUT_WORKFLOW = "BatchRolloutWorkflow"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BatchRolloutInput(_Model):
+class BatchRolloutInput(Contract):
     """B episodes to roll out in lockstep (batch-level env interaction)."""
 
     requests: list[TrajectoryRequest] = Field(min_length=1)
@@ -29,7 +26,7 @@ class BatchRolloutInput(_Model):
         return self
 
 
-class BatchRolloutResult(_Model):
+class BatchRolloutResult(Contract):
     episodes: int
     completed: int
     """Episodes scored (ended by their env or their turn limit)."""

@@ -27,6 +27,7 @@ from typing import Any
 from contracts import names
 from contracts.config import RunConfig
 from contracts.training import TrainingProgress, TrainingResult, TrainingRunConfig
+from contracts.trajectory import TrajectoryProgress
 from infra import stack
 from infra.settings import Settings
 from infra.temporal import wait_until_reachable
@@ -136,7 +137,7 @@ class Chaos:
         """Sample the run's progress every second (rides out a restarting server: samples just pause)."""
         while not done.is_set():
             try:
-                p = await self.handle.query("progress", result_type=TrainingProgress)
+                p = await self.handle.query(names.QUERY_PROGRESS, result_type=TrainingProgress)
                 self.progress = p
                 self.timeline.append((self.now(), ended(p), p.version))
             except Exception:  # noqa: BLE001 - server restarting or between continue-as-new runs
@@ -243,12 +244,14 @@ class Chaos:
                 if not decided[wid] or wid in c.killed_ids:
                     continue
                 try:
-                    p = await self.client.get_workflow_handle(wid).query("progress")
+                    p = await self.client.get_workflow_handle(wid).query(
+                        names.QUERY_PROGRESS, result_type=TrajectoryProgress
+                    )
                 except Exception:  # noqa: BLE001 - it ended meanwhile, or the server restarts
                     continue
-                if p.get("sandbox"):
+                if p.sandbox:
                     found = await asyncio.to_thread(
-                        engine.containers.list, filters={"label": f"{SANDBOX_ID}={p['sandbox']}"}
+                        engine.containers.list, filters={"label": f"{SANDBOX_ID}={p.sandbox}"}
                     )
                     for container in found:
                         await asyncio.to_thread(container.kill)

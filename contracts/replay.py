@@ -5,16 +5,13 @@ Small by construction: one turn's action and observation text per step, as `Turn
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from contracts.base import Contract
 from contracts.trajectory import JsonScalar
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EnvReplayInput(_Model):
+class EnvReplayInput(Contract):
     """What to re-drive: the env, its seed and kwargs, the recorded actions, and the env pool that hosts it."""
 
     env_id: str
@@ -26,7 +23,7 @@ class EnvReplayInput(_Model):
     """The trajectory whose actions these are (shown as the TrajflowReplayOf search attribute)."""
 
 
-class EnvReplayStep(_Model):
+class EnvReplayStep(Contract):
     action: str
     observation: str
     reward: float
@@ -35,7 +32,7 @@ class EnvReplayStep(_Model):
     info: dict[str, JsonScalar] = Field(default_factory=dict)
 
 
-class EnvReplayResult(_Model):
+class EnvReplayResult(Contract):
     """What the fresh sandbox answered, step by step; `error` says where it stopped when it did not finish."""
 
     first_observation: str = ""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from contracts.base import Contract
 from contracts.limits import EnvId, EnvKwargs, Name, SystemPrompt
 from contracts.trajectory import (
     DEFAULT_ENV_ID,
@@ -16,11 +17,7 @@ from contracts.trajectory import (
 )
 
 
-class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TaskConfig(_Config):
+class TaskConfig(Contract):
     name: Name = "default"
     """A short name for the task, used in summaries."""
     env_id: EnvId = DEFAULT_ENV_ID

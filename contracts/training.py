@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from contracts.base import Contract
 from contracts.limits import PoolName
 from contracts.tasks import TaskConfig
 
 
-class _Model(BaseModel):
+class _Model(Contract):
     # NaN/inf as JSON constants, not `null`, so a diverged step's NaN loss in `metrics` still decodes.
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from contracts.base import Contract, FiniteFloat
 from contracts.limits import EnvId, EnvKwargs, Name, PoolName, SystemPrompt, WorkflowIdRef
 
 JsonScalar = str | int | float | bool | None
@@ -24,12 +25,6 @@ DEFAULT_SYSTEM_PROMPT = (
 """Shows the answer format by example: without one, SmolLM2-135M-Instruct almost never writes `\\boxed{N}`."""
 
 
-class _Model(BaseModel):
-    # NaN and inf are written as JSON constants (`NaN`), not `null`: a `null` would fail to decode as a float on
-    # the other side and wedge the workflow task. Where a value must be finite, its field says so.
-    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
-
-
 class TrajectoryStatus(StrEnum):
     """How a trajectory ended. Only `completed` trajectories carry a reward and may be trained on."""
 
@@ -41,7 +36,7 @@ class TrajectoryStatus(StrEnum):
     """Sandboxes or workers kept failing past the recovery budget; never scored, never trained on."""
 
 
-class SamplingParams(_Model):
+class SamplingParams(Contract):
     temperature: Annotated[float, Field(ge=0.0, le=5.0)] = 1.0
     """Softmax temperature; 0 means greedy decoding."""
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
@@ -50,7 +45,7 @@ class SamplingParams(_Model):
     """Token budget of one turn's completion."""
 
 
-class StagePools(_Model):
+class StagePools(Contract):
     """Which pool (hence task queue) serves each stage of a trajectory: the hardware-affinity map of one task."""
 
     decode: PoolName = "default"
@@ -58,7 +53,7 @@ class StagePools(_Model):
     reward: PoolName = "default"
 
 
-class TrajectoryRequest(_Model):
+class TrajectoryRequest(Contract):
     """One trajectory to run. Every field has a default, so `{}` from the Temporal UI starts the default task."""
 
     env_id: EnvId = DEFAULT_ENV_ID
@@ -131,7 +126,7 @@ class TrajectoryRequest(_Model):
         )
 
 
-class SandboxHandle(_Model):
+class SandboxHandle(Contract):
     """A live sandbox: which env worker holds it and the queue its steps must go to."""
 
     sandbox_id: str
@@ -143,7 +138,7 @@ class SandboxHandle(_Model):
     """The env worker kills a step's container after this long; the workflow's timeout is a little longer."""
 
 
-class EnvResetInput(_Model):
+class EnvResetInput(Contract):
     trajectory_id: str
     env_id: str
     seed: int
@@ -152,7 +147,7 @@ class EnvResetInput(_Model):
     """Actions to replay after reset, restoring a lost sandbox's state (environments are seeded and deterministic)."""
 
 
-class EnvResetResult(_Model):
+class EnvResetResult(Contract):
     handle: SandboxHandle
     observation: str
     """The chat text of the current observation (after any replayed actions), formatted on our side."""
@@ -161,12 +156,12 @@ class EnvResetResult(_Model):
     """True when the replayed actions already ended the episode."""
 
 
-class EnvStepInput(_Model):
+class EnvStepInput(Contract):
     handle: SandboxHandle
     action: str
 
 
-class EnvStepResult(_Model):
+class EnvStepResult(Contract):
     observation: str
     reward: float
     terminated: bool
@@ -174,15 +169,16 @@ class EnvStepResult(_Model):
     info: dict[str, JsonScalar] = Field(default_factory=dict)
 
 
-class EnvCloseInput(_Model):
+class EnvCloseInput(Contract):
     handle: SandboxHandle
 
 
-class GenerateInput(_Model):
+class GenerateInput(Contract):
     trajectory_id: str
     turn: int
     context_uri: str | None
-    """The previous turn's context in the store (None on the first turn)."""
+    """The previous turn's context in the store: its newest delta, linked to the ones before (None on the first
+    turn)."""
     user_message: str
     """The new observation, appended to the context as a user message."""
     system_prompt: str = ""
@@ -192,10 +188,11 @@ class GenerateInput(_Model):
     """Whose weights: a training run id, or empty for the initial model."""
 
 
-class GenerateResult(_Model):
+class GenerateResult(Contract):
     text: str
     context_uri: str
-    """The updated context (all token ids, logprobs, loss mask and per-turn versions so far)."""
+    """The updated context: what this turn added to it (token ids, logprobs, loss mask, version), stored as a delta
+    linked to the previous turn's, so the whole context so far can be read back from it."""
     prompt_tokens: int
     completion_tokens: int
     policy_version: int
@@ -204,7 +201,7 @@ class GenerateResult(_Model):
     worker_id: str
 
 
-class ScoreRequest(_Model):
+class ScoreRequest(Contract):
     """The body of the reward service's `POST /score` (HTTP, not Temporal, but kept beside its siblings)."""
 
     reward_fn: str = "env_outcome"
@@ -217,19 +214,18 @@ class ScoreRequest(_Model):
     final_info: dict[str, JsonScalar] = Field(default_factory=dict)
 
 
-class ScoreResult(_Model):
-    reward: Annotated[float, Field(allow_inf_nan=False)]
+class ScoreResult(Contract):
+    reward: FiniteFloat
     """Finite: a NaN or infinite reward is a broken reward service, never a sample to train on."""
     reward_fn: str
     details: dict[str, JsonScalar] = Field(default_factory=dict)
 
 
-class ScoreInput(_Model):
-    pool: str
+class ScoreInput(Contract):
     request: ScoreRequest
 
 
-class TurnSummary(_Model):
+class TurnSummary(Contract):
     """One turn as history keeps it: the action and observation text and scalars."""
 
     action: str
@@ -251,7 +247,7 @@ class TurnSummary(_Model):
         )
 
 
-class SaveTrajectoryInput(_Model):
+class SaveTrajectoryInput(Contract):
     workflow_id: str
     request: TrajectoryRequest
     status: TrajectoryStatus
@@ -265,11 +261,11 @@ class SaveTrajectoryInput(_Model):
     timings: dict[str, float] = Field(default_factory=dict)
 
 
-class SaveTrajectoryResult(_Model):
+class SaveTrajectoryResult(Contract):
     trajectory_uri: str
 
 
-class TrajectoryResult(_Model):
+class TrajectoryResult(Contract):
     workflow_id: str
     status: TrajectoryStatus
     turns: int
@@ -283,14 +279,30 @@ class TrajectoryResult(_Model):
     seconds: float = 0.0
 
 
-class TrajectoryReport(_Model):
+class TrajectoryProgress(Contract):
+    """What the TrajectoryWorkflow's `progress` query answers: where a running episode is."""
+
+    env_id: str
+    max_turns: int
+    turn: int
+    """Turns done so far."""
+    sandbox: str | None
+    """The sandbox's id while one is open."""
+    host_queue: str | None
+    """The env worker's own queue that the sandbox's steps go to, while one is open."""
+    env_recoveries: int
+    last_observation: str
+    """The end (at most 2000 characters) of the newest observation."""
+
+
+class TrajectoryReport(Contract):
     """The small signal a trajectory sends to `report_to` when it ends."""
 
     workflow_id: str
     trajectory_uri: str | None
     group: str
     policy_version: int | None
-    reward: Annotated[float, Field(allow_inf_nan=False)] | None
+    reward: FiniteFloat | None
     status: TrajectoryStatus
     error: str | None = None
     """Why it failed, when it did (the training workflow names it when it stops admission)."""

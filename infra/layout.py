@@ -1,7 +1,7 @@
 """The object-store layout: every key trajflow writes or reads, built here and nowhere else.
 
     trajectories/<workflow id>/<run id>/trajectory.json           a finished trajectory's record (reward pool)
-    trajectories/<workflow id>/<run id>/context-turn007.json      the decode context after turn 7 (decode pool)
+    trajectories/<workflow id>/<run id>/context-turn007.json      what turn 7 added to the decode context (decode pool)
     runs/<run>/steps/v000003.json                                 the result of the step that made version 3
     runs/<run>/trainer/v000003/<files>, .../manifest.json         the trainer checkpoint (model + optimizer) of v3
     runs/<run>/policy/v000003/<files>, .../manifest.json          the policy weights published as v3
@@ -36,10 +36,12 @@ def trajectory_record_key(workflow_id: str, run_id: str) -> str:
     return trajectory_key(f"{workflow_id}/{run_id}", "trajectory.json")
 
 
-def context_key(trajectory_id: str, turn: int) -> str:
-    """Where the decode context (token ids, logprobs, masks) after `turn` is saved; `trajectory_id` is
-    `<workflow id>/<run id>`."""
-    return trajectory_key(trajectory_id, f"context-turn{turn:03d}.json")
+def context_key(trajectory_id: str, turn: int, attempt: int = 1) -> str:
+    """Where turn `turn` stores what it added to the decode context (`contracts.records.TurnDelta`: token ids,
+    logprobs, masks); `trajectory_id` is `<workflow id>/<run id>`. A retried attempt writes its own key, so an
+    earlier attempt that finishes late never overwrites the delta the workflow went on with."""
+    suffix = "" if attempt <= 1 else f"-attempt{attempt}"
+    return trajectory_key(trajectory_id, f"context-turn{turn:03d}{suffix}.json")
 
 
 def _version(version: int) -> str:

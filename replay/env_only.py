@@ -120,6 +120,6 @@ async def _follow(
 async def _query(handle: WorkflowHandle) -> EnvReplayResult | None:  # type: ignore[type-arg]
     """The replay's progress, or None before its first workflow task ran (a query cannot be answered then)."""
     try:
-        return await handle.query("progress", result_type=EnvReplayResult)
+        return await handle.query(names.QUERY_PROGRESS, result_type=EnvReplayResult)
     except (RPCError, WorkflowQueryFailedError):
         return None

@@ -3,14 +3,16 @@
 Usage: python scripts/plot_runs.py OUT.png LABEL=RUN_DIR/summary.json [LABEL=... ...]
 
 Each summary is the `summary.json` that `trajflow train` writes; the held-out mean reward after training is
-marked at each run's last step. Limits: needs matplotlib (a project dependency); reads only the summaries.
+marked at each run's last step. Limits: needs matplotlib (a project dependency) and trajflow importable (the
+project's venv, or PYTHONPATH=.: the summaries are read as `contracts.runs.RunSummary`); reads only the summaries.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+from contracts.runs import RunSummary
 
 
 def main(argv: list[str]) -> int:
@@ -25,11 +27,11 @@ def main(argv: list[str]) -> int:
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
     for arg in argv[2:]:
         label, _, path = arg.rpartition("=")  # the label may hold "=" (α=1), the path may not
-        summary = json.loads(Path(path).read_text())
-        rewards = summary["reward_by_step"]
+        summary = RunSummary.model_validate_json(Path(path).read_text())
+        rewards = summary.reward_by_step
         steps = list(range(1, len(rewards) + 1))
-        minutes = [t / 60 for t in summary["time_by_step"]]
-        after = (summary.get("eval_after") or {}).get("mean_reward")
+        minutes = [t / 60 for t in summary.time_by_step]
+        after = summary.eval_after.mean_reward if summary.eval_after else None
         for ax, xs in ((by_step, steps), (by_time, minutes)):
             (line,) = ax.plot(xs, rewards, marker="o", ms=3, label=f"{label}: training batch")
             if after is not None:

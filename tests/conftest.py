@@ -74,6 +74,8 @@ async def pending_work(client, run_id: str) -> str:  # type: ignore[no-untyped-d
     import sys
     import traceback
 
+    from contracts import names
+
     lines = []
     query = f"(WorkflowId = '{run_id}' OR TrajflowRun = '{run_id}') AND ExecutionStatus = 'Running'"
     async for wf in client.list_workflows(query):
@@ -82,7 +84,7 @@ async def pending_work(client, run_id: str) -> str:  # type: ignore[no-untyped-d
         pending = desc.pending_activities
         lines.append(f"{wf.id} ({wf.workflow_type}): {len(pending)} pending activities")
         if wf.workflow_type == "TrainingWorkflow":
-            state = await handle.query("state")
+            state = await handle.query(names.QUERY_STATE)
             groups = {k: (len(g["running"]), len(g["completed"]), g["failed"]) for k, g in state["groups"].items()}
             lines.append(f"  version={state['version']} paused={state['paused']!r} counters={state['counters']}")
             lines.append(f"  groups (running, completed, failed): {groups}")

@@ -8,7 +8,7 @@
     print(result.status, result.reward, result.trajectory_uri)
 
 Training runs the same way: `start_training(TrainingRunConfig(steps=20), run_id="my-run")` returns the
-TrainingWorkflow's handle (its workflow id is the run id); `handle.query("progress")` shows where it is.
+TrainingWorkflow's handle (its workflow id is the run id); `training_progress(handle)` shows where it is.
 
 Addresses come from the `TRAJFLOW_*` settings (the embedded stack's by default).
 """
@@ -102,4 +102,4 @@ async def start_training(
 
 async def training_progress(handle: WorkflowHandle) -> TrainingProgress:  # type: ignore[type-arg]
     """The run's live state (version, buffer, counters, last step) from the workflow's `progress` query."""
-    return await handle.query("progress", result_type=TrainingProgress)
+    return await handle.query(names.QUERY_PROGRESS, result_type=TrainingProgress)

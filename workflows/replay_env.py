@@ -97,7 +97,7 @@ class ReplayEnvWorkflow:
         except ActivityError as e:  # the reaper removes what a dead host left behind
             workflow.logger.warning("closing sandbox %s failed: %s", handle.sandbox_id, stubs.describe(e))
 
-    @workflow.query
+    @workflow.query(name=names.QUERY_PROGRESS)
     def progress(self) -> EnvReplayResult:
         """The steps answered so far (all of them once `done`)."""
         handle = self.opened

@@ -440,7 +440,7 @@ class TrainingWorkflow:
 
     # --- state you can look at -------------------------------------------------------------------------------
 
-    @workflow.query
+    @workflow.query(name=names.QUERY_PROGRESS)
     def progress(self) -> TrainingProgress:
         s = self.s
         return TrainingProgress(
@@ -456,7 +456,7 @@ class TrainingWorkflow:
             paused=s.paused,
         )
 
-    @workflow.query
+    @workflow.query(name=names.QUERY_STATE)
     def state(self) -> TrainingState:
         return self.s
 

@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
         SandboxHandle,
         SaveTrajectoryInput,
         ScoreInput,
+        TrajectoryProgress,
         TrajectoryReport,
         TrajectoryRequest,
         TrajectoryResult,
@@ -131,18 +132,18 @@ class TrajectoryWorkflow:
         await self._report(result)
         return result
 
-    @workflow.query
-    def progress(self) -> dict[str, object]:
+    @workflow.query(name=names.QUERY_PROGRESS)
+    def progress(self) -> TrajectoryProgress:
         """Where the episode is: turn, sandbox, last observation."""
-        return {
-            "env_id": self.req.env_id,
-            "max_turns": self.req.max_turns,
-            "turn": len(self.turns),
-            "sandbox": self.handle.sandbox_id if self.handle else None,
-            "host_queue": self.handle.host_queue if self.handle else None,
-            "env_recoveries": self.recoveries,
-            "last_observation": self.observation[-2000:],
-        }
+        return TrajectoryProgress(
+            env_id=self.req.env_id,
+            max_turns=self.req.max_turns,
+            turn=len(self.turns),
+            sandbox=self.handle.sandbox_id if self.handle else None,
+            host_queue=self.handle.host_queue if self.handle else None,
+            env_recoveries=self.recoveries,
+            last_observation=self.observation[-2000:],
+        )
 
     async def _turn(self) -> EnvStepResult:
         req = self.req
@@ -236,7 +237,6 @@ class TrajectoryWorkflow:
             res = await stubs.reward_score(
                 self.req.pools.reward,
                 ScoreInput(
-                    pool=self.req.pools.reward,
                     request=self.req.score_request(
                         self.actions, env_rewards, last.terminated, last.truncated or not last.terminated, last.info
                     ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from contracts import names
 from sandbox.errors import SandboxStartError
 
 GUESS = "I guess \\boxed{999}"  # valid format, out of range: the game goes on to its turn limit
@@ -30,7 +31,7 @@ class SandboxKillingEngine:
         call, self.calls = self.calls, self.calls + 1
         if call in self.kill_at:
             assert self.handle is not None, "set .handle to the trajectory's handle before it reaches a kill"
-            progress = await self.handle.query("progress")
+            progress = await self.handle.query(names.QUERY_PROGRESS)
             container = self.manager.get(progress["sandbox"]).container_id
             self.docker.containers.get(container).kill()
             self.killed.append(progress["sandbox"])

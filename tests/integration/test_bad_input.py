@@ -210,7 +210,7 @@ async def test_no_input_at_all_runs_the_defaults(temporal_env) -> None:  # type:
 
 async def _progress(handle: WorkflowHandle) -> dict | None:  # type: ignore[type-arg]
     try:
-        return await handle.query("progress")
+        return await handle.query(names.QUERY_PROGRESS)
     except (RPCError, WorkflowQueryFailedError):
         return None  # its first workflow task has not run yet
 
@@ -273,7 +273,7 @@ async def test_malformed_trajectory_finished_signals_are_dropped_with_a_warning_
                 await handle.signal(names.SIGNAL_TRAJECTORY_FINISHED, good)
 
                 async def counted() -> TrainingProgress | None:
-                    p = await handle.query("progress", result_type=TrainingProgress)
+                    p = await handle.query(names.QUERY_PROGRESS, result_type=TrainingProgress)
                     return p if p.counters.external else None
 
                 progress = await async_wait_for(counted, BOUND_S, 0.2, "the valid report to be counted")

@@ -13,6 +13,7 @@ import uuid
 import pytest
 from transformers import AutoTokenizer
 
+from contracts import names
 from contracts.tasks import TaskConfig
 from contracts.trajectory import SamplingParams, StagePools, TrajectoryReport, TrajectoryStatus
 from contracts.training import TrainingRunConfig, TrainingState
@@ -56,7 +57,7 @@ async def test_async_run_respects_admission_and_staleness_bounds(
         run_id = f"run-{uuid.uuid4().hex[:8]}"
         handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
         result = await asyncio.wait_for(handle.result(), timeout=240)
-        state = await handle.query("state", result_type=TrainingState)
+        state = await handle.query(names.QUERY_STATE, result_type=TrainingState)
         progress = await training_progress(handle)
         runs = await children(st.client, run_id)
         start_versions = {w.id: await _min_policy_version(st.client, w.id) for w in runs}
@@ -132,7 +133,7 @@ async def test_stale_samples_are_dropped_never_trained(
                 reward=1.0,
                 status=TrajectoryStatus.COMPLETED,
             )
-            await handle.signal("trajectory_finished", report)
+            await handle.signal(names.SIGNAL_TRAJECTORY_FINISHED, report)
         result = await asyncio.wait_for(handle.result(), timeout=240)
     assert result.counters.external == 2
     assert result.counters.dropped_stale == 2
@@ -161,7 +162,7 @@ async def test_continue_as_new_and_worker_restart_keep_the_run(
             result = await asyncio.wait_for(handle.result(), timeout=300)
         except asyncio.TimeoutError:
             raise AssertionError(f"the run did not finish:\n{await pending_work(st.client, run_id)}") from None
-        state = await handle.query("state", result_type=TrainingState)
+        state = await handle.query(names.QUERY_STATE, result_type=TrainingState)
     assert result.version == 6
     assert result.counters.consumed == 12
     assert state.continued >= 1, "the history limit of 60 events should have forced continue-as-new"

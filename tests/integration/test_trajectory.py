@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from contracts import names
 from contracts.records import TrajectoryRecord
 from contracts.trajectory import StagePools, TrajectoryStatus
 from tests.conftest import running_stack
@@ -91,7 +92,7 @@ async def test_killed_container_is_restored_by_replay_and_the_episode_finishes(
         req = stack.request(env_id="game:GuessTheNumber-v0-hard", seed=3, env_kwargs={"max_turns": 6}, max_turns=6)
         handle = await stack.start(req)
         await asyncio.wait_for(engine.reached.wait(), 60)
-        progress = await handle.query("progress")
+        progress = await handle.query(names.QUERY_PROGRESS)
         assert progress["turn"] == 2
         container_id = sandbox_manager.get(progress["sandbox"]).container_id
         docker_client.containers.get(container_id).kill()
@@ -115,7 +116,7 @@ async def test_recovery_budget_spent_ends_infra_failed_and_unscored(
         req = stack.request(env_id="game:GuessTheNumber-v0-hard", seed=4, max_env_recoveries=0)
         handle = await stack.start(req)
         await asyncio.wait_for(engine.reached.wait(), 60)
-        progress = await handle.query("progress")
+        progress = await handle.query(names.QUERY_PROGRESS)
         docker_client.containers.get(sandbox_manager.get(progress["sandbox"]).container_id).kill()
         engine.released.set()
         result = await handle.result()
@@ -146,6 +147,12 @@ async def test_twenty_turn_history_stays_small(
     assert "token_ids" not in text and "logprobs" not in text  # the data plane stays in the store
     record = load_record(store, result.trajectory_uri)
     assert len(record.context.turn_spans) == 20
+    # the store side stays O(turns) too: each turn writes what it adds to the token context, not the whole context
+    contexts = sorted(u for u in store.list("trajectories/") if "/context-turn" in u)
+    sizes = [len(store.get_bytes(u)) for u in contexts]
+    print(f"bytes written per turn: {sizes}")
+    assert len(sizes) == 20
+    assert max(sizes[1:]) <= 1.5 * min(sizes[1:]), f"a turn's write grows with the turn number: {sizes}"
 
 
 async def test_two_tasks_send_llm_steps_to_their_own_decode_pools(
@@ -219,7 +226,7 @@ async def test_a_dead_env_host_is_noticed_by_schedule_to_start_and_another_host_
         req = stack.request(env_id="game:GuessTheNumber-v0-hard", seed=5, env_kwargs={"max_turns": 4}, max_turns=4)
         handle = await stack.start(req)
         await asyncio.wait_for(engine.reached.wait(), 60)
-        dead = await handle.query("progress")
+        dead = await handle.query(names.QUERY_PROGRESS)
         # the env host dies: nothing polls its host queue or takes resets any more; a second host serves the pool
         mine = {dead["host_queue"], names.env_queue(stack.pools)}
         await asyncio.gather(*(w.shutdown() for w in stack.workers if w.task_queue in mine))
@@ -228,7 +235,7 @@ async def test_a_dead_env_host_is_noticed_by_schedule_to_start_and_another_host_
         try:
             engine.released.set()
             result = await asyncio.wait_for(handle.result(), 180)
-            after = await handle.query("progress")
+            after = await handle.query(names.QUERY_PROGRESS)
         finally:
             await asyncio.gather(*(w.shutdown() for w in second), return_exceptions=True)
             sandbox_manager.close(dead["sandbox"])  # the dead host's container (its reaper would remove it)

@@ -186,7 +186,7 @@ def test_status_text_of_a_training_run() -> None:
         "query_error": None, "trajectories_query": "q",
         "trajectories": [
             {"workflow_id": "run-1-g000002-0", "replay_of": None, "query_error": None,
-             "progress": {"turn": 1, "max_turns": 4, "sandbox": "sb-1", "host_queue": "hq", "env_recoveries": 0,
+             "progress": {"env_id": "game:GuessTheNumber-v0-easy", "turn": 1, "max_turns": 4, "sandbox": "sb-1", "host_queue": "hq", "env_recoveries": 0,
                           "last_observation": "At turn 1\nyou guessed 5"}},
             {"workflow_id": "run-1-g000002-1", "replay_of": None, "progress": None, "query_error": "timeout"},
         ],

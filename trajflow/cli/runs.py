@@ -57,6 +57,7 @@ def train(
     from infra.temporal import connect
     from trajflow.client import new_run_id
     from commands.train import train as run_training
+    from contracts.runs import RunSummary
 
     config = _config(config_path)
     overrides = {"sync": True, "alpha": 0} if sync else {}
@@ -75,7 +76,7 @@ def train(
     rid = run_id or new_run_id()
     run_dir = settings.state_dir / "runs" / rid
 
-    async def main() -> dict:
+    async def main() -> RunSummary:
         client = await connect(settings)
         store = open_store_from(settings)
         return await run_training(config, settings, client, store, rid, run_dir, _say, skip_eval=no_eval)
@@ -83,8 +84,9 @@ def train(
     summary = asyncio.run(main())
     if json_summary:
         json_summary.parent.mkdir(parents=True, exist_ok=True)
-        json_summary.write_text(json.dumps(summary, indent=2))
-    typer.echo(json.dumps({k: summary[k] for k in ("eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds")}, indent=2))
+        json_summary.write_text(summary.model_dump_json(indent=2))
+    shown = {"eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds"}
+    typer.echo(json.dumps(summary.model_dump(mode="json", include=shown), indent=2))
     _exit(0)
 
 

@@ -1,0 +1,35 @@
+"""The base class of every contracts model, and the one place that says how all of them treat fields and floats.
+
+- `extra="forbid"`: an unknown (misspelt) field is an error that names it, never silently dropped.
+- Frozen: a model that crossed a boundary is a value; `MutableContract` is for state a workflow or a builder
+  updates in place (the training workflow's state, counters, groups).
+- NaN and infinity: written as the JSON constants `NaN`, `Infinity` and `-Infinity`, never `null`. A `null` fails to
+  decode as a float on the other side: a workflow task that fails forever, a stored record nobody can read. Both
+  pydantic's and Python's JSON parsers read the constants back. Where a value must be finite (a reward that is
+  trained on), its field is a `FiniteFloat` (or has bounds, which NaN never meets) and validation refuses NaN and
+  infinity, with a message naming the field.
+
+Limits: the constants are not strict JSON (RFC 8259); a reader in another language must accept them (JavaScript's
+`JSON.parse` does not). Only pydantic and the standard library are imported.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+"""A float that may not be NaN or infinite: validation refuses them ("Input should be a finite number")."""
+
+
+class Contract(BaseModel):
+    """Every contracts model derives from this (a unit test walks them all)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+
+
+class MutableContract(Contract):
+    """A contract whose fields may be assigned after construction (assignments are not re-validated)."""
+
+    model_config = ConfigDict(frozen=False)
