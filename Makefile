@@ -1,13 +1,14 @@
 # The two commands of the quick start. Both set up (idempotently) and reuse .venv.
-.PHONY: demo test test-vllm vllm-venv setup setup-test down
+.PHONY: demo test lint test-vllm vllm-venv setup setup-test down
 
 # The main job: start the embedded stack, then train SmolLM2 on the default config (eval before and after).
 demo: setup
 	.venv/bin/trajflow up
 	.venv/bin/trajflow train configs/default.toml
 
+# Static checks first (ruff, pyright in basic mode; configured in pyproject.toml), then the tests.
 # pytest's exit code 5 ("no tests ran") is turned into a loud failure, never mistaken for success.
-test: setup-test
+test: setup-test lint
 	.venv/bin/python -m pytest -ra $(PYTEST_ARGS); code=$$?; \
 	if [ $$code = 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$code
 
@@ -15,6 +16,10 @@ test: setup-test
 test-vllm: setup-test vllm-venv
 	.vllm-venv/bin/python -m pytest -ra -p no:cacheprovider tests/integration/test_vllm_engine.py; code=$$?; \
 	if [ $$code = 5 ]; then echo "make test-vllm: pytest ran no tests" >&2; exit 1; fi; exit $$code
+
+lint: setup-test
+	.venv/bin/ruff check .
+	.venv/bin/pyright
 
 vllm-venv:
 	scripts/vllm_venv.sh
