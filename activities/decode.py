@@ -14,10 +14,10 @@ from temporalio.exceptions import ApplicationError
 
 from activities.contexts import ContextStore
 from activities.heartbeats import with_heartbeats
-from infra.layout import context_key
 from contracts import names
 from contracts.records import TurnContext
 from contracts.trajectory import GenerateInput, GenerateResult
+from infra.layout import context_key
 from infra.store import ObjectStore
 from rl.chat import append_completion, append_user
 from rl.engines.base import Engine

@@ -13,10 +13,10 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.contexts import ContextStore
-from infra.layout import trajectory_record_key
 from contracts import names
 from contracts.records import TrajectoryRecord
 from contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult, ScoreInput, ScoreResult
+from infra.layout import trajectory_record_key
 from infra.store import ObjectStore
 from rewards.client import (
     RewardClient,

@@ -78,9 +78,9 @@ class RunFigures:
 
 
 def _task(st: BenchStack, w: Workload, sigma: float):  # type: ignore[no-untyped-def]
+    from bench.synthetic_env import ENV_ID, SyntheticSpec
     from contracts.tasks import TaskConfig
     from contracts.trajectory import SamplingParams, StagePools
-    from bench.synthetic_env import ENV_ID, SyntheticSpec
 
     spec = SyntheticSpec(mean=w.env_mean, sigma=sigma, min_turns=w.min_turns, max_turns=w.max_turns)
     return TaskConfig(

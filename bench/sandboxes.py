@@ -53,6 +53,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.env import EnvActivities
+from bench.sandboxes_builds import measure_builds, measure_cached
+from bench.sandboxes_chaos import measure_chaos
+from bench.sandboxes_report import LAYERS, Figures, latency, percentile, render, summarize
 from contracts.trajectory import (
     EnvCloseInput,
     EnvResetInput,
@@ -70,9 +73,6 @@ from sandbox.images import (
 )
 from sandbox.manager import SandboxManager
 from sandbox.pool import WarmPool
-from bench.sandboxes_builds import measure_builds, measure_cached
-from bench.sandboxes_chaos import measure_chaos
-from bench.sandboxes_report import LAYERS, Figures, latency, percentile, render, summarize
 from workers.env import build_manager
 from workflows.stubs import ENV_FATAL
 

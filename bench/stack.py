@@ -133,16 +133,16 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
+    from bench.batch_rollout import BatchRolloutWorkflow
+    from bench.sim_engine import SimulatedEngine
+    from bench.sim_trainer import simulated_trainer_workers
+    from bench.synthetic_worker import synthetic_env_workers
     from infra.policies import PolicyStore
     from infra.store import LocalStore
     from infra.temporal import search_attribute_args, temporal_binary
     from rewards.client import RewardClient
-    from bench.sim_engine import SimulatedEngine
-    from bench.sim_trainer import simulated_trainer_workers
     from workers.decode import decode_workers
     from workers.reward import reward_workers
-    from bench.synthetic_worker import synthetic_env_workers
-    from bench.batch_rollout import BatchRolloutWorkflow
     from workflows.training import TrainingWorkflow
     from workflows.trajectory import TrajectoryWorkflow
 

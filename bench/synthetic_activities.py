@@ -17,6 +17,7 @@ import uuid
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, SyntheticStep, episode_seed
 from contracts import names
 from contracts.trajectory import (
     EnvCloseInput,
@@ -26,7 +27,6 @@ from contracts.trajectory import (
     EnvStepResult,
     SandboxHandle,
 )
-from bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, SyntheticStep, episode_seed
 
 IMAGE = "synthetic"
 """What the handle reports as the sandbox image: there is none."""

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.audit import ChaosCounts, audit, collect
 from contracts import names
 from contracts.config import RunConfig
 from contracts.training import TrainingProgress, TrainingResult, TrainingRunConfig
@@ -31,7 +32,6 @@ from contracts.trajectory import TrajectoryProgress
 from infra import stack
 from infra.settings import Settings
 from infra.temporal import wait_until_reachable
-from chaos.audit import ChaosCounts, audit, collect
 
 Say = Callable[[str], None]
 PROCESS_FAULTS = ("decode", "env", "reward", "orchestrator", "trainer", "temporal")
@@ -270,7 +270,7 @@ def ended(p: TrainingProgress) -> int:
 async def _sleep_or(event: asyncio.Event, seconds: float) -> None:
     try:
         await asyncio.wait_for(event.wait(), timeout=seconds)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
 
 
@@ -286,9 +286,9 @@ async def run_chaos(
     seed: int = 0,
     settle_s: float = 180.0,
 ) -> ChaosReport:
+    from commands.train import follow_run
     from infra.store import open_store_from
     from trajflow.client import start_training
-    from commands.train import follow_run
 
     client = await wait_until_reachable(settings, quiet=True)
     store = open_store_from(settings)

@@ -16,14 +16,14 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from commands.visibility import list_trajectories, quote
 from contracts import names
 from contracts.training import TrainingProgress
-from replay.formatting import shorten
-from commands.visibility import list_trajectories, quote
 from contracts.trajectory import TrajectoryProgress
+from replay.formatting import shorten
 
 QUERY_TIMEOUT = timedelta(seconds=10)
 

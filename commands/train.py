@@ -23,7 +23,7 @@ from contracts.training import StepRecord, TrainingProgress, TrainingResult, Tra
 from contracts.trajectory import SamplingParams, TrajectoryStatus
 from infra.settings import Settings
 from infra.store import ObjectStore
-from trajflow.client import start_trajectory, start_training, training_progress
+from trajflow.client import start_training, start_trajectory, training_progress
 
 Say = Callable[[str], None]
 

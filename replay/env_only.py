@@ -27,8 +27,8 @@ from contracts import names
 from contracts.records import TrajectoryRecord
 from contracts.replay import EnvReplayInput, EnvReplayResult, EnvReplayStep
 from infra.store import ObjectStore
-from replay.rerun import ReplayError, outcome, started_request
 from replay.formatting import shorten
+from replay.rerun import ReplayError, outcome, started_request
 
 POLL_S = 0.5
 

@@ -140,7 +140,7 @@ async def continue_from_failure(
 async def _wait(result: object, timeout_s: float, what: str) -> None:
     try:
         await asyncio.wait_for(result, timeout_s)  # type: ignore[arg-type]
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise ReplayError(f"{what} did not end within {timeout_s:.0f}s; it goes on: see the Web UI") from None
     except WorkflowFailureError:
         pass  # the outcome shows how it failed

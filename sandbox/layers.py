@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -114,7 +114,7 @@ def list_images(client: docker.DockerClient, cache_dir: Path) -> list[ImageInfo]
     found: list[ImageInfo] = []
     for repo, layer in LAYER_REPOS.items():
         for image in client.api.images(name=repo):  # the summaries: no inspect per image
-            created = datetime.fromtimestamp(image["Created"], timezone.utc).isoformat(timespec="seconds")
+            created = datetime.fromtimestamp(image["Created"], UTC).isoformat(timespec="seconds")
             for tag in image.get("RepoTags") or ():
                 if tag.partition(":")[0] != repo:  # the same image may carry other names too
                     continue

@@ -264,12 +264,12 @@ async def running_stack(
     import asyncio
     import tempfile
 
+    from bench.sim_trainer import simulated_trainer_workers
     from rewards.client import RewardClient
     from workers.decode import decode_workers
     from workers.env import env_workers
     from workers.orchestrator import orchestrator_workers
     from workers.reward import reward_workers
-    from bench.sim_trainer import simulated_trainer_workers
     from workers.trainer import trainer_workers
 
     client = temporal_env.client

@@ -15,18 +15,18 @@ import pytest
 from temporalio.worker import Worker
 from transformers import AutoTokenizer
 
+from bench.batch_rollout import BatchRolloutWorkflow
 from bench.contracts import BATCH_ROLLOUT_WORKFLOW, BatchRolloutInput, BatchRolloutResult
+from bench.sim_engine import SimulatedEngine
+from bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, episode_seed
+from bench.synthetic_worker import synthetic_env_workers
 from contracts.tasks import TaskConfig
 from contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
-from bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, episode_seed
 from rewards.client import RewardClient
-from bench.sim_engine import SimulatedEngine
 from tests.conftest import ROOT
 from trajflow.client import run_trajectory
 from workers.decode import decode_workers
 from workers.reward import reward_workers
-from bench.synthetic_worker import synthetic_env_workers
-from bench.batch_rollout import BatchRolloutWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
 pytestmark = pytest.mark.integration

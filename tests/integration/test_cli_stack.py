@@ -32,8 +32,9 @@ def test_rollout_json_and_transcript(cli_stack) -> None:  # type: ignore[no-unty
     assert result["trajectory_uri"].startswith("file://" + str(cli_stack.state_dir))
 
     # the custom search attributes are registered and kept current: the same filter works in the UI's list
-    from infra.temporal import temporal_binary
     import subprocess
+
+    from infra.temporal import temporal_binary
 
     query = f"WorkflowId = '{result['workflow_id']}' AND TrajflowStatus = 'completed' AND TrajflowTurns >= 1"
     def listed() -> bool:  # visibility is eventually consistent: poll, bounded
@@ -69,8 +70,9 @@ def test_restart_keeps_workflows_and_down_stops_exactly_what_up_started(cli_stac
 
     cli_stack.trajflow("up", "-c", str(cli_stack.config))
     address = cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"]
-    from infra.temporal import temporal_binary
     import subprocess
+
+    from infra.temporal import temporal_binary
 
     described = subprocess.run(
         [temporal_binary(), "workflow", "describe", "--address", address, "-w", first["workflow_id"], "-o", "json"],

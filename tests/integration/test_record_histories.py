@@ -26,12 +26,12 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from contracts.tasks import TaskConfig
-from contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
 from contracts.training import TrainingRunConfig, TrainingStart
+from contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
+from replay.check import check, load_history
+from replay.rerun import continue_from_failure
 from tests.conftest import running_stack
 from tests.integration.replay_helpers import GUESS, SandboxKillingEngine
-from replay.rerun import continue_from_failure
-from replay.check import check, load_history
 
 pytestmark = [
     pytest.mark.integration,

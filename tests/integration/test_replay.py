@@ -15,17 +15,17 @@ import uuid
 
 import pytest
 
+from commands.visibility import list_trajectories, trajectory_query
 from contracts.tasks import TaskConfig
-from contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
 from contracts.training import TrainingRunConfig
+from contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
+from replay.env_only import replay_env
+from replay.formatting import side_by_side
+from replay.rerun import continue_from_failure, rerun, started_request
 from tests.conftest import async_wait_for, running_stack
 from tests.integration.replay_helpers import GUESS, FlakyManager, SandboxKillingEngine
 from trajflow import live
 from trajflow.client import start_training
-from replay.rerun import continue_from_failure, rerun, started_request
-from replay.env_only import replay_env
-from replay.formatting import side_by_side
-from commands.visibility import list_trajectories, trajectory_query
 
 pytestmark = pytest.mark.integration
 

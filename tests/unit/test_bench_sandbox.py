@@ -11,12 +11,12 @@ import docker.errors
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from contracts import names
-from contracts.trajectory import EnvResetInput, EnvResetResult, EnvStepResult, SandboxHandle, TrajectoryRequest
 from bench.sandboxes import Plan, quick_plan
 from bench.sandboxes_builds import remove_images
 from bench.sandboxes_chaos import Budget, Episode, chaos_figures, run_episode
 from bench.sandboxes_report import Figures, percentile, render, summarize
+from contracts import names
+from contracts.trajectory import EnvResetInput, EnvResetResult, EnvStepResult, SandboxHandle, TrajectoryRequest
 
 ISSUE_KEYS = {
     "warm_reset_ms",

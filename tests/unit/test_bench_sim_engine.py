@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from contracts.trajectory import SamplingParams
 from bench.sim_engine import SimulatedEngine, lognormal_mean
+from contracts.trajectory import SamplingParams
 
 
 class FakeTokenizer:

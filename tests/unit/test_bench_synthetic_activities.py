@@ -9,9 +9,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from bench.synthetic_activities import SyntheticEnvActivities
+from bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, episode_seed
 from contracts import names
 from contracts.trajectory import EnvCloseInput, EnvResetInput, EnvStepInput
-from bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, episode_seed
 
 
 def _reset_input(**fields: object) -> EnvResetInput:

@@ -3,8 +3,8 @@ kind of violation it exists to catch, so a chaos run that reports 0 lost means t
 
 from __future__ import annotations
 
-from contracts.training import TrainRef
 from chaos.audit import RunRecords, StoredOutcome, TrajectoryRow, audit
+from contracts.training import TrainRef
 
 
 def row(wid: str, execution: str = "completed", status: str | None = "completed", reward: float | None = 1.0) -> TrajectoryRow:

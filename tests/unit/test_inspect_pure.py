@@ -7,12 +7,12 @@ import pytest
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
 
+from commands.live import format_status
+from commands.visibility import TrajectoryRow, format_table, trajectory_query
 from contracts.records import TrajectoryRecord
 from contracts.tasks import TaskConfig
 from contracts.trajectory import TrajectoryRequest, TrajectoryResult, TrajectoryStatus, TurnSummary
-from commands.live import format_status
 from replay.formatting import NoResetPoint, Outcome, find_reset_point, shorten, side_by_side
-from commands.visibility import TrajectoryRow, format_table, trajectory_query
 
 
 def test_query_without_filters_is_every_trajectory() -> None:
@@ -122,8 +122,8 @@ def failure(event_id: int, kind: int, scheduled: int) -> HistoryEvent:
 
 
 def history_with_failure_at(fail_kind: int) -> list[HistoryEvent]:
-    from temporalio.api.history.v1 import ActivityTaskScheduledEventAttributes
     from temporalio.api.common.v1 import ActivityType
+    from temporalio.api.history.v1 import ActivityTaskScheduledEventAttributes
 
     T = EventType
     return [

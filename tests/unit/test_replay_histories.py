@@ -14,8 +14,8 @@ from temporalio import workflow
 from temporalio.common import RawValue
 
 from replay.check import HISTORIES_DIR, check, history_files, load_history
-from workflows.replay_env import ReplayEnvWorkflow
 from workflows.inputs import NO_INPUT
+from workflows.replay_env import ReplayEnvWorkflow
 from workflows.training import TrainingWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 

@@ -8,9 +8,9 @@ import json
 import math
 from pathlib import Path
 
+from commands.train import summarise, write_plots
 from contracts.runs import EvalResult, RunSummary
 from contracts.training import StepRecord, TrainingCounters, TrainingResult, TrainingRunConfig
-from commands.train import summarise, write_plots
 
 REPO = Path(__file__).resolve().parents[2]
 README_KEYS = {"eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds",

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
-import docker.errors
 import pytest
 
 from sandbox import images

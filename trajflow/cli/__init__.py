@@ -8,13 +8,14 @@ level in any of them.
 
 from __future__ import annotations
 
-from trajflow.cli.common import app
-
 # Each module registers its commands on `app` when imported; the order here is the order of `--help`.
-from trajflow.cli import stack  # noqa: E402, F401, I001
-from trajflow.cli import runs  # noqa: E402, F401
-from trajflow.cli import inspection  # noqa: E402, F401
-from trajflow.cli import benchmarks  # noqa: E402, F401
+from trajflow.cli import (
+    benchmarks,  # noqa: E402, F401
+    inspection,  # noqa: E402, F401
+    runs,  # noqa: E402, F401
+    stack,  # noqa: E402, F401, I001
+)
+from trajflow.cli.common import app
 
 __all__ = ["app"]
 

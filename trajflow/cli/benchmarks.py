@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from trajflow.cli.common import app
 from trajflow.cli.common import exit_now as _exit
-
 
 bench_app = typer.Typer(help="Benchmarks: measure and report, on a labelled workload.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
@@ -18,17 +17,17 @@ app.add_typer(bench_app, name="bench")
 @bench_app.command("pipeline")
 def bench_pipeline(
     quick: Annotated[bool, typer.Option("--quick", help="Smoke run in under a minute (B=8, 2 steps, 0.01 s units).")] = False,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures as JSON here.")] = None,
-    unit_s: Annotated[Optional[float], typer.Option("--unit-s", help="Seconds per workload unit (the median LLM turn).")] = None,
-    env_mean: Annotated[Optional[float], typer.Option("--env-mean", help="Mean env step delay, units (default 5).")] = None,
-    env_sigma: Annotated[Optional[float], typer.Option("--env-sigma", help="Env delay σ of the training runs, units (default 5).")] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", help="Trainer steps per mode (default 6; quick 2).")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
+    unit_s: Annotated[float | None, typer.Option("--unit-s", help="Seconds per workload unit (the median LLM turn).")] = None,
+    env_mean: Annotated[float | None, typer.Option("--env-mean", help="Mean env step delay, units (default 5).")] = None,
+    env_sigma: Annotated[float | None, typer.Option("--env-sigma", help="Env delay σ of the training runs, units (default 5).")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Trainer steps per mode (default 6; quick 2).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the simulated engine.")] = 0,
 ) -> None:
     """Sync vs async (α = 1, 2) throughput and trajectory- vs batch-level env interaction, on one embedded stack."""
-    from infra.settings import load_settings
     from bench.pipeline import main as bench_main
     from bench.workload import Workload, quick_workload
+    from infra.settings import load_settings
 
     fields = {
         k: v
@@ -46,19 +45,19 @@ def bench_pipeline(
 @bench_app.command("sandbox")
 def bench_sandbox(
     quick: Annotated[bool, typer.Option("--quick", help="Smoke run (~2 min): small N, no cold base.")] = False,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the figures as JSON here.")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
     env: Annotated[
         str, typer.Option("--env", help="Env id, e.g. shell:roman-numerals or game:GuessTheNumber-v0-easy.")
     ] = "shell:roman-numerals",
     action: Annotated[
-        Optional[str], typer.Option("--action", help="The cheap action stepped (default: echo hi / \\boxed{5}).")
+        str | None, typer.Option("--action", help="The cheap action stepped (default: echo hi / \\boxed{5}).")
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Env seed and the killer's random seed.")] = 0,
 ) -> None:
     """Env sandboxes on this machine: warm/cold reset latency, layer builds, steps/s, resets while containers die."""
-    from infra.settings import load_settings
     from bench.sandboxes import Plan, quick_plan
     from bench.sandboxes import main as bench_main
+    from infra.settings import load_settings
 
     fields = {"env_id": env, "action": action, "seed": seed}
     raise typer.Exit(bench_main(quick_plan(**fields) if quick else Plan(**fields), json_path, load_settings()))

@@ -4,7 +4,7 @@ and `replay` (rerun, from failure, env only, history check). Heavy imports happe
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -19,7 +19,7 @@ app.add_typer(images_app, name="images")
 @images_app.command("build")
 def images_build(
     task: Annotated[
-        Optional[list[str]], typer.Option("--task", "-t", help="A shell task's layer (repeatable; default: all).")
+        list[str] | None, typer.Option("--task", "-t", help="A shell task's layer (repeatable; default: all).")
     ] = None,
 ) -> None:
     """Build the layers that are missing (base, runtime, each shell task's); print each one's tag, cached or built."""
@@ -44,7 +44,7 @@ def images_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON
 @images_app.command("prune")
 def images_prune(
     tags: Annotated[
-        Optional[list[str]], typer.Argument(metavar="TAG", help="Only these stale layers (default: all).")
+        list[str] | None, typer.Argument(metavar="TAG", help="Only these stale layers (default: all).")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
 ) -> None:
@@ -61,13 +61,13 @@ app.add_typer(trajectories_app, name="trajectories")
 @trajectories_app.command("list")
 def trajectories_list(
     status: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(help="completed, failed, infra_failed, running (or canceled, terminated, timed_out)."),
     ] = None,
-    run: Annotated[Optional[str], typer.Option(help="Training run id.")] = None,
-    env: Annotated[Optional[str], typer.Option(help="Env id, e.g. game:GuessTheNumber-v0-easy.")] = None,
-    task: Annotated[Optional[str], typer.Option(help="Task name from the run config.")] = None,
-    replay_of: Annotated[Optional[str], typer.Option(help="Only replays of this workflow id.")] = None,
+    run: Annotated[str | None, typer.Option(help="Training run id.")] = None,
+    env: Annotated[str | None, typer.Option(help="Env id, e.g. game:GuessTheNumber-v0-easy.")] = None,
+    task: Annotated[str | None, typer.Option(help="Task name from the run config.")] = None,
+    replay_of: Annotated[str | None, typer.Option(help="Only replays of this workflow id.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many rows.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
@@ -80,7 +80,7 @@ def trajectories_list(
 @app.command()
 def replay(
     targets: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Argument(metavar="WORKFLOW_ID", help="The trajectory; with --check: history files, folders or workflow ids."),
     ] = None,
     from_failure: Annotated[

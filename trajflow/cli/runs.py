@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,16 +18,16 @@ from trajflow.cli.common import say as _say
 
 @app.command()
 def rollout(
-    env: Annotated[Optional[str], typer.Option(help="GEM env id (default: the config's first task).")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Environment seed (default: --request's, else 0).")] = None,
-    task: Annotated[Optional[str], typer.Option(help="Task name from the config.")] = None,
-    max_turns: Annotated[Optional[int], typer.Option(help="Turn limit.")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature (0: greedy).")] = None,
+    env: Annotated[str | None, typer.Option(help="GEM env id (default: the config's first task).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Environment seed (default: --request's, else 0).")] = None,
+    task: Annotated[str | None, typer.Option(help="Task name from the config.")] = None,
+    max_turns: Annotated[int | None, typer.Option(help="Turn limit.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature (0: greedy).")] = None,
     request: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(help='TrajectoryRequest fields as one JSON object, over the task\'s (e.g. \'{"seed": 3}\'); the options above win.'),
     ] = None,
-    workflow_id: Annotated[Optional[str], typer.Option(help="Workflow id (default: generated).")] = None,
+    workflow_id: Annotated[str | None, typer.Option(help="Workflow id (default: generated).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")] = False,
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
@@ -45,19 +45,19 @@ def rollout(
 @app.command()
 def train(
     config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="Run config (TOML) with a [train] section.")],
-    run_id: Annotated[Optional[str], typer.Option(help="Run id = the TrainingWorkflow's id (default: generated).")] = None,
-    json_summary: Annotated[Optional[Path], typer.Option(help="Also write the JSON summary here.")] = None,
+    run_id: Annotated[str | None, typer.Option(help="Run id = the TrainingWorkflow's id (default: generated).")] = None,
+    json_summary: Annotated[Path | None, typer.Option(help="Also write the JSON summary here.")] = None,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the held-out evaluation before and after.")] = False,
     sync: Annotated[bool, typer.Option("--sync", help="The synchronous baseline: alpha = 0 with the batch barrier.")] = False,
-    alpha: Annotated[Optional[int], typer.Option(help="Override the config's train.alpha.")] = None,
+    alpha: Annotated[int | None, typer.Option(help="Override the config's train.alpha.")] = None,
 ) -> None:
     """Train on the running stack: eval, the TrainingWorkflow with live progress, eval; summary + plots."""
+    from commands.train import train as run_training
+    from contracts.runs import RunSummary
     from infra.settings import load_settings
     from infra.store import open_store_from
     from infra.temporal import connect
     from trajflow.client import new_run_id
-    from commands.train import train as run_training
-    from contracts.runs import RunSummary
 
     config = _config(config_path)
     overrides = {"sync": True, "alpha": 0} if sync else {}
@@ -94,8 +94,8 @@ def train(
 def chaos(
     config: ConfigOpt = DEFAULT_CONFIG,
     quick: Annotated[bool, typer.Option("--quick", help="6 short steps (B=8): a few minutes on the tiny config.")] = False,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the counts (and faults, timeline) here.")] = None,
-    run_id: Annotated[Optional[str], typer.Option(help="Run id (default: generated, chaos-...).")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the counts (and faults, timeline) here.")] = None,
+    run_id: Annotated[str | None, typer.Option(help="Run id (default: generated, chaos-...).")] = None,
     container_kill_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of episodes whose sandbox container is killed mid-episode.")] = 0.1,
     seed: Annotated[int, typer.Option(help="Seed of which episodes lose their container and when the trainer dies.")] = 0,
 ) -> None:
@@ -104,9 +104,9 @@ def chaos(
     Exit 0 only when nothing was lost, nothing consumed twice, no infra failure scored and every step done."""
     import uuid
 
+    from chaos import harness as chaos_mod
     from infra import stack
     from infra.settings import load_settings
-    from chaos import harness as chaos_mod
 
     settings = load_settings()
     cfg = _config(config)
@@ -129,8 +129,8 @@ def chaos(
 
 @app.command()
 def demo(
-    n: Annotated[Optional[int], typer.Option("--n", help="Trajectories to run (default: the config's).")] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write the summary as JSON here.")] = None,
+    n: Annotated[int | None, typer.Option("--n", help="Trajectories to run (default: the config's).")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the summary as JSON here.")] = None,
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """The main job for now: run a handful of trajectories of the config's tasks concurrently, then summarise."""

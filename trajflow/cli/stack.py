@@ -4,7 +4,7 @@ process of a pool kind). Heavy imports happen inside each command."""
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -20,8 +20,8 @@ app.add_typer(worker_app, name="worker")
 @app.command()
 def setup(config: ConfigOpt = DEFAULT_CONFIG) -> None:
     """Prepare what the stack needs: Docker reachable, sandbox images built, the model converted."""
-    from infra.settings import load_settings
     from commands.setup import prepare
+    from infra.settings import load_settings
 
     prepare(load_settings(), _config(config), _say)
 
@@ -40,9 +40,9 @@ def reward_image() -> None:
 @app.command()
 def up(config: ConfigOpt = DEFAULT_CONFIG) -> None:
     """Start the embedded stack in the background: Temporal + Web UI, reward service, one worker per pool kind."""
+    from commands.setup import prepare
     from infra import stack
     from infra.settings import load_settings
-    from commands.setup import prepare
 
     settings = load_settings()
     cfg = _config(config)
@@ -69,7 +69,7 @@ def down() -> None:
 @app.command()
 def status(
     run: Annotated[
-        Optional[str], typer.Argument(metavar="[RUN]", help="A training run id or a trajectory's workflow id.")
+        str | None, typer.Argument(metavar="[RUN]", help="A training run id or a trajectory's workflow id.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="With RUN: print JSON only.")] = False,
     limit: Annotated[int, typer.Option(help="With RUN: query at most this many running trajectories.")] = 100,
