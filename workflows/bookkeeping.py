@@ -73,12 +73,17 @@ class Book:
         cfg, s = self.cfg, self.s
         if pause_admission or s.version >= cfg.steps or (s.paused and not self.probe):
             return 0
-        if cfg.sync and (self.training or self.open_groups()):
+        if cfg.sync and self.training:
             return 0  # the barrier: the next batch starts only after this one is trained
         budget = (s.version + cfg.alpha + 1) * cfg.batch_size - (s.counters.consumed + self.running())
         # never start more than the run can still use (a batch being trained is already consumed)
         remaining = cfg.steps * cfg.batch_size - s.counters.consumed - self.running()
         groups = max(0, min(budget, remaining) // cfg.group_size)
+        if cfg.sync:
+            # one batch at a time: its groups, less those still open. A group of it that was abandoned (members
+            # failed past max_group_restarts) is so replaced by a new one (a new seed) for the same batch;
+            # waiting for none to be open would leave the batch one group short forever.
+            groups = min(groups, self.groups_per_step() - len(self.open_groups()))
         return min(groups, 1) if s.paused else groups
 
     def running(self) -> int:

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from contracts.tasks import TaskConfig
 from contracts.trajectory import SamplingParams, StagePools, TrajectoryReport, TrajectoryStatus
-from contracts.training import TrainerConfig, TrainingRunConfig, TrainingState
+from contracts.training import TrainerConfig, TrainingRunConfig, TrainingState, TrainRef, TrainStepInput
 from infra.policies import PolicyStore
 from rl.engine import ScriptedEngine
 from tests.conftest import async_wait_for, pending_work, running_stack
@@ -39,6 +39,44 @@ def engine(tiny_model, store, tmp_path):  # type: ignore[no-untyped-def]
     """A scripted policy that stamps each turn with the run's newest published version."""
     tok = AutoTokenizer.from_pretrained(tiny_model)
     return ScriptedEngine(tok, "\\boxed{5}", weights=PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0))
+
+
+class GatedEngine(ScriptedEngine):
+    """The scripted policy, holding every generation until the test opens the gate: trajectories stay running
+    for as long as a test needs them to (to terminate some, or to continue as new around them)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.gate = asyncio.Event()
+        self.waiting = 0
+
+    async def generate(self, prompt_ids, params, policy=""):  # type: ignore[no-untyped-def]
+        self.waiting += 1
+        try:
+            await self.gate.wait()
+        finally:
+            self.waiting -= 1
+        return await super().generate(prompt_ids, params, policy)
+
+
+@pytest.fixture()
+def gated(tiny_model, store, tmp_path):  # type: ignore[no-untyped-def]
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    return GatedEngine(tok, "\\boxed{5}", weights=PolicyStore(store, tmp_path / "gated-policies", pointer_ttl_s=0.0))
+
+
+async def trained(client, run_id: str) -> dict[int, list[TrainRef]]:  # type: ignore[no-untyped-def]
+    """What each step trained on (version before the step -> refs), from the train_step inputs in the history of
+    every run of the workflow. A step issued again (after continue-as-new) must carry the same refs."""
+    steps: dict[int, list[TrainRef]] = {}
+    async for run in client.list_workflows(f"WorkflowId = '{run_id}'"):
+        async for event in client.get_workflow_handle(run_id, run_id=run.run_id).fetch_history_events():
+            if event.HasField("activity_task_scheduled_event_attributes"):
+                attrs = event.activity_task_scheduled_event_attributes
+                if attrs.activity_type.name == "trainer.train_step":
+                    step = TrainStepInput.model_validate_json(attrs.input.payloads[0].data)
+                    assert steps.setdefault(step.version, step.refs) == step.refs, f"step v{step.version} differs"
+    return steps
 
 
 async def children(client, run_id: str) -> list:  # type: ignore[no-untyped-def]
@@ -214,3 +252,37 @@ async def test_a_dead_docker_engine_pauses_admission_and_a_live_one_resumes_it(
     assert result.counters.admission_pauses == 1
     assert result.counters.infra_failed >= 3
     assert (await handle.describe()).search_attributes.get("TrajflowStatus") == ["done"]
+
+
+async def _running_members(client, run_id: str, group: str, count: int) -> list[str]:  # type: ignore[no-untyped-def]
+    async def running():  # type: ignore[no-untyped-def]
+        ids = [w.id for w in await children(client, run_id) if f"-{group}-" in w.id and w.status.name == "RUNNING"]
+        return ids if len(ids) >= count else None
+
+    return await async_wait_for(running, timeout_s=60, what=f"{count} running members of {group}")
+
+
+async def test_sync_mode_replaces_an_abandoned_group(temporal_env, reward_service, store, sandbox_manager, gated) -> None:
+    """Defect: in sync mode (α = 0, the batch barrier) a group abandoned past max_group_restarts left its batch
+    one group short and the barrier admitted nothing more: the run hung. Both members of one group are
+    terminated here (ended without a report: infra failures) while every generation is held."""
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, gated) as st:
+        cfg = run_config(st.pools, steps=1, batch_size=4, group_size=2, alpha=0, sync=True, max_group_restarts=0)
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+        for wid in await _running_members(st.client, run_id, "g000001", 2):
+            await st.client.get_workflow_handle(wid).terminate("test: a group that fails")
+
+        async def abandoned():  # type: ignore[no-untyped-def]
+            return (await training_progress(handle)).counters.groups_abandoned == 1
+
+        await async_wait_for(abandoned, timeout_s=60, what="the group to be abandoned")
+        gated.gate.set()
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=120)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"the run did not finish:\n{await pending_work(st.client, run_id)}") from None
+        steps = await trained(st.client, run_id)
+    assert result.version == 1 and result.counters.consumed == 4
+    assert result.counters.groups_abandoned == 1 and result.counters.infra_failed == 2
+    assert sorted({r.group for r in steps[0]}) == ["g000000", "g000002"]  # the replacement group, same batch

@@ -111,3 +111,22 @@ def test_a_run_of_infra_failures_pauses_admission_and_a_completed_one_resumes_it
     assert b.next_replacement() is not None and not b.probe  # the probe is a replacement first
     out = b.report(report(groups[1][1]))
     assert out.resumed and b.s.paused is None
+
+
+def test_sync_mode_replaces_an_abandoned_group_within_the_same_batch() -> None:
+    """Defect: with α = 0 and the batch barrier, a group abandoned (members failed past max_group_restarts)
+    left its batch one group short forever, and the barrier admitted nothing while the others waited."""
+    b = book(steps=2, batch_size=4, group_size=2, alpha=0, sync=True, max_group_restarts=0)
+    first, second = admit(b)
+    for wid in first:
+        b.report(report(wid))
+    b.report(report(second[0], TrajectoryStatus.FAILED))
+    assert b.report(report(second[1], TrajectoryStatus.FAILED)).abandoned is not None
+    assert b.take_batch() is None
+    [third] = admit(b)  # one group, for the same batch, from the same version
+    assert b.groups_to_admit() == 0 and b.s.groups[third[0].split("-")[1]].started_version == 0
+    for wid in third:
+        b.report(report(wid))
+    train(b)
+    assert b.s.version == 1 and b.s.counters.consumed == 4
+    assert len(admit(b)) == 2  # the next batch, after the step
