@@ -230,6 +230,8 @@ class TrainingState(_Model):
     consumed_groups: list[str] = Field(default_factory=list)
     """Groups already trained on (or dropped): a late or repeated report for them is ignored."""
     counters: TrainingCounters = Field(default_factory=TrainingCounters)
+    task_groups: list[int] = Field(default_factory=list)
+    """Groups started so far per task (index into `TrainingRunConfig.tasks`): the weighted choice of a task."""
     history: list[StepRecord] = Field(default_factory=list)
     started_at: float = 0.0
     """Workflow time (seconds) when the run began, kept across continue-as-new."""

@@ -104,16 +104,19 @@ class Book:
         return group
 
     def pick_task(self, k: int) -> int:
-        """Weighted round robin: the task whose share of started groups lags its weight most."""
+        """Weighted round robin: the task whose share of the groups started so far lags its weight most (and
+        counted as started)."""
         tasks = self.cfg.tasks
         if len(tasks) == 1:
             return 0
         total = sum(t.weight for t in tasks)
-        counts = [0] * len(tasks)
-        for g in self.s.groups.values():
-            if g.task >= 0:
-                counts[g.task] += 1
-        return max(range(len(tasks)), key=lambda i: tasks[i].weight / total * (k + 1) - counts[i])
+        # cumulative counts, kept in the state: counting only open groups let a lower-weight task starve,
+        # since the closed groups of the heavier one no longer counted against it
+        counts = self.s.task_groups + [0] * (len(tasks) - len(self.s.task_groups))
+        task = max(range(len(tasks)), key=lambda i: tasks[i].weight / total * (k + 1) - counts[i])
+        counts[task] += 1
+        self.s.task_groups = counts
+        return task
 
     def new_member(self, group: GroupState) -> str:
         """The workflow id of the group's next member, marked running before its start is confirmed: when the

@@ -286,3 +286,29 @@ async def test_sync_mode_replaces_an_abandoned_group(temporal_env, reward_servic
     assert result.version == 1 and result.counters.consumed == 4
     assert result.counters.groups_abandoned == 1 and result.counters.infra_failed == 2
     assert sorted({r.group for r in steps[0]}) == ["g000000", "g000002"]  # the replacement group, same batch
+
+
+async def _task_of(client, workflow_id: str) -> str:  # type: ignore[no-untyped-def]
+    from contracts.trajectory import TrajectoryRequest
+
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
+        if event.HasField("workflow_execution_started_event_attributes"):
+            payload = event.workflow_execution_started_event_attributes.input.payloads[0]
+            return TrajectoryRequest.model_validate_json(payload.data).task
+    raise AssertionError(f"{workflow_id} has no start event")
+
+
+async def test_a_two_task_run_trains_on_both_tasks(temporal_env, reward_service, store, sandbox_manager, engine) -> None:
+    """Defect: weights 2:1 starved the lighter task once groups closed (sync mode: one group open at a time)."""
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+        cfg = run_config(st.pools, steps=3, batch_size=2, group_size=2, alpha=0, sync=True)
+        base = cfg.tasks[0]
+        cfg = cfg.model_copy(update={"tasks": [base.model_copy(update={"name": "heavy", "weight": 2.0}),
+                                               base.model_copy(update={"name": "light"})]})  # fmt: skip
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+        result = await asyncio.wait_for(handle.result(), timeout=240)
+        steps = await trained(st.client, run_id)
+        tasks = [await _task_of(st.client, r.workflow_id) for v in sorted(steps) for r in steps[v]]
+    assert result.version == 3 and result.counters.consumed == 6
+    assert tasks.count("heavy") == 4 and tasks.count("light") == 2, tasks

@@ -130,3 +130,15 @@ def test_sync_mode_replaces_an_abandoned_group_within_the_same_batch() -> None:
     train(b)
     assert b.s.version == 1 and b.s.counters.consumed == 4
     assert len(admit(b)) == 2  # the next batch, after the step
+
+
+def test_task_weights_2_to_1_give_shares_within_one_group_over_400_groups() -> None:
+    """Defect: the choice counted only open groups, so once groups closed the heavier task won every time."""
+    b = book(steps=1000, batch_size=2, group_size=2, alpha=0, tasks=[TaskConfig(name="a", weight=2.0), TaskConfig(name="b")])
+    counts = [0, 0]
+    for k in range(400):
+        g = b.new_group()
+        counts[g.task] += 1
+        b.close_group(g)  # trained (or dropped) before the next one starts, as in sync mode
+        assert abs(counts[0] - 2 * (k + 1) / 3) <= 1 and abs(counts[1] - (k + 1) / 3) <= 1, (k, counts)
+    assert b.s.task_groups == counts
