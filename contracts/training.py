@@ -227,8 +227,10 @@ class TrainingState(_Model):
     version: int = 0
     next_group: int = 0
     groups: dict[str, GroupState] = Field(default_factory=dict)
-    consumed_groups: list[str] = Field(default_factory=list)
-    """Groups already trained on (or dropped): a late or repeated report for them is ignored."""
+    closed_external: list[str] = Field(default_factory=list)
+    """Digests of the most recently closed (trained, dropped) groups of user-started trajectories, oldest first, at
+    most `workflows.bookkeeping.EXTERNAL_CLOSED_KEPT`: a late report for one is ignored. The workflow's own groups
+    need no such list: `g{k:06d}` with k < next_group that is not open is closed."""
     counters: TrainingCounters = Field(default_factory=TrainingCounters)
     task_groups: list[int] = Field(default_factory=list)
     """Groups started so far per task (index into `TrainingRunConfig.tasks`): the weighted choice of a task."""

@@ -11,6 +11,8 @@ Limits: one `Book` per workflow run; it trusts the state it is given (written by
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 
 from contracts.training import (
@@ -26,6 +28,12 @@ from contracts.trajectory import TrajectoryReport, TrajectoryStatus
 
 HISTORY_KEPT = 200
 """Step records kept in workflow state; the trainer also writes every step's record to the store."""
+EXTERNAL_CLOSED_KEPT = 1024
+"""Closed user-started groups remembered (as 16-character digests: bounded whatever their names). A report for
+an older one is taken as the first of a new external group of that name (counted `external`); it is trained
+only if n samples of it arrive again and are fresh, and dropped as stale otherwise."""
+OWN_GROUP = re.compile(r"g\d{6,}")
+"""The names of the groups the workflow starts (`g{k:06d}`); reserved: a user-started trajectory must not use them."""
 
 
 @dataclass
@@ -226,7 +234,15 @@ class Book:
         """The group leaves the pipeline (trained, dropped or abandoned); its running members are cancelled."""
         self.cancel_running(g)
         self.s.groups.pop(g.group, None)
-        self.s.consumed_groups.append(g.group)
+        if g.external:
+            self.s.closed_external.append(_digest(g.group))
+            del self.s.closed_external[:-EXTERNAL_CLOSED_KEPT]
+
+    def is_closed(self, key: str) -> bool:
+        """A group that is not open and was closed (or, with one of the workflow's own names, never open)."""
+        if OWN_GROUP.fullmatch(key):
+            return True  # the workflow's groups stay open from their start until they close, and never reopen
+        return _digest(key) in self.s.closed_external
 
     def cancel_leftovers(self) -> None:
         for g in list(self.s.groups.values()):
@@ -239,10 +255,10 @@ class Book:
         group, and decide what follows (cancel the redundant rest, replace failed members, pause or resume)."""
         s, c = self.s, self.s.counters
         key = report.group or f"user-{report.workflow_id}"
-        if key in s.consumed_groups:
+        g = s.groups.get(key)
+        if g is None and self.is_closed(key):
             c.late += 1  # its group was already trained on, dropped or abandoned
             return ReportOutcome()
-        g = s.groups.get(key)
         if g is None:
             g = GroupState(group=key, seed=-1, task=-1, started_version=report.policy_version or 0, external=True)
             s.groups[key] = g
@@ -321,3 +337,7 @@ class Book:
             return g
         self.replacements.append((g.group, missing))
         return None
+
+
+def _digest(group: str) -> str:
+    return hashlib.blake2b(group.encode(), digest_size=8).hexdigest()

@@ -4,7 +4,7 @@ redundancy and replacements, stale dropping, batches, the infra-failure breaker.
 from __future__ import annotations
 
 from contracts.tasks import TaskConfig
-from contracts.training import TrainingRunConfig, TrainingState, TrainStepResult
+from contracts.training import EvalConfig, TrainingRunConfig, TrainingState, TrainStepResult
 from contracts.trajectory import TrajectoryReport, TrajectoryStatus
 from workflows.bookkeeping import Book
 
@@ -142,3 +142,37 @@ def test_task_weights_2_to_1_give_shares_within_one_group_over_400_groups() -> N
         b.close_group(g)  # trained (or dropped) before the next one starts, as in sync mode
         assert abs(counts[0] - 2 * (k + 1) / 3) <= 1 and abs(counts[1] - (k + 1) / 3) <= 1, (k, counts)
     assert b.s.task_groups == counts
+
+
+def test_the_state_stays_bounded_over_100_000_groups() -> None:
+    """Closed groups are not listed: the workflow's own are known closed by name, user-started ones are kept as
+    digests of the most recent EXTERNAL_CLOSED_KEPT; the step history is capped. So the serialized state stays
+    under 64 KiB however long the run."""
+    b = book(steps=60_000, batch_size=8, group_size=4, redundancy=1, alpha=1, eval=EvalConfig(first_seed=10**9),
+             tasks=[TaskConfig(name="a", weight=2.0), TaskConfig(name="b")])  # fmt: skip
+    largest, rounds = 0, 0
+    while b.s.next_group < 100_000:
+        rounds += 1
+        for ids in admit(b):
+            for wid in ids:
+                b.report(report(wid, version=b.s.version))  # the redundant last one arrives late
+        if rounds % 20 == 0:  # now and then a user-started group, under a long name
+            group = f"user-group-{rounds}".ljust(200, "x")
+            for i in range(4):
+                b.report(report(f"u{i}", version=b.s.version).model_copy(update={"group": group}))
+        while (step := b.take_batch()) is not None:
+            res = TrainStepResult(version=step.version + 1, weights_uri=None, metrics={"loss": 0.5, "kl": 0.01})
+            b.finish_step(step, res, time_s=float(step.version))
+        b.to_cancel.clear()  # sent by the workflow
+        if rounds % 1000 == 0:
+            largest = max(largest, len(b.s.model_dump_json()))
+    s = b.s
+    assert s.counters.late == s.next_group and s.counters.consumed == 8 * s.version
+    assert len(s.closed_external) == 1024 and len(s.groups) <= 4
+    largest = max(largest, len(s.model_dump_json()))
+    assert largest < 64 * 1024, largest
+    # a late report for a long-closed group of the workflow's own, or a recently closed user one, is ignored
+    late = s.counters.late
+    b.report(report("run-g000003-0"))
+    b.report(report("u0").model_copy(update={"group": f"user-group-{rounds - rounds % 20}".ljust(200, "x")}))
+    assert s.counters.late == late + 2
