@@ -79,8 +79,10 @@ server's SQL visibility allows at most 3 custom Int attributes (all used) and 10
 before an attribute was added here gets it from `infra.temporal.ensure_search_attributes` (run by `trajflow up`)."""
 
 SIGNAL_TRAJECTORY_FINISHED = "trajectory_finished"
-SIGNAL_RESUME_ADMISSION = "resume_admission"
 """Signal a trajectory sends to `TrajectoryRequest.report_to` with a `TrajectoryReport`."""
+SIGNAL_RESUME_ADMISSION = "resume_admission"
+SIGNAL_CONTINUE_AS_NEW = "continue_as_new"
+"""Asks a TrainingWorkflow to continue as new at once, from wherever it waits (its whole state carries over)."""
 
 # Error types (ApplicationError.type) that cross the activity boundary. Infra errors lead to a fresh sandbox
 # or a retry; the others end the trajectory as `failed`, never as infra.

@@ -243,6 +243,17 @@ class TrainingState(_Model):
     """Infra-failed trajectories reported in a row, with none completed or failed by the env between them."""
     paused: str | None = None
     """Why admission is stopped (a run of infra failures and the last error), or None while admitting."""
+    probe: bool = False
+    """While paused: admit one probe group (or a queued replacement) now."""
+    probe_delay_s: float | None = None
+    """While paused: the wait before the next probe (doubling); None: `pause_probe_s`."""
+    to_cancel: list[str] = Field(default_factory=list)
+    """Members queued for cancellation (redundant samples of full groups, members of closed groups)."""
+    replacements: dict[str, int] = Field(default_factory=dict)
+    """Group -> replacement members to start for its failed ones, in the order queued."""
+    step: TrainStepInput | None = None
+    """The step being trained: a run that continues as new while the trainer works issues it again (the trainer
+    answers a step it already took, or is taking, with that step's result)."""
 
 
 class TrainingStart(_Model):

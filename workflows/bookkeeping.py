@@ -56,14 +56,23 @@ class Book:
     def __init__(self, cfg: TrainingRunConfig, state: TrainingState) -> None:
         self.cfg = cfg
         self.s = state
-        self.to_cancel: list[str] = []
+        self.to_cancel = state.to_cancel
         """Workflow ids of members to cancel (the workflow sends the cancellations)."""
-        self.replacements: list[tuple[str, int]] = []
-        """(group, how many) replacement samples to start for groups whose members failed."""
-        self.training = False
+        self.replacements = state.replacements
+        """Group -> replacement samples to start for groups whose members failed."""
+
+    @property
+    def training(self) -> bool:
         """True while a step is being trained."""
-        self.probe = False
-        """While paused on infra failures: admit one probe group now."""
+        return self.s.step is not None
+
+    @property
+    def probe(self) -> bool:
+        return self.s.probe
+
+    @probe.setter
+    def probe(self, value: bool) -> None:
+        self.s.probe = value
 
     # --- admission -----------------------------------------------------------------------------------------
 
@@ -146,7 +155,8 @@ class Book:
     def next_replacement(self, pause_admission: bool = False) -> tuple[GroupState, int] | None:
         """The next queued (group, members to start) replacement that may go now, if any."""
         while self.replacements and self.may_replace(pause_admission):
-            key, missing = self.replacements.pop(0)
+            key = next(iter(self.replacements))
+            missing = self.replacements.pop(key)
             if self.s.paused:
                 self.probe = False  # the probe is this group's replacement members
             if key in self.s.groups:
@@ -193,7 +203,8 @@ class Book:
         return self.cfg.batch_size // self.cfg.group_size
 
     def take_batch(self) -> TrainStepInput | None:
-        """After `drop_stale`: the next step's input, its groups closed and consumed; None if none is ready."""
+        """After `drop_stale`: the next step's input (recorded as the step in flight), its groups closed and
+        consumed; None if none is ready."""
         cfg, s = self.cfg, self.s
         ready = self.ready_groups()
         if len(ready) < self.groups_per_step() or (cfg.sync and self.members_running()):
@@ -203,13 +214,15 @@ class Book:
         for g in groups:
             self.close_group(g)
         s.counters.consumed += len(refs)
-        return TrainStepInput(run_id=s.run_id, version=s.version, refs=refs, trainer=cfg.trainer)
+        s.step = TrainStepInput(run_id=s.run_id, version=s.version, refs=refs, trainer=cfg.trainer)
+        return s.step
 
     def finish_step(self, step: TrainStepInput, res: TrainStepResult, time_s: float) -> StepRecord:
         """The trainer took `step`: the new version and its record (`time_s`: since the run started)."""
         s = self.s
         refs = step.refs
         s.version = res.version
+        s.step = None
         record = StepRecord(
             step=res.version,
             time_s=time_s,
@@ -317,6 +330,14 @@ class Book:
         self.s.paused = None
         self.s.infra_streak = 0
         self.probe = False
+        self.s.probe_delay_s = None
+
+    def probe_now(self) -> float:
+        """While paused, a probe is due: admit one, and return how long to wait before the next."""
+        delay = self.s.probe_delay_s or self.cfg.pause_probe_s
+        self.probe = True
+        self.s.probe_delay_s = min(delay * 2, 600.0)
+        return self.s.probe_delay_s
 
     def _after_report(self, g: GroupState) -> GroupState | None:
         """Cancel the redundant rest of a full group, or queue replacements for failed members, or abandon the
@@ -335,7 +356,7 @@ class Book:
             self.s.counters.groups_abandoned += 1
             self.close_group(g)
             return g
-        self.replacements.append((g.group, missing))
+        self.replacements[g.group] = missing
         return None
 
 

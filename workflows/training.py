@@ -4,7 +4,12 @@
         admit groups within the staleness budget      (runs beside the loop, all the time)
         wait for B fresh samples; drop stale ones     (hard bound at consumption)
         train one step on the trainer pool            (publishes version + 1)
-        continue as new when history grows long
+        continue as new when history grows long, or when asked (the `continue_as_new` signal), from any wait
+
+The rules live in workflows/bookkeeping.py (pure); this class does what they decide. Everything the loop needs to
+go on is in `TrainingState` (queued cancellations and replacements, the probe, the step in flight), so a
+continue-as-new at any waiting point loses nothing: a step in flight is issued again by the next run and the
+trainer answers it once (activities/trainer.py).
 
 Trajectories are child workflows (abandoned on close, so they outlive continue-as-new) that report back with a
 small `TrajectoryReport` signal; trajectories a user starts with this run's id report the same way and are
@@ -64,6 +69,10 @@ class TrainingWorkflow:
         """The loop's rules (pure, workflows/bookkeeping.py); this class does their side effects."""
         self.pause_admission = False
         """Set while the workflow continues as new."""
+        self.admitting = False
+        """True while the admission loop starts or cancels children (continue-as-new waits for it to finish)."""
+        self.continue_requested = False
+        """Set by the `continue_as_new` signal."""
         self.prober: asyncio.Task[None] | None = None
 
     # --- the loop ------------------------------------------------------------------------------------------
@@ -77,9 +86,11 @@ class TrainingWorkflow:
             self._start_prober()
         try:
             while self.s.version < cfg.steps:
-                step = await self._wait_for_batch()
-                await self._train(step)
-                if self.s.version < cfg.steps and self._history_is_long():
+                # a step in flight when the previous run continued as new is issued again
+                step = self.s.step or await self._wait_for_batch()
+                if step is None or not await self._train(step) or (
+                    self.s.version < cfg.steps and self._should_continue()
+                ):
                     await self._continue_as_new(admission)
         finally:
             admission.cancel()
@@ -98,14 +109,19 @@ class TrainingWorkflow:
         book = self.book
         while True:
             await workflow.wait_condition(lambda: book.has_work(self.pause_admission))
-            await self._send_cancels()
-            while (replacement := book.next_replacement(self.pause_admission)) is not None:
-                group, missing = replacement
-                await asyncio.gather(*(self._start_member(group) for _ in range(missing)))
-            for _ in range(book.groups_to_admit(self.pause_admission)):
-                group = book.new_group()
-                # the group's starts go out in one workflow activation, not one round trip each
-                await asyncio.gather(*(self._start_member(group) for _ in range(self.cfg.group_size + self.cfg.redundancy)))
+            self.admitting = True
+            try:
+                await self._send_cancels()
+                while (replacement := book.next_replacement(self.pause_admission)) is not None:
+                    group, missing = replacement
+                    await asyncio.gather(*(self._start_member(group) for _ in range(missing)))
+                for _ in range(book.groups_to_admit(self.pause_admission)):
+                    group = book.new_group()
+                    # the group's starts go out in one workflow activation, not one round trip each
+                    n = self.cfg.group_size + self.cfg.redundancy
+                    await asyncio.gather(*(self._start_member(group) for _ in range(n)))
+            finally:
+                self.admitting = False
 
     async def _start_member(self, group: GroupState) -> None:
         task = self.cfg.tasks[group.task]
@@ -170,7 +186,9 @@ class TrainingWorkflow:
 
     async def _send_cancels(self) -> None:
         while self.book.to_cancel:
-            await self._cancel(self.book.to_cancel.pop())
+            wid = self.book.to_cancel[-1]
+            await self._cancel(wid)
+            self.book.to_cancel.remove(wid)  # only once sent: the state never loses a queued cancellation
 
     async def _cancel(self, wid: str) -> None:
         try:
@@ -178,24 +196,27 @@ class TrainingWorkflow:
         except Exception as e:  # already ended: nothing to cancel
             workflow.logger.info("cancel %s: %s", wid, e)
 
-    async def _wait_for_batch(self) -> TrainStepInput:
-        """Wait until B/n complete, fresh groups are ready; drop stale ones on the way (hard bound)."""
+    async def _wait_for_batch(self) -> TrainStepInput | None:
+        """Wait until B/n complete, fresh groups are ready; drop stale ones on the way (hard bound). None when
+        the workflow should continue as new first."""
         while True:
             for g in self.book.drop_stale():
                 workflow.logger.info("dropping stale group %s (trainer v%d)", g.group, self.s.version)
             step = self.book.take_batch()
-            if step is not None:
+            if step is not None or self._should_continue():
                 return step
-            await workflow.wait_condition(self.book.batch_may_be_ready)
+            await workflow.wait_condition(lambda: self.book.batch_may_be_ready() or self._should_continue())
 
-    async def _train(self, step: TrainStepInput) -> None:
-        self.book.training = True
-        try:
-            res = await stubs.train_step(self.cfg.trainer_pool, step)
-        finally:
-            self.book.training = False
-        self.book.finish_step(step, res, workflow.time() - self.s.started_at)
+    async def _train(self, step: TrainStepInput) -> bool:
+        """Train `step` (the state records it as in flight); False when the workflow should continue as new
+        before the trainer answered (the next run issues the step again)."""
+        call = asyncio.create_task(stubs.train_step(self.cfg.trainer_pool, step))
+        await workflow.wait_condition(lambda: call.done() or self._should_continue())
+        if not call.done():
+            return False
+        self.book.finish_step(step, call.result(), workflow.time() - self.s.started_at)
         workflow.upsert_search_attributes([SA_VERSION.value_set(self.s.version)])
+        return True
 
     # --- reports -------------------------------------------------------------------------------------------
 
@@ -229,14 +250,13 @@ class TrainingWorkflow:
     async def _probe_while_paused(self) -> None:
         """Half-open: admit one probe group after `pause_probe_s`, then after twice that (up to 10 min), until
         admission resumes."""
-        delay = self.cfg.pause_probe_s
         while self.s.paused:
+            delay = self.s.probe_delay_s or self.cfg.pause_probe_s
             try:
                 await workflow.wait_condition(lambda: not self.s.paused, timeout=delay)
             except asyncio.TimeoutError:
                 workflow.logger.warning("admission paused for run %s: admitting a probe group", self.s.run_id)
-                self.book.probe = True
-                delay = min(delay * 2, 600.0)
+                self.book.probe_now()
 
     @workflow.signal(name=names.SIGNAL_RESUME_ADMISSION)
     def resume_admission(self) -> None:
@@ -273,16 +293,25 @@ class TrainingWorkflow:
 
     # --- housekeeping ----------------------------------------------------------------------------------------
 
-    def _history_is_long(self) -> bool:
+    @workflow.signal(name=names.SIGNAL_CONTINUE_AS_NEW)
+    def continue_as_new(self) -> None:
+        """Continue as new at the next waiting point, whatever the loop is doing (an operator's tool: e.g. before
+        workers with changed workflow code take over, so the run's history holds only the new code's commands)."""
+        self.continue_requested = True
+
+    def _should_continue(self) -> bool:
+        """Asked for by signal, or the history is long; checked at every point where the loop waits."""
         info = workflow.info()
-        return info.is_continue_as_new_suggested() or (
-            info.get_current_history_length() >= self.cfg.history_events_before_continue
+        return (
+            self.continue_requested
+            or info.is_continue_as_new_suggested()
+            or info.get_current_history_length() >= self.cfg.history_events_before_continue
         )
 
     async def _continue_as_new(self, admission: asyncio.Task[None]) -> None:
+        """Carry the whole state over: queued cancellations and replacements, the probe, the step in flight."""
         self.pause_admission = True
-        await self._send_cancels()
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        await workflow.wait_condition(lambda: not self.admitting and workflow.all_handlers_finished())
         admission.cancel()
         self.s.continued += 1
         workflow.continue_as_new(TrainingStart(run=self.cfg, resume=self.s))

@@ -65,16 +65,19 @@ def gated(tiny_model, store, tmp_path):  # type: ignore[no-untyped-def]
     return GatedEngine(tok, "\\boxed{5}", weights=PolicyStore(store, tmp_path / "gated-policies", pointer_ttl_s=0.0))
 
 
-async def trained(client, run_id: str) -> dict[int, list[TrainRef]]:  # type: ignore[no-untyped-def]
+async def trained(client, run_id: str, issued: dict[int, int] | None = None) -> dict[int, list[TrainRef]]:  # type: ignore[no-untyped-def]
     """What each step trained on (version before the step -> refs), from the train_step inputs in the history of
-    every run of the workflow. A step issued again (after continue-as-new) must carry the same refs."""
+    every run of the workflow. A step issued again (after continue-as-new) must carry the same refs; `issued`
+    counts how often each step was issued."""
     steps: dict[int, list[TrainRef]] = {}
+    issued = {} if issued is None else issued
     async for run in client.list_workflows(f"WorkflowId = '{run_id}'"):
         async for event in client.get_workflow_handle(run_id, run_id=run.run_id).fetch_history_events():
             if event.HasField("activity_task_scheduled_event_attributes"):
                 attrs = event.activity_task_scheduled_event_attributes
                 if attrs.activity_type.name == "trainer.train_step":
                     step = TrainStepInput.model_validate_json(attrs.input.payloads[0].data)
+                    issued[step.version] = issued.get(step.version, 0) + 1
                     assert steps.setdefault(step.version, step.refs) == step.refs, f"step v{step.version} differs"
     return steps
 
@@ -242,6 +245,23 @@ async def test_a_dead_docker_engine_pauses_admission_and_a_live_one_resumes_it(
         started_at_pause = p.counters.started
         await asyncio.sleep(4)
         assert (await training_progress(handle)).counters.started <= started_at_pause + 2
+
+        # continue-as-new while paused, with replacements queued: the new run is paused with the same queue
+        async def queued():  # type: ignore[no-untyped-def]
+            state = await handle.query("state", result_type=TrainingState)
+            return state if state.replacements else None
+
+        before = await async_wait_for(queued, timeout_s=60, what="replacements queued while paused")
+        await handle.signal("continue_as_new")
+
+        async def continued():  # type: ignore[no-untyped-def]
+            state = await handle.query("state", result_type=TrainingState)
+            return state if state.continued == 1 else None
+
+        after = await async_wait_for(continued, timeout_s=60, what="the run to continue as new")
+        assert after.paused == before.paused
+        # the queue carried over whole, unless a probe took from it meanwhile (and started members)
+        assert after.replacements == before.replacements or after.counters.started > before.counters.started
     # the engine is back: workers with a live one on the same queues
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, tag=tag):
         try:
@@ -312,3 +332,32 @@ async def test_a_two_task_run_trains_on_both_tasks(temporal_env, reward_service,
         tasks = [await _task_of(st.client, r.workflow_id) for v in sorted(steps) for r in steps[v]]
     assert result.version == 3 and result.counters.consumed == 6
     assert tasks.count("heavy") == 4 and tasks.count("light") == 2, tasks
+
+
+async def test_continue_as_new_while_a_step_trains_issues_the_step_again(
+    temporal_env, reward_service, store, sandbox_manager, engine
+) -> None:
+    """Forced (the `continue_as_new` signal) while the trainer works: the state carries the step in flight, the
+    next run issues it again and the trainer answers it once; every sample is trained once."""
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+        cfg = run_config(st.pools, steps=3, batch_size=2, group_size=2, alpha=1, trainer=TrainerConfig(simulate_step_s=3.0))
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+
+        async def training():  # type: ignore[no-untyped-def]
+            state = await handle.query("state", result_type=TrainingState)
+            return state.step is not None and state.version == 1
+
+        await async_wait_for(training, timeout_s=120, what="the second step to be training")
+        await handle.signal("continue_as_new")
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=180)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"the run did not finish:\n{await pending_work(st.client, run_id)}") from None
+        state = await handle.query("state", result_type=TrainingState)
+        issued: dict[int, int] = {}
+        steps = await trained(st.client, run_id, issued)
+    assert state.continued == 1 and issued[1] == 2, issued  # issued in both runs, the same refs
+    assert result.version == 3 and [r.step for r in result.history] == [1, 2, 3]
+    wids = [r.workflow_id for v in steps for r in steps[v]]
+    assert result.counters.consumed == 6 == len(wids) == len(set(wids))
