@@ -20,6 +20,9 @@ LLM_GENERATE = "llm.generate"
 REWARD_SCORE = "reward.score"
 TRAJECTORY_SAVE = "trajectory.save"
 TRAIN_STEP = "trainer.train_step"
+WATCH_CHILDREN = "training.watch_children"
+"""Waits until some of the trajectories a training run inherited through continue-as-new have closed (orchestrator
+worker, on the workflow's own queue)."""
 
 
 def decode_queue(pool: str) -> str:

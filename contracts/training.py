@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.limits import PoolName
 from contracts.tasks import TaskConfig
+from contracts.trajectory import TrajectoryResult
 
 
 class _Model(BaseModel):
@@ -287,3 +288,24 @@ class TrainingProgress(_Model):
     elapsed_s: float
     paused: str | None = None
     """Why admission is stopped, while it is."""
+
+
+class WatchChildrenInput(_Model):
+    """Trajectories a training run inherited through continue-as-new (its watchers did not survive it)."""
+
+    workflow_ids: list[str] = Field(min_length=1)
+    poll_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+    """How often their status is read."""
+
+
+class ChildOutcome(_Model):
+    workflow_id: str
+    status: str
+    """The closed execution's status: COMPLETED, FAILED, TERMINATED, CANCELED, TIMED_OUT, or NOT_FOUND."""
+    result: TrajectoryResult | None = None
+    """A completed trajectory's result (its report may have been lost)."""
+
+
+class WatchChildrenResult(_Model):
+    closed: list[ChildOutcome]
+    """Those of the watched trajectories found closed (at least one)."""

@@ -24,7 +24,7 @@ from contracts.training import (
     TrainStepInput,
     TrainStepResult,
 )
-from contracts.trajectory import TrajectoryReport, TrajectoryStatus
+from contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
 
 HISTORY_KEPT = 200
 """Step records kept in workflow state; the trainer also writes every step's record to the store."""
@@ -104,7 +104,7 @@ class Book:
         return min(groups, 1) if s.paused else groups
 
     def running(self) -> int:
-        return sum(self.cfg.group_size for _ in self.open_groups())
+        return self.cfg.group_size * len(self.open_groups())
 
     def open_groups(self) -> list[GroupState]:
         """The groups the workflow admitted that are not yet trained on, dropped or abandoned."""
@@ -262,6 +262,28 @@ class Book:
             self.cancel_running(g)
 
     # --- reports -------------------------------------------------------------------------------------------
+
+    def running_members(self) -> list[str]:
+        """Members of the workflow's groups still expected to report (what a new run inherits and watches)."""
+        return [wid for g in self.open_groups() for wid in g.running]
+
+    def is_running(self, wid: str) -> bool:
+        return any(wid in g.running for g in self.open_groups())
+
+    def ended_unreported(self, wid: str, result: TrajectoryResult | None) -> TrajectoryReport | None:
+        """A member closed and its report has not arrived: the report to file in its place (None when it is no
+        longer expected: reported, or cancelled by us). From its result when it completed (the signal was
+        lost); otherwise (terminated, failed, timed out, never started) an infra failure, never scored."""
+        group = wid[len(self.s.run_id) + 1 :].rsplit("-", 1)[0]  # ids are f"{run_id}-{group}-{index}"
+        g = self.s.groups.get(group)
+        if g is None or wid not in g.running:
+            return None
+        if result is not None:
+            return TrajectoryReport(workflow_id=wid, trajectory_uri=result.trajectory_uri, group=group,
+                                    policy_version=result.policy_version, reward=result.reward,
+                                    status=result.status, error=result.error)  # fmt: skip
+        return TrajectoryReport(workflow_id=wid, trajectory_uri=None, group=group, policy_version=None, reward=None,
+                                status=TrajectoryStatus.INFRA_FAILED, error="ended without a report")  # fmt: skip
 
     def report(self, report: TrajectoryReport) -> ReportOutcome:
         """A trajectory ended (its signal, or its result when the signal was lost): count it, file it in its

@@ -19,9 +19,9 @@ trains only when every sample of that batch has ended. A run of `pause_after_inf
 trajectories stops admission (a circuit breaker: status `paused`, an error log, `progress().paused`); probe
 groups test the infrastructure now and then, and the first trajectory that does not fail on it resumes admission.
 
-Limits: a child that dies without reporting (terminated by hand, a workflow bug) is noticed only while this run
-of the workflow is the one that started it (its watcher does not survive continue-as-new); its group then waits
-for replacements from the restart budget.
+A child that ends without reporting (terminated by hand, a workflow bug) is an infra failure of its group; one
+that completed but whose report was lost is reported from its result. A run watches the children it started by
+their handles; those it inherited through continue-as-new, through the `training.watch_children` activity.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts import names
     from contracts.training import (
         GroupState,
+        WatchChildrenInput,
         TrainingProgress,
         TrainingResult,
         TrainingRunConfig,
@@ -44,7 +45,7 @@ with workflow.unsafe.imports_passed_through():
         TrainingState,
         TrainStepInput,
     )
-    from contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
+    from contracts.trajectory import TrajectoryReport, TrajectoryResult
     from workflows.bookkeeping import Book, ReportOutcome
 
 from workflows import stubs
@@ -84,6 +85,9 @@ class TrainingWorkflow:
         admission = asyncio.create_task(self._admission_loop())
         if self.s.paused:
             self._start_prober()
+        inherited = self.book.running_members()
+        if inherited:
+            asyncio.create_task(self._watch_inherited(inherited))
         try:
             while self.s.version < cfg.steps:
                 # a step in flight when the previous run continued as new is issued again
@@ -147,42 +151,30 @@ class TrainingWorkflow:
             self.book.member_not_started(group, wid)
             raise
         self.book.member_started()
-        asyncio.create_task(self._watch(handle, wid, group.group))
+        asyncio.create_task(self._watch(handle, wid))
 
-    async def _watch(self, handle: workflow.ChildWorkflowHandle, wid: str, group: str) -> None:
-        """A child that ends without reporting (terminated, failed) counts as an infra failure of its group; one
-        that completed but whose report never arrived (lost signal) is reported from its result."""
+    async def _watch(self, handle: workflow.ChildWorkflowHandle, wid: str) -> None:
+        """A child this run started: its result, or how it ended, once it closed."""
         try:
-            result: TrajectoryResult = await handle
-            g = self.s.groups.get(group)
-            if g is not None and wid in g.running:
-                workflow.logger.warning("trajectory %s completed without its report arriving: using its result", wid)
-                self.trajectory_finished(
-                    TrajectoryReport(
-                        workflow_id=wid,
-                        trajectory_uri=result.trajectory_uri,
-                        group=group,
-                        policy_version=result.policy_version,
-                        reward=result.reward,
-                        status=result.status,
-                        error=result.error,
-                    )
-                )
+            result: TrajectoryResult | None = await handle
+            self._ended(wid, result, "completed")
         except ChildWorkflowError as e:
-            g = self.s.groups.get(group)
-            if g is None or wid not in g.running:
-                return  # cancelled by us, or it reported before it failed
-            self.trajectory_finished(
-                TrajectoryReport(
-                    workflow_id=wid,
-                    trajectory_uri=None,
-                    group=group,
-                    policy_version=None,
-                    reward=None,
-                    status=TrajectoryStatus.INFRA_FAILED,
-                )
-            )
-            workflow.logger.warning("trajectory %s ended without a report: %s", wid, e)
+            self._ended(wid, None, str(e))
+
+    async def _watch_inherited(self, wids: list[str]) -> None:
+        """Children a previous run started (their handles died with it): watched by an activity until each has
+        reported or closed."""
+        while wids := [w for w in wids if self.book.is_running(w)]:
+            res = await stubs.watch_children(WatchChildrenInput(workflow_ids=wids))
+            for child in res.closed:
+                self._ended(child.workflow_id, child.result, child.status)
+
+    def _ended(self, wid: str, result: TrajectoryResult | None, how: str) -> None:
+        """A child closed: file its report in its place if it never arrived."""
+        report = self.book.ended_unreported(wid, result)
+        if report is not None:
+            workflow.logger.warning("trajectory %s closed (%s) without its report arriving", wid, how)
+            self.trajectory_finished(report)
 
     async def _send_cancels(self) -> None:
         while self.book.to_cancel:

@@ -361,3 +361,38 @@ async def test_continue_as_new_while_a_step_trains_issues_the_step_again(
     assert result.version == 3 and [r.step for r in result.history] == [1, 2, 3]
     wids = [r.workflow_id for v in steps for r in steps[v]]
     assert result.counters.consumed == 6 == len(wids) == len(set(wids))
+
+
+async def test_a_child_inherited_through_continue_as_new_that_ends_unreported_is_noticed(
+    temporal_env, reward_service, store, sandbox_manager, gated
+) -> None:
+    """A run that continued as new watches the children it inherited (their handles died with the old run): one
+    terminated by hand is an infra failure of its group, replaced, and the run finishes, every sample counted
+    once. Before, the group waited forever for the member's report."""
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, gated) as st:
+        cfg = run_config(st.pools, steps=1, batch_size=2, group_size=2, alpha=0)
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+        first, _ = await _running_members(st.client, run_id, "g000000", 2)
+        await handle.signal("continue_as_new")
+
+        async def continued():  # type: ignore[no-untyped-def]
+            return (await handle.query("state", result_type=TrainingState)).continued == 1
+
+        await async_wait_for(continued, timeout_s=60, what="the run to continue as new")
+        await st.client.get_workflow_handle(first).terminate("test: a trajectory that dies unreported")
+
+        async def noticed():  # type: ignore[no-untyped-def]
+            return (await training_progress(handle)).counters.infra_failed == 1
+
+        await async_wait_for(noticed, timeout_s=60, what="the inherited child's end to be noticed")
+        gated.gate.set()
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=120)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"the run did not finish:\n{await pending_work(st.client, run_id)}") from None
+        steps = await trained(st.client, run_id)
+    c = result.counters
+    assert result.version == 1 and c.consumed == 2 and c.infra_failed == 1 and c.completed == 2
+    wids = sorted(r.workflow_id for r in steps[0])
+    assert wids == sorted({f"{run_id}-g000000-1", f"{run_id}-g000000-2"}), wids  # the replacement, not the dead one

@@ -176,3 +176,21 @@ def test_the_state_stays_bounded_over_100_000_groups() -> None:
     b.report(report("run-g000003-0"))
     b.report(report("u0").model_copy(update={"group": f"user-group-{rounds - rounds % 20}".ljust(200, "x")}))
     assert s.counters.late == late + 2
+
+
+def test_a_member_that_closed_unreported_is_reported_from_its_result_or_as_an_infra_failure() -> None:
+    from contracts.trajectory import TrajectoryResult
+
+    b = book(steps=2, batch_size=2, group_size=2, redundancy=1, alpha=0)
+    [ids] = admit(b)
+    assert b.running_members() == ids
+    result = TrajectoryResult(workflow_id=ids[0], status=TrajectoryStatus.COMPLETED, turns=1, reward=1.0,
+                              trajectory_uri="file:///t/0.json", policy_version=0, env_recoveries=0)  # fmt: skip
+    lost = b.ended_unreported(ids[0], result)  # completed, its signal lost
+    assert lost is not None and lost.group == "g000000" and lost.reward == 1.0
+    b.report(lost)
+    assert b.ended_unreported(ids[0], result) is None  # reported by now
+    gone = b.ended_unreported(ids[1], None)  # terminated, never reported: an infra failure, never scored
+    assert gone is not None and gone.status is TrajectoryStatus.INFRA_FAILED and gone.reward is None
+    b.report(gone)
+    assert b.s.counters.infra_failed == 1 and b.s.counters.completed == 1 and not b.is_running(ids[1])
