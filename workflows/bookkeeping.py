@@ -6,7 +6,9 @@ step, timers, search attributes, logging — and asks this module what to do.
 `Book` works on the workflow's `TrainingState` in place. Methods that the workflow must react to return what
 happened (a `ReportOutcome`, the groups dropped) instead of logging or signalling themselves.
 
-Limits: one `Book` per workflow run; it trusts the state it is given (written by itself).
+Bounded: the state holds the open groups (bounded by admission), the queues, the last HISTORY_KEPT step records
+and digests of the last EXTERNAL_CLOSED_KEPT closed user-started groups; closed groups of the workflow's own are
+known by name. Limits: one `Book` per workflow run; it trusts the state it is given (written by itself).
 """
 
 from __future__ import annotations
