@@ -2,7 +2,8 @@
 optimizer in memory between steps and reloads them from the store's checkpoint when it has to).
 
 A step is idempotent: its result is recorded in the store before the new version is published, and a retried
-step whose version is already published returns that record instead of training again. Per step it writes, in
+step whose version is already published returns that record instead of training again. A step issued again while
+this worker still trains it (its workflow continued as new mid-step and issued it anew) waits for that one. Per step it writes, in
 this order: the trainer checkpoint (model + optimizer + version) of version v+1, the step record, then the
 policy weights of v+1 and the `latest` pointer decode workers follow. Old checkpoints and versions are pruned.
 
@@ -22,6 +23,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.heartbeats import with_heartbeats
 from contracts import names
 from contracts.records import TrajectoryRecord
 from contracts.training import TrainStepInput, TrainStepResult
@@ -56,21 +58,26 @@ class TrainerActivities:
         self.trainer: Any = None
         # One thread: steps never overlap, and torch state stays on one thread.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
+        self._steps: dict[tuple[str, int], asyncio.Future[TrainStepResult]] = {}
+        """Steps in progress by (run, version): an attempt of a step already running here waits for it."""
 
     @activity.defn(name=names.TRAIN_STEP)
     async def train_step(self, inp: TrainStepInput) -> TrainStepResult:
+        key = (inp.run_id, inp.version)
+        step = self._steps.get(key)
+        if step is None:
+            step = self._steps[key] = asyncio.ensure_future(self._step(inp))
+            step.add_done_callback(lambda _: self._steps.pop(key, None))
+        # shielded: an attempt cancelled (its workflow run ended) leaves the step to the attempt issued next
+        return await with_heartbeats(asyncio.shield(step), f"training v{inp.version + 1}", HEARTBEAT_EVERY_S)
+
+    async def _step(self, inp: TrainStepInput) -> TrainStepResult:
         done = await asyncio.to_thread(self._recorded, inp.run_id, inp.version + 1)
         if done is not None:
             return done.model_copy(update={"resumed": True})
         if not inp.refs:
             raise ApplicationError("a train step needs at least one trajectory", type=names.ERR_BAD_REQUEST)
-        loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(self._executor, self._train, inp)
-        while True:
-            finished, _ = await asyncio.wait({work}, timeout=HEARTBEAT_EVERY_S)
-            if finished:
-                return work.result()
-            activity.heartbeat(f"training v{inp.version + 1}")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._train, inp)
 
     def _recorded(self, run_id: str, version: int) -> TrainStepResult | None:
         """The result of a step already taken and published, if any."""

@@ -133,6 +133,7 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
+    from activities.children import ChildWatchActivities
     from bench.batch_rollout import BatchRolloutWorkflow
     from bench.sim_engine import SimulatedEngine
     from bench.sim_trainer import simulated_trainer_workers
@@ -186,7 +187,15 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
         )
         await engine.start()
         reward_client = RewardClient(reward_url, timeout_s=30)
-        workers.append(Worker(client, task_queue=queue, workflows=[TrajectoryWorkflow, TrainingWorkflow, BatchRolloutWorkflow]))
+        watcher = ChildWatchActivities(client)  # as workers/orchestrator.py: children inherited through continue-as-new
+        workers.append(
+            Worker(
+                client,
+                task_queue=queue,
+                workflows=[TrajectoryWorkflow, TrainingWorkflow, BatchRolloutWorkflow],
+                activities=[watcher.watch_children],
+            )
+        )
         workers += decode_workers(client, engine, store, [pool], f"decode-{tag}")
         workers += synthetic_env_workers(client, [pool], f"env-{tag}", unit_s=w.unit_s)
         workers += reward_workers(client, reward_client, store, [pool])

@@ -20,6 +20,9 @@ LLM_GENERATE = "llm.generate"
 REWARD_SCORE = "reward.score"
 TRAJECTORY_SAVE = "trajectory.save"
 TRAIN_STEP = "trainer.train_step"
+WATCH_CHILDREN = "training.watch_children"
+"""Waits until some of the trajectories a training run inherited through continue-as-new have closed (orchestrator
+worker, on the workflow's own queue)."""
 
 
 def decode_queue(pool: str) -> str:
@@ -83,6 +86,8 @@ SIGNAL_TRAJECTORY_FINISHED = "trajectory_finished"
 """Signal a trajectory sends to `TrajectoryRequest.report_to` with a `TrajectoryReport`."""
 SIGNAL_RESUME_ADMISSION = "resume_admission"
 """Tells a TrainingWorkflow whose admission paused (a run of infra failures) to admit again; no argument."""
+SIGNAL_CONTINUE_AS_NEW = "continue_as_new"
+"""Asks a TrainingWorkflow to continue as new at once, from wherever it waits (its whole state carries over)."""
 
 # Error types (ApplicationError.type) that cross the activity boundary. Infra errors lead to a fresh sandbox
 # or a retry; the others end the trajectory as `failed`, never as infra.

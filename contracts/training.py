@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field, model_validator
 from contracts.base import Contract
 from contracts.limits import PoolName
 from contracts.tasks import TaskConfig
+from contracts.trajectory import TrajectoryResult
 
 
 class _Model(Contract):
@@ -248,9 +249,13 @@ class TrainingState(_Model):
     version: int = 0
     next_group: int = 0
     groups: dict[str, GroupState] = Field(default_factory=dict)
-    consumed_groups: list[str] = Field(default_factory=list)
-    """Groups already trained on (or dropped): a late or repeated report for them is ignored."""
+    closed_external: list[str] = Field(default_factory=list)
+    """Digests of the most recently closed (trained, dropped) groups of user-started trajectories, oldest first, at
+    most `workflows.bookkeeping.EXTERNAL_CLOSED_KEPT`: a late report for one is ignored. The workflow's own groups
+    need no such list: `g{k:06d}` with k < next_group that is not open is closed."""
     counters: TrainingCounters = Field(default_factory=TrainingCounters)
+    task_groups: list[int] = Field(default_factory=list)
+    """Groups started so far per task (index into `TrainingRunConfig.tasks`): the weighted choice of a task."""
     history: list[StepRecord] = Field(default_factory=list)
     started_at: float = 0.0
     """Workflow time (seconds) when the run began, kept across continue-as-new."""
@@ -260,6 +265,17 @@ class TrainingState(_Model):
     """Infra-failed trajectories reported in a row, with none completed or failed by the env between them."""
     paused: str | None = None
     """Why admission is stopped (a run of infra failures and the last error), or None while admitting."""
+    probe: bool = False
+    """While paused: admit one probe group (or a queued replacement) now."""
+    probe_delay_s: float | None = None
+    """While paused: the wait before the next probe (doubling); None: `pause_probe_s`."""
+    to_cancel: list[str] = Field(default_factory=list)
+    """Members queued for cancellation (redundant samples of full groups, members of closed groups)."""
+    replacements: dict[str, int] = Field(default_factory=dict)
+    """Group -> replacement members to start for its failed ones, in the order queued."""
+    step: TrainStepInput | None = None
+    """The step being trained: a run that continues as new while the trainer works issues it again (the trainer
+    answers a step it already took, or is taking, with that step's result)."""
 
 
 class TrainingStart(_Model):
@@ -293,3 +309,24 @@ class TrainingProgress(_Model):
     elapsed_s: float
     paused: str | None = None
     """Why admission is stopped, while it is."""
+
+
+class WatchChildrenInput(_Model):
+    """Trajectories a training run inherited through continue-as-new (its watchers did not survive it)."""
+
+    workflow_ids: list[str] = Field(min_length=1)
+    poll_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+    """How often their status is read."""
+
+
+class ChildOutcome(_Model):
+    workflow_id: str
+    status: str
+    """The closed execution's status: COMPLETED, FAILED, TERMINATED, CANCELED, TIMED_OUT, or NOT_FOUND."""
+    result: TrajectoryResult | None = None
+    """A completed trajectory's result (its report may have been lost)."""
+
+
+class WatchChildrenResult(_Model):
+    closed: list[ChildOutcome]
+    """Those of the watched trajectories found closed (at least one)."""

@@ -1,10 +1,12 @@
-"""Orchestrator worker: runs workflows only (deterministic orchestration, no heavy imports, no activities)."""
+"""Orchestrator worker: runs the workflows (deterministic orchestration, no heavy imports), and the one activity
+that needs nothing but the Temporal client: the child watcher of training runs (activities/children.py)."""
 
 from __future__ import annotations
 
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.children import ChildWatchActivities
 from contracts import names
 from infra.settings import Settings
 from infra.temporal import wait_until_reachable
@@ -17,7 +19,8 @@ WORKFLOWS = [TrajectoryWorkflow, TrainingWorkflow, ReplayEnvWorkflow]
 
 
 def orchestrator_workers(client: Client, task_queue: str = names.WORKFLOW_QUEUE) -> list[Worker]:
-    return [Worker(client, task_queue=task_queue, workflows=WORKFLOWS)]
+    watcher = ChildWatchActivities(client)
+    return [Worker(client, task_queue=task_queue, workflows=WORKFLOWS, activities=[watcher.watch_children])]
 
 
 async def serve(settings: Settings) -> None:

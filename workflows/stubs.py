@@ -21,6 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 with workflow.unsafe.imports_passed_through():
     from contracts import names
     from contracts.limits import MAX_PAYLOAD_BYTES
+    from contracts.training import TrainStepInput, TrainStepResult, WatchChildrenInput, WatchChildrenResult
     from contracts.trajectory import (
         EnvCloseInput,
         EnvResetInput,
@@ -35,7 +36,6 @@ with workflow.unsafe.imports_passed_through():
         ScoreInput,
         ScoreResult,
     )
-    from contracts.training import TrainStepInput, TrainStepResult
 
 FATAL = [names.ERR_BAD_REQUEST, names.ERR_PAYLOADS_TOO_LARGE]
 """Failures no retry of any activity can fix: a bad request, a payload over Temporal's limit."""
@@ -175,4 +175,18 @@ async def train_step(pool: str, inp: TrainStepInput) -> TrainStepResult:
             maximum_interval=timedelta(seconds=30),
             non_retryable_error_types=FATAL,
         ),
+    )
+
+
+async def watch_children(inp: WatchChildrenInput) -> WatchChildrenResult:
+    # On the workflow's own queue (the orchestrator worker serves it); runs as long as the children do, so a
+    # start-to-close timeout only bounds one attempt, and attempts go on without limit.
+    return await workflow.execute_activity(
+        names.WATCH_CHILDREN,
+        _fits(names.WATCH_CHILDREN, inp),
+        result_type=WatchChildrenResult,
+        task_queue=workflow.info().task_queue,
+        start_to_close_timeout=timedelta(hours=1),
+        heartbeat_timeout=timedelta(seconds=30),  # it heartbeats every poll (2 s)
+        retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=FATAL),
     )

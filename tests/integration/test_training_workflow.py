@@ -15,8 +15,8 @@ from transformers import AutoTokenizer
 
 from contracts import names
 from contracts.tasks import TaskConfig
+from contracts.training import TrainingRunConfig, TrainingState, TrainRef, TrainStepInput
 from contracts.trajectory import SamplingParams, StagePools, TrajectoryReport, TrajectoryStatus
-from contracts.training import TrainingRunConfig, TrainingState
 from infra.policies import PolicyStore
 from rl.engines.scripted import ScriptedEngine
 from tests.conftest import async_wait_for, pending_work, running_stack
@@ -39,6 +39,47 @@ def engine(tiny_model, store, tmp_path):  # type: ignore[no-untyped-def]
     """A scripted policy that stamps each turn with the run's newest published version."""
     tok = AutoTokenizer.from_pretrained(tiny_model)
     return ScriptedEngine(tok, "\\boxed{5}", weights=PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0))
+
+
+class GatedEngine(ScriptedEngine):
+    """The scripted policy, holding every generation until the test opens the gate: trajectories stay running
+    for as long as a test needs them to (to terminate some, or to continue as new around them)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.gate = asyncio.Event()
+        self.waiting = 0
+
+    async def generate(self, prompt_ids, params, policy=""):  # type: ignore[no-untyped-def]
+        self.waiting += 1
+        try:
+            await self.gate.wait()
+        finally:
+            self.waiting -= 1
+        return await super().generate(prompt_ids, params, policy)
+
+
+@pytest.fixture()
+def gated(tiny_model, store, tmp_path):  # type: ignore[no-untyped-def]
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    return GatedEngine(tok, "\\boxed{5}", weights=PolicyStore(store, tmp_path / "gated-policies", pointer_ttl_s=0.0))
+
+
+async def trained(client, run_id: str, issued: dict[int, int] | None = None) -> dict[int, list[TrainRef]]:  # type: ignore[no-untyped-def]
+    """What each step trained on (version before the step -> refs), from the train_step inputs in the history of
+    every run of the workflow. A step issued again (after continue-as-new) must carry the same refs; `issued`
+    counts how often each step was issued."""
+    steps: dict[int, list[TrainRef]] = {}
+    issued = {} if issued is None else issued
+    async for run in client.list_workflows(f"WorkflowId = '{run_id}'"):
+        async for event in client.get_workflow_handle(run_id, run_id=run.run_id).fetch_history_events():
+            if event.HasField("activity_task_scheduled_event_attributes"):
+                attrs = event.activity_task_scheduled_event_attributes
+                if attrs.activity_type.name == "trainer.train_step":
+                    step = TrainStepInput.model_validate_json(attrs.input.payloads[0].data)
+                    issued[step.version] = issued.get(step.version, 0) + 1
+                    assert steps.setdefault(step.version, step.refs) == step.refs, f"step v{step.version} differs"
+    return steps
 
 
 async def children(client, run_id: str) -> list:  # type: ignore[no-untyped-def]
@@ -160,7 +201,7 @@ async def test_continue_as_new_and_worker_restart_keep_the_run(
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, tag=tag):
         try:
             result = await asyncio.wait_for(handle.result(), timeout=300)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise AssertionError(f"the run did not finish:\n{await pending_work(st.client, run_id)}") from None
         state = await handle.query(names.QUERY_STATE, result_type=TrainingState)
     assert result.version == 6
@@ -204,13 +245,154 @@ async def test_a_dead_docker_engine_pauses_admission_and_a_live_one_resumes_it(
         started_at_pause = p.counters.started
         await asyncio.sleep(4)
         assert (await training_progress(handle)).counters.started <= started_at_pause + 2
+
+        # continue-as-new while paused, with replacements queued: the new run is paused with the same queue
+        async def queued():  # type: ignore[no-untyped-def]
+            state = await handle.query(names.QUERY_STATE, result_type=TrainingState)
+            return state if state.replacements else None
+
+        before = await async_wait_for(queued, timeout_s=60, what="replacements queued while paused")
+        await handle.signal(names.SIGNAL_CONTINUE_AS_NEW)
+
+        async def continued():  # type: ignore[no-untyped-def]
+            state = await handle.query(names.QUERY_STATE, result_type=TrainingState)
+            return state if state.continued == 1 else None
+
+        after = await async_wait_for(continued, timeout_s=60, what="the run to continue as new")
+        assert after.paused == before.paused
+        # the queue carried over whole, unless a probe took from it meanwhile (and started members)
+        assert after.replacements == before.replacements or after.counters.started > before.counters.started
     # the engine is back: workers with a live one on the same queues
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, tag=tag):
         try:
             result = await asyncio.wait_for(handle.result(), timeout=180)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise AssertionError(f"the run did not finish:\n{await pending_work(st.client, run_id)}") from None
     assert result.version == 2 and result.counters.consumed == 4
     assert result.counters.admission_pauses == 1
     assert result.counters.infra_failed >= 3
     assert (await handle.describe()).search_attributes.get("TrajflowStatus") == ["done"]
+
+
+async def _running_members(client, run_id: str, group: str, count: int) -> list[str]:  # type: ignore[no-untyped-def]
+    async def running():  # type: ignore[no-untyped-def]
+        ids = [w.id for w in await children(client, run_id) if f"-{group}-" in w.id and w.status.name == "RUNNING"]
+        return ids if len(ids) >= count else None
+
+    return await async_wait_for(running, timeout_s=60, what=f"{count} running members of {group}")
+
+
+async def test_sync_mode_replaces_an_abandoned_group(temporal_env, reward_service, store, sandbox_manager, gated) -> None:
+    """Defect: in sync mode (α = 0, the batch barrier) a group abandoned past max_group_restarts left its batch
+    one group short and the barrier admitted nothing more: the run hung. Both members of one group are
+    terminated here (ended without a report: infra failures) while every generation is held."""
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, gated) as st:
+        cfg = run_config(st.pools, steps=1, batch_size=4, group_size=2, alpha=0, sync=True, max_group_restarts=0)
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+        for wid in await _running_members(st.client, run_id, "g000001", 2):
+            await st.client.get_workflow_handle(wid).terminate("test: a group that fails")
+
+        async def abandoned():  # type: ignore[no-untyped-def]
+            return (await training_progress(handle)).counters.groups_abandoned == 1
+
+        await async_wait_for(abandoned, timeout_s=60, what="the group to be abandoned")
+        gated.gate.set()
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=120)
+        except TimeoutError:
+            raise AssertionError(f"the run did not finish:\n{await pending_work(st.client, run_id)}") from None
+        steps = await trained(st.client, run_id)
+    assert result.version == 1 and result.counters.consumed == 4
+    assert result.counters.groups_abandoned == 1 and result.counters.infra_failed == 2
+    assert sorted({r.group for r in steps[0]}) == ["g000000", "g000002"]  # the replacement group, same batch
+
+
+async def _task_of(client, workflow_id: str) -> str:  # type: ignore[no-untyped-def]
+    from contracts.trajectory import TrajectoryRequest
+
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
+        if event.HasField("workflow_execution_started_event_attributes"):
+            payload = event.workflow_execution_started_event_attributes.input.payloads[0]
+            return TrajectoryRequest.model_validate_json(payload.data).task
+    raise AssertionError(f"{workflow_id} has no start event")
+
+
+async def test_a_two_task_run_trains_on_both_tasks(temporal_env, reward_service, store, sandbox_manager, engine) -> None:
+    """Defect: weights 2:1 starved the lighter task once groups closed (sync mode: one group open at a time)."""
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+        cfg = run_config(st.pools, steps=3, batch_size=2, group_size=2, alpha=0, sync=True)
+        base = cfg.tasks[0]
+        cfg = cfg.model_copy(update={"tasks": [base.model_copy(update={"name": "heavy", "weight": 2.0}),
+                                               base.model_copy(update={"name": "light"})]})  # fmt: skip
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+        result = await asyncio.wait_for(handle.result(), timeout=240)
+        steps = await trained(st.client, run_id)
+        tasks = [await _task_of(st.client, r.workflow_id) for v in sorted(steps) for r in steps[v]]
+    assert result.version == 3 and result.counters.consumed == 6
+    assert tasks.count("heavy") == 4 and tasks.count("light") == 2, tasks
+
+
+async def test_continue_as_new_while_a_step_trains_issues_the_step_again(
+    temporal_env, reward_service, store, sandbox_manager, engine
+) -> None:
+    """Forced (the `continue_as_new` signal) while the trainer works: the state carries the step in flight, the
+    next run issues it again and the trainer answers it once; every sample is trained once."""
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, train_step_s=3.0) as st:
+        cfg = run_config(st.pools, steps=3, batch_size=2, group_size=2, alpha=1)
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+
+        async def training():  # type: ignore[no-untyped-def]
+            state = await handle.query(names.QUERY_STATE, result_type=TrainingState)
+            return state.step is not None and state.version == 1
+
+        await async_wait_for(training, timeout_s=120, what="the second step to be training")
+        await handle.signal(names.SIGNAL_CONTINUE_AS_NEW)
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=180)
+        except TimeoutError:
+            raise AssertionError(f"the run did not finish:\n{await pending_work(st.client, run_id)}") from None
+        state = await handle.query(names.QUERY_STATE, result_type=TrainingState)
+        issued: dict[int, int] = {}
+        steps = await trained(st.client, run_id, issued)
+    assert state.continued == 1 and issued[1] == 2, issued  # issued in both runs, the same refs
+    assert result.version == 3 and [r.step for r in result.history] == [1, 2, 3]
+    wids = [r.workflow_id for v in steps for r in steps[v]]
+    assert result.counters.consumed == 6 == len(wids) == len(set(wids))
+
+
+async def test_a_child_inherited_through_continue_as_new_that_ends_unreported_is_noticed(
+    temporal_env, reward_service, store, sandbox_manager, gated
+) -> None:
+    """A run that continued as new watches the children it inherited (their handles died with the old run): one
+    terminated by hand is an infra failure of its group, replaced, and the run finishes, every sample counted
+    once. Before, the group waited forever for the member's report."""
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, gated) as st:
+        cfg = run_config(st.pools, steps=1, batch_size=2, group_size=2, alpha=0)
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+        first, _ = await _running_members(st.client, run_id, "g000000", 2)
+        await handle.signal(names.SIGNAL_CONTINUE_AS_NEW)
+
+        async def continued():  # type: ignore[no-untyped-def]
+            return (await handle.query(names.QUERY_STATE, result_type=TrainingState)).continued == 1
+
+        await async_wait_for(continued, timeout_s=60, what="the run to continue as new")
+        await st.client.get_workflow_handle(first).terminate("test: a trajectory that dies unreported")
+
+        async def noticed():  # type: ignore[no-untyped-def]
+            return (await training_progress(handle)).counters.infra_failed == 1
+
+        await async_wait_for(noticed, timeout_s=60, what="the inherited child's end to be noticed")
+        gated.gate.set()
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=120)
+        except TimeoutError:
+            raise AssertionError(f"the run did not finish:\n{await pending_work(st.client, run_id)}") from None
+        steps = await trained(st.client, run_id)
+    c = result.counters
+    assert result.version == 1 and c.consumed == 2 and c.infra_failed == 1 and c.completed == 2
+    wids = sorted(r.workflow_id for r in steps[0])
+    assert wids == sorted({f"{run_id}-g000000-1", f"{run_id}-g000000-2"}), wids  # the replacement, not the dead one

@@ -1,0 +1,388 @@
+"""The TrainingWorkflow's bookkeeping, pure: admission budget, groups, replacements, task choice, reports,
+stale dropping, batches. No Temporal here (stdlib and `contracts` only), so every rule is unit-tested without a
+server; the workflow (workflows/training.py) does the side effects — starting and cancelling children, the train
+step, timers, search attributes, logging — and asks this module what to do.
+
+`Book` works on the workflow's `TrainingState` in place. Methods that the workflow must react to return what
+happened (a `ReportOutcome`, the groups dropped) instead of logging or signalling themselves.
+
+Bounded: the state holds the open groups (bounded by admission), the queues, the last HISTORY_KEPT step records
+and digests of the last EXTERNAL_CLOSED_KEPT closed user-started groups; closed groups of the workflow's own are
+known by name. Limits: one `Book` per workflow run; it trusts the state it is given (written by itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from contracts.training import (
+    GroupState,
+    StepRecord,
+    TrainingRunConfig,
+    TrainingState,
+    TrainRef,
+    TrainStepInput,
+    TrainStepResult,
+)
+from contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
+
+HISTORY_KEPT = 200
+"""Step records kept in workflow state; the trainer also writes every step's record to the store."""
+EXTERNAL_CLOSED_KEPT = 1024
+"""Closed user-started groups remembered (as 16-character digests: bounded whatever their names). A report for
+an older one is taken as the first of a new external group of that name (counted `external`); it is trained
+only if n samples of it arrive again and are fresh, and dropped as stale otherwise."""
+OWN_GROUP = re.compile(r"g\d{6,}")
+"""The names of the groups the workflow starts (`g{k:06d}`); reserved: a user-started trajectory must not use them."""
+
+
+@dataclass
+class ReportOutcome:
+    """What a report changed that the workflow must act on (log, search attributes, the prober)."""
+
+    counted: bool = False
+    """False when the report was ignored (late or a duplicate)."""
+    paused: bool = False
+    """This report stopped admission (a run of infra failures)."""
+    resumed: str | None = None
+    """Why admission resumed with this report, when it did."""
+    abandoned: GroupState | None = None
+    """The group this report made the workflow give up (members failed past the restart budget)."""
+
+
+class Book:
+    """The loop's rules over one `TrainingState` (see the module docstring)."""
+
+    def __init__(self, cfg: TrainingRunConfig, state: TrainingState) -> None:
+        self.cfg = cfg
+        self.s = state
+        self.to_cancel = state.to_cancel
+        """Workflow ids of members to cancel (the workflow sends the cancellations)."""
+        self.replacements = state.replacements
+        """Group -> replacement samples to start for groups whose members failed."""
+
+    @property
+    def training(self) -> bool:
+        """True while a step is being trained."""
+        return self.s.step is not None
+
+    @property
+    def probe(self) -> bool:
+        return self.s.probe
+
+    @probe.setter
+    def probe(self, value: bool) -> None:
+        self.s.probe = value
+
+    # --- admission -----------------------------------------------------------------------------------------
+
+    def may_replace(self, pause_admission: bool = False) -> bool:
+        """Replacements for failed members wait while admission is paused (they would fail the same way), but
+        for a probe: the groups waiting for them hold the staleness budget, so a probe is a replacement first."""
+        return not pause_admission and (not self.s.paused or self.probe)
+
+    def groups_to_admit(self, pause_admission: bool = False) -> int:
+        """Admission control: at most (v + α + 1)·B − (consumed + running) samples started.
+
+        `running` counts n per admitted group not yet trained on (in flight or finished and waiting), so with
+        consumed = v·B the bound keeps (α + 1)·B useful samples in the pipeline. Redundant extras come on top.
+        """
+        cfg, s = self.cfg, self.s
+        if pause_admission or s.version >= cfg.steps or (s.paused and not self.probe):
+            return 0
+        if cfg.sync and self.training:
+            return 0  # the barrier: the next batch starts only after this one is trained
+        budget = (s.version + cfg.alpha + 1) * cfg.batch_size - (s.counters.consumed + self.running())
+        # never start more than the run can still use (a batch being trained is already consumed)
+        remaining = cfg.steps * cfg.batch_size - s.counters.consumed - self.running()
+        groups = max(0, min(budget, remaining) // cfg.group_size)
+        if cfg.sync:
+            # one batch at a time: its groups, less those still open. A group of it that was abandoned (members
+            # failed past max_group_restarts) is so replaced by a new one (a new seed) for the same batch;
+            # waiting for none to be open would leave the batch one group short forever.
+            groups = min(groups, self.groups_per_step() - len(self.open_groups()))
+        return min(groups, 1) if s.paused else groups
+
+    def running(self) -> int:
+        return self.cfg.group_size * len(self.open_groups())
+
+    def open_groups(self) -> list[GroupState]:
+        """The groups the workflow admitted that are not yet trained on, dropped or abandoned."""
+        return [g for g in self.s.groups.values() if not g.external]
+
+    def new_group(self) -> GroupState:
+        """Admit the next group: its seed, its task, registered as open (its members are started next)."""
+        cfg, s = self.cfg, self.s
+        k = s.next_group
+        s.next_group += 1
+        self.probe = False
+        group = GroupState(group=f"g{k:06d}", seed=cfg.first_seed + k, task=self.pick_task(k), started_version=s.version)
+        s.groups[group.group] = group
+        return group
+
+    def pick_task(self, k: int) -> int:
+        """Weighted round robin: the task whose share of the groups started so far lags its weight most (and
+        counted as started)."""
+        tasks = self.cfg.tasks
+        if len(tasks) == 1:
+            return 0
+        total = sum(t.weight for t in tasks)
+        # cumulative counts, kept in the state: counting only open groups let a lower-weight task starve,
+        # since the closed groups of the heavier one no longer counted against it
+        counts = self.s.task_groups + [0] * (len(tasks) - len(self.s.task_groups))
+        task = max(range(len(tasks)), key=lambda i: tasks[i].weight / total * (k + 1) - counts[i])
+        counts[task] += 1
+        self.s.task_groups = counts
+        return task
+
+    def new_member(self, group: GroupState) -> str:
+        """The workflow id of the group's next member, marked running before its start is confirmed: when the
+        workflow's tasks are delayed, a short child can finish and report in the activation that confirms its
+        start, and signals are handled first; a report from a member not yet running would be dropped as late."""
+        wid = f"{self.s.run_id}-{group.group}-{group.members_started}"
+        group.members_started += 1
+        group.running.append(wid)
+        return wid
+
+    def member_not_started(self, group: GroupState, wid: str) -> None:
+        group.running.remove(wid)
+
+    def member_started(self) -> None:
+        c = self.s.counters
+        c.started += 1
+        c.max_in_flight = max(c.max_in_flight, sum(len(g.running) for g in self.s.groups.values()))
+
+    def next_replacement(self, pause_admission: bool = False) -> tuple[GroupState, int] | None:
+        """The next queued (group, members to start) replacement that may go now, if any."""
+        while self.replacements and self.may_replace(pause_admission):
+            key = next(iter(self.replacements))
+            missing = self.replacements.pop(key)
+            if self.s.paused:
+                self.probe = False  # the probe is this group's replacement members
+            if key in self.s.groups:
+                return self.s.groups[key], missing
+        return None
+
+    def has_work(self, pause_admission: bool = False) -> bool:
+        """Something for the admission loop: cancellations, replacements that may go, or groups to admit."""
+        return (
+            bool(self.to_cancel)
+            or (bool(self.replacements) and self.may_replace(pause_admission))
+            or self.groups_to_admit(pause_admission) > 0
+        )
+
+    # --- batches -------------------------------------------------------------------------------------------
+
+    def members_running(self) -> bool:
+        return any(g.running for g in self.s.groups.values())
+
+    def ready_groups(self) -> list[GroupState]:
+        n = self.cfg.group_size
+        return [g for g in self.s.groups.values() if len(g.completed) >= n]
+
+    def is_stale(self, g: GroupState) -> bool:
+        oldest = min(r.policy_version for r in g.completed)
+        return self.s.version - oldest > self.cfg.alpha
+
+    def drop_stale(self) -> list[GroupState]:
+        """Close the ready groups too stale to train on (the hard bound); returns them."""
+        stale = [g for g in self.ready_groups() if self.is_stale(g)]
+        for g in stale:
+            self.s.counters.dropped_stale += len(g.completed)
+            self.close_group(g)
+        return stale
+
+    def batch_may_be_ready(self) -> bool:
+        """True when a batch can be taken, or stale groups wait to be dropped (the workflow then re-checks)."""
+        if self.cfg.sync and self.members_running():
+            return False
+        ready = self.ready_groups()
+        return len(ready) >= self.groups_per_step() or any(self.is_stale(g) for g in ready)
+
+    def groups_per_step(self) -> int:
+        return self.cfg.batch_size // self.cfg.group_size
+
+    def take_batch(self) -> TrainStepInput | None:
+        """After `drop_stale`: the next step's input (recorded as the step in flight), its groups closed and
+        consumed; None if none is ready."""
+        cfg, s = self.cfg, self.s
+        ready = self.ready_groups()
+        if len(ready) < self.groups_per_step() or (cfg.sync and self.members_running()):
+            return None
+        groups = ready[: self.groups_per_step()]
+        refs = [r for g in groups for r in g.completed[: cfg.group_size]]
+        for g in groups:
+            self.close_group(g)
+        s.counters.consumed += len(refs)
+        s.step = TrainStepInput(run_id=s.run_id, version=s.version, refs=refs, trainer=cfg.trainer)
+        return s.step
+
+    def finish_step(self, step: TrainStepInput, res: TrainStepResult, time_s: float) -> StepRecord:
+        """The trainer took `step`: the new version and its record (`time_s`: since the run started)."""
+        s = self.s
+        refs = step.refs
+        s.version = res.version
+        s.step = None
+        record = StepRecord(
+            step=res.version,
+            time_s=time_s,
+            reward_mean=sum(r.reward for r in refs) / len(refs),
+            trajectories=len(refs),
+            stale_dropped_total=s.counters.dropped_stale,
+            staleness=[step.version - r.policy_version for r in refs],
+            metrics=res.metrics,
+            train_s=res.seconds,
+        )
+        s.history.append(record)
+        del s.history[:-HISTORY_KEPT]
+        return record
+
+    def cancel_running(self, g: GroupState) -> None:
+        """Queue the group's running members for cancellation (the admission loop sends it) and count them."""
+        self.to_cancel.extend(g.running)
+        self.s.counters.cancelled += len(g.running)
+        g.running = []
+
+    def close_group(self, g: GroupState) -> None:
+        """The group leaves the pipeline (trained, dropped or abandoned); its running members are cancelled."""
+        self.cancel_running(g)
+        self.s.groups.pop(g.group, None)
+        if g.external:
+            self.s.closed_external.append(_digest(g.group))
+            del self.s.closed_external[:-EXTERNAL_CLOSED_KEPT]
+
+    def is_closed(self, key: str) -> bool:
+        """A group that is not open and was closed (or, with one of the workflow's own names, never open)."""
+        if OWN_GROUP.fullmatch(key):
+            return True  # the workflow's groups stay open from their start until they close, and never reopen
+        return _digest(key) in self.s.closed_external
+
+    def cancel_leftovers(self) -> None:
+        for g in list(self.s.groups.values()):
+            self.cancel_running(g)
+
+    # --- reports -------------------------------------------------------------------------------------------
+
+    def running_members(self) -> list[str]:
+        """Members of the workflow's groups still expected to report (what a new run inherits and watches)."""
+        return [wid for g in self.open_groups() for wid in g.running]
+
+    def is_running(self, wid: str) -> bool:
+        return any(wid in g.running for g in self.open_groups())
+
+    def ended_unreported(self, wid: str, result: TrajectoryResult | None) -> TrajectoryReport | None:
+        """A member closed and its report has not arrived: the report to file in its place (None when it is no
+        longer expected: reported, or cancelled by us). From its result when it completed (the signal was
+        lost); otherwise (terminated, failed, timed out, never started) an infra failure, never scored."""
+        group = wid[len(self.s.run_id) + 1 :].rsplit("-", 1)[0]  # ids are f"{run_id}-{group}-{index}"
+        g = self.s.groups.get(group)
+        if g is None or wid not in g.running:
+            return None
+        if result is not None:
+            return TrajectoryReport(workflow_id=wid, trajectory_uri=result.trajectory_uri, group=group,
+                                    policy_version=result.policy_version, reward=result.reward,
+                                    status=result.status, error=result.error)  # fmt: skip
+        return TrajectoryReport(workflow_id=wid, trajectory_uri=None, group=group, policy_version=None, reward=None,
+                                status=TrajectoryStatus.INFRA_FAILED, error="ended without a report")  # fmt: skip
+
+    def report(self, report: TrajectoryReport) -> ReportOutcome:
+        """A trajectory ended (its signal, or its result when the signal was lost): count it, file it in its
+        group, and decide what follows (cancel the redundant rest, replace failed members, pause or resume)."""
+        s, c = self.s, self.s.counters
+        key = report.group or f"user-{report.workflow_id}"
+        g = s.groups.get(key)
+        if g is None and self.is_closed(key):
+            c.late += 1  # its group was already trained on, dropped or abandoned
+            return ReportOutcome()
+        if g is None:
+            g = GroupState(group=key, seed=-1, task=-1, started_version=report.policy_version or 0, external=True)
+            s.groups[key] = g
+        if report.workflow_id in [r.workflow_id for r in g.completed]:
+            c.duplicates += 1
+            return ReportOutcome()
+        if g.external:
+            c.external += 1
+        elif report.workflow_id not in g.running:
+            c.late += 1  # a redundant sample of a full group that ended before its cancellation landed
+            return ReportOutcome()
+        else:
+            g.running.remove(report.workflow_id)
+        outcome = self._count(report)
+        if report.status is TrajectoryStatus.COMPLETED and report.reward is not None and report.trajectory_uri:
+            g.completed.append(
+                TrainRef(
+                    workflow_id=report.workflow_id,
+                    trajectory_uri=report.trajectory_uri,
+                    group=key,
+                    reward=report.reward,
+                    policy_version=report.policy_version or 0,
+                )
+            )
+        else:
+            g.failed += 1
+        outcome.abandoned = self._after_report(g)
+        return outcome
+
+    def _count(self, report: TrajectoryReport) -> ReportOutcome:
+        s, c = self.s, self.s.counters
+        outcome = ReportOutcome(counted=True)
+        if report.status is TrajectoryStatus.COMPLETED:
+            c.completed += 1
+        elif report.status is TrajectoryStatus.INFRA_FAILED:
+            c.infra_failed += 1
+        else:
+            c.failed += 1
+        if report.status is not TrajectoryStatus.INFRA_FAILED:
+            s.infra_streak = 0
+            if s.paused:
+                outcome.resumed = f"{report.workflow_id} ended {report.status.value}: the infrastructure works again"
+                self.resume()
+            return outcome
+        s.infra_streak += 1
+        if not s.paused and s.infra_streak >= self.cfg.pause_after_infra_failures:
+            s.paused = (
+                f"{s.infra_streak} trajectories in a row failed on infrastructure, the last ({report.workflow_id}) "
+                f"with: {report.error or 'no error recorded'}"
+            )
+            c.admission_pauses += 1
+            outcome.paused = True
+        return outcome
+
+    def resume(self) -> None:
+        self.s.paused = None
+        self.s.infra_streak = 0
+        self.probe = False
+        self.s.probe_delay_s = None
+
+    def probe_now(self) -> float:
+        """While paused, a probe is due: admit one, and return how long to wait before the next."""
+        delay = self.s.probe_delay_s or self.cfg.pause_probe_s
+        self.probe = True
+        self.s.probe_delay_s = min(delay * 2, 600.0)
+        return self.s.probe_delay_s
+
+    def _after_report(self, g: GroupState) -> GroupState | None:
+        """Cancel the redundant rest of a full group, or queue replacements for failed members, or abandon the
+        group past its restart budget (returned)."""
+        n = self.cfg.group_size
+        if len(g.completed) >= n:
+            g.completed = g.completed[:n]
+            self.cancel_running(g)  # the group is full: redundant samples are not needed
+            return None
+        if g.external or g.running:
+            return None
+        # members failed and none is left running: replace them, within the group's restart budget
+        missing = n - len(g.completed)
+        restarts_used = g.members_started - (n + self.cfg.redundancy)
+        if restarts_used + missing > self.cfg.max_group_restarts:
+            self.s.counters.groups_abandoned += 1
+            self.close_group(g)
+            return g
+        self.replacements[g.group] = missing
+        return None
+
+
+def _digest(group: str) -> str:
+    return hashlib.blake2b(group.encode(), digest_size=8).hexdigest()
