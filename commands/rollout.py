@@ -51,9 +51,9 @@ def request_from_config(
         sampling = overrides.get("sampling")
         given = sampling if isinstance(sampling, dict) else {}
         overrides["sampling"] = {**t.sampling.model_dump(), **given, "temperature": temperature}
-    seed = seed if seed is not None else overrides.pop("seed", 0)
+    chosen_seed = seed if seed is not None else overrides.pop("seed", 0)  # --request's is any JSON value
     try:
-        return t.request(seed, **overrides)  # type: ignore[arg-type]
+        return t.request(chosen_seed, **overrides)  # type: ignore[arg-type]  # TrajectoryRequest validates a JSON seed
     except ValidationError as e:
         raise ValueError(explain_invalid(TrajectoryRequest, e, "fix --request or the options")) from None
 
