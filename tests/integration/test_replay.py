@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 
+from commands import live
 from commands.visibility import list_trajectories, trajectory_query
 from contracts.tasks import TaskConfig
 from contracts.training import TrainingRunConfig
@@ -24,7 +25,6 @@ from replay.formatting import side_by_side
 from replay.rerun import continue_from_failure, rerun, started_request
 from tests.conftest import async_wait_for, running_stack
 from tests.integration.replay_helpers import GUESS, FlakyManager, SandboxKillingEngine
-from trajflow import live
 from trajflow.client import start_training
 
 pytestmark = pytest.mark.integration

@@ -60,7 +60,8 @@ def scripted(tiny_model):  # type: ignore[no-untyped-def]
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), OUT_OF_RANGE)
 
 
-def load_record(store, uri: str) -> TrajectoryRecord:  # type: ignore[no-untyped-def]
+def load_record(store, uri: str | None) -> TrajectoryRecord:  # type: ignore[no-untyped-def]
+    assert uri is not None, "the trajectory saved no record"
     return TrajectoryRecord.model_validate(store.get_json(uri))
 
 
@@ -146,6 +147,7 @@ async def test_twenty_turn_history_stays_small(
     assert largest < 16 * 1024
     assert "token_ids" not in text and "logprobs" not in text  # the data plane stays in the store
     record = load_record(store, result.trajectory_uri)
+    assert record.context is not None
     assert len(record.context.turn_spans) == 20
     # the store side stays O(turns) too: each turn writes what it adds to the token context, not the whole context
     contexts = sorted(u for u in store.list("trajectories/") if "/context-turn" in u)

@@ -21,7 +21,14 @@ from contracts.errors import MAX_MESSAGE_CHARS, explain_invalid
 from contracts.limits import MAX_OBSERVATION_CHARS, MAX_SYSTEM_PROMPT_CHARS
 from contracts.tasks import TaskConfig
 from contracts.training import TrainingStart, TrainStepResult
-from contracts.trajectory import EnvStepResult, ScoreRequest, ScoreResult, TrajectoryReport, TrajectoryRequest
+from contracts.trajectory import (
+    EnvStepResult,
+    ScoreRequest,
+    ScoreResult,
+    TrajectoryReport,
+    TrajectoryRequest,
+    TrajectoryStatus,
+)
 from envs.formatting import cap_observation
 from rewards.client import MAX_ANSWER_BYTES, RewardClient, RewardServiceBadAnswer
 
@@ -98,7 +105,9 @@ def test_a_nan_reward_is_refused_where_it_would_be_trained_on() -> None:
         with pytest.raises(ValidationError, match="finite number"):
             ScoreResult(reward=bad, reward_fn="x")
         with pytest.raises(ValidationError, match="finite number"):
-            TrajectoryReport(workflow_id="w", trajectory_uri=None, group="", policy_version=0, reward=bad, status="completed")
+            TrajectoryReport(
+                workflow_id="w", trajectory_uri=None, group="", policy_version=0, reward=bad, status=TrajectoryStatus.COMPLETED
+            )
 
 
 def test_nan_in_an_activity_result_survives_the_converter_instead_of_wedging_the_workflow() -> None:
