@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from temporalio import activity
@@ -106,13 +106,13 @@ class EnvActivities:
         await asyncio.to_thread(self.manager.close, inp.handle.sandbox_id)
 
 
-def _observation(out: dict[str, Any]) -> str:
+def _observation(out: Mapping[str, Any]) -> str:
     """The runner's observation as the next user message, cut to MAX_OBSERVATION_CHARS (an agent that printed
     10 MB must not push an activity result over Temporal's payload limit)."""
     return cap_observation(observation_message(out["observation"], out.get("info") or {}), MAX_OBSERVATION_CHARS)
 
 
-def _step_result(out: dict[str, Any]) -> EnvStepResult:
+def _step_result(out: Mapping[str, Any]) -> EnvStepResult:
     reward = float(out["reward"])
     if not math.isfinite(reward):  # would poison the reward and the advantages: the env is broken, not infra
         raise ApplicationError(

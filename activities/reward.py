@@ -62,6 +62,12 @@ class RewardActivities:
             timings=inp.timings,
         )
         info = activity.info()
+        if info.workflow_id is None or info.workflow_run_id is None:  # a standalone activity has no run to file it under
+            raise ApplicationError(
+                f"{names.TRAJECTORY_SAVE} saves a trajectory workflow's record; it was not started by a workflow",
+                type=names.ERR_BAD_REQUEST,
+                non_retryable=True,
+            )
         key = trajectory_record_key(info.workflow_id, info.workflow_run_id)
         uri = await asyncio.to_thread(self.store.put_json, key, record)
         return SaveTrajectoryResult(trajectory_uri=uri)

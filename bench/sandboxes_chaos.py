@@ -4,8 +4,8 @@
 TrajectoryWorkflow gives its sandbox (`Budget`): env.reset's retry policy (`RESET_ATTEMPTS` attempts, with
 Temporal's 1 s, 2 s waits), then `max_env_recoveries` fresh sandboxes with the actions done so far replayed. A
 failed step is one attempt and spends a recovery; an env fault (`ENV_FATAL`: ERR_ENV, ERR_BAD_REQUEST) ends the
-episode at once. `chaos_figures` counts what a run of episodes spent, and `measure_chaos` runs the bench's resets under kills. The ops are a protocol, so the budget is
-tested against scripted failures.
+episode at once. `chaos_figures` counts what a run of episodes spent, and `measure_chaos` runs the bench's resets
+under kills. The ops are a protocol, so the budget is tested against scripted failures.
 `Killer` chooses each container of a manager with probability `fraction` when it first sees it and kills it (a
 Docker kill) after a delay drawn uniformly over a typical container lifetime; a chosen container gone before its
 time passes the kill on to the next one seen.

@@ -54,7 +54,8 @@ class SyntheticSpec:
                 fields[key] = int(kwargs[key])  # type: ignore[call-overload]
         return cls(**fields)  # type: ignore[arg-type]
 
-    def as_kwargs(self) -> dict[str, float | int]:
+    def as_kwargs(self) -> dict[str, str | int | float | bool | None]:
+        """The spec as a trajectory's `env_kwargs` (typed as their values are, so it can be passed as is)."""
         return asdict(self)
 
     @property

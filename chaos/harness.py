@@ -116,7 +116,9 @@ def chaos_run_config(config: RunConfig, quick: bool) -> TrainingRunConfig:
 
 
 class Chaos:
-    def __init__(self, settings: Settings, client, store, run_id: str, run: TrainingRunConfig, say: Say, *, kill_rate: float, seed: int) -> None:  # type: ignore[no-untyped-def]
+    def __init__(  # type: ignore[no-untyped-def]
+        self, settings: Settings, client, store, run_id: str, run: TrainingRunConfig, say: Say, *, kill_rate: float, seed: int
+    ) -> None:
         self.settings, self.client, self.store = settings, client, store
         self.run_id, self.run, self.say = run_id, run, say
         self.kill_rate = kill_rate

@@ -79,7 +79,7 @@ async def run_status(client: Client, run_id: str, limit: int) -> dict[str, Any]:
     answers = await asyncio.gather(*(_query(client, r.workflow_id, TrajectoryProgress) for r in rows))
     trajectories = [
         {"workflow_id": r.workflow_id, "replay_of": r.replay_of, "progress": p, "query_error": err}
-        for r, (p, err) in zip(rows, answers)
+        for r, (p, err) in zip(rows, answers, strict=True)
     ]
     return {
         "kind": "training",

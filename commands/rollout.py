@@ -51,9 +51,9 @@ def request_from_config(
         sampling = overrides.get("sampling")
         given = sampling if isinstance(sampling, dict) else {}
         overrides["sampling"] = {**t.sampling.model_dump(), **given, "temperature": temperature}
-    seed = seed if seed is not None else overrides.pop("seed", 0)
+    chosen_seed = seed if seed is not None else overrides.pop("seed", 0)  # --request's is any JSON value
     try:
-        return t.request(seed, **overrides)  # type: ignore[arg-type]
+        return t.request(chosen_seed, **overrides)  # type: ignore[arg-type]  # TrajectoryRequest validates a JSON seed
     except ValidationError as e:
         raise ValueError(explain_invalid(TrajectoryRequest, e, "fix --request or the options")) from None
 
@@ -71,7 +71,9 @@ def _request_fields(text: str) -> dict[str, object]:
 def format_transcript(record: TrajectoryRecord) -> str:
     lines = [f"[observation] {record.first_observation.strip()}"]
     for i, turn in enumerate(record.turns):
-        lines.append(f"--- turn {i + 1} (policy v{turn.policy_version}, {turn.completion_tokens} tokens, pool {turn.decode_pool})")
+        lines.append(
+            f"--- turn {i + 1} (policy v{turn.policy_version}, {turn.completion_tokens} tokens, pool {turn.decode_pool})"
+        )
         lines.append(f"[action] {turn.action.strip()}")
         lines.append(f"[observation] {turn.observation.strip()}  (env reward {turn.env_reward:g})")
     return "\n".join(lines)
@@ -157,7 +159,8 @@ async def run_batch(config: RunConfig, n: int | None, say: Callable[[str], None]
     for col in ("workflow", "status", "turns", "reward", "seconds"):
         table.add_column(col)
     for r in done:
-        table.add_row(r.workflow_id, r.status.value, str(r.turns), "-" if r.reward is None else f"{r.reward:g}", f"{r.seconds:.1f}")
+        reward = "-" if r.reward is None else f"{r.reward:g}"
+        table.add_row(r.workflow_id, r.status.value, str(r.turns), reward, f"{r.seconds:.1f}")
     console = Console()
     console.print(table)
     console.print_json(json.dumps(summary))

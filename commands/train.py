@@ -114,7 +114,9 @@ async def train(
     before = await evaluate(client, store, run, run_id, 0, say) if evaluate_now else None
     t0 = time.monotonic()
     handle = await start_training(run, run_id=run_id, client=client)
-    say(f"training workflow {run_id} started (Temporal UI: http://{settings.temporal_address.rsplit(':', 1)[0]}:{settings.temporal_ui_port}/namespaces/{settings.temporal_namespace}/workflows/{run_id})")
+    ui_host = settings.temporal_address.rsplit(":", 1)[0]
+    ui = f"http://{ui_host}:{settings.temporal_ui_port}/namespaces/{settings.temporal_namespace}/workflows/{run_id}"
+    say(f"training workflow {run_id} started (Temporal UI: {ui})")
     result = await follow_run(handle, say)
     wall = time.monotonic() - t0
     after = await evaluate(client, store, run, run_id, result.version, say) if evaluate_now else None

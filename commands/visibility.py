@@ -136,7 +136,7 @@ def format_table(rows: list[TrajectoryRow]) -> str:
     """A plain-text table, one line per trajectory, columns as wide as their longest cell."""
     table = [COLUMNS, *(_cells(r) for r in rows)]
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)
 
 
 def format_json(rows: list[TrajectoryRow], query: str) -> str:

@@ -1,8 +1,9 @@
 """Chat formatting on our side: turns a GEM observation into the text of the next user message.
 
 `cap_observation` cuts a huge observation to its head and tail with a marker (the env worker applies it with
-`contracts.limits.MAX_OBSERVATION_CHARS`). Pure functions only. Limits: knows GEM's conventions (an optional `info["suffix"]` such as "Enter your next
-guess."), nothing about chat templates or tokenisers; those belong to the decode side.
+`contracts.limits.MAX_OBSERVATION_CHARS`). Pure functions only. Limits: knows GEM's conventions (an optional
+`info["suffix"]` such as "Enter your next guess."), nothing about chat templates or tokenisers; those belong to the
+decode side.
 """
 
 from __future__ import annotations

@@ -146,7 +146,8 @@ def crash_and_restart(settings: Settings, name: str, progress: Progress) -> tupl
 
 def _ports(settings: Settings, name: str) -> list[int]:
     if name == "temporal":
-        return [int(settings.temporal_address.rpartition(":")[2])] + ([settings.temporal_ui_port] if settings.temporal_ui_port else [])
+        ui = [settings.temporal_ui_port] if settings.temporal_ui_port else []
+        return [int(settings.temporal_address.rpartition(":")[2]), *ui]
     if name == "reward-service":
         return [settings.reward_port]
     return []

@@ -2,8 +2,8 @@
 Temporal's `Replayer`, to catch non-deterministic changes before they meet running workflows.
 
 Targets are history JSON files (the format `temporal workflow show -o json` and the Web UI's download write;
-plus an optional `workflowId` key, else the file's stem is the id), folders of them, or workflow ids whose live history is fetched from the
-server. Default: the histories checked in under tests/histories/ (refreshed deliberately by
+plus an optional `workflowId` key, else the file's stem is the id), folders of them, or workflow ids whose live
+history is fetched from the server. Default: the histories checked in under tests/histories/ (refreshed deliberately by
 tests/integration/test_record_histories.py; a unit test replays them in CI).
 
 Limits: a history proves determinism only for the code paths it went through; queries and signal handlers'
@@ -76,9 +76,8 @@ async def check(histories: Sequence[tuple[str, WorkflowHistory]], workflows: Seq
     for source, history in histories:
         res = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         err = res.replay_failure
-        out.append(
-            CheckResult(source, workflow_type(history), len(history.events), None if err is None else f"{type(err).__name__}: {err}")
-        )
+        failure = None if err is None else f"{type(err).__name__}: {err}"
+        out.append(CheckResult(source, workflow_type(history), len(history.events), failure))
     return out
 
 

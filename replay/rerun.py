@@ -35,6 +35,7 @@ from collections.abc import Callable
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import FailureError
 from temporalio.service import RPCError, RPCStatusCode
 
 from contracts import names
@@ -71,13 +72,14 @@ async def outcome(client: Client, store: ObjectStore, workflow_id: str, run_id: 
     """How one run of a trajectory ended: its result and stored record. Raises ReplayError while it runs."""
     handle = client.get_workflow_handle(workflow_id, run_id=run_id, result_type=TrajectoryResult)
     desc = await handle.describe()
+    assert desc.status is not None  # the server reports a status for every execution it describes
     if desc.status == WorkflowExecutionStatus.RUNNING:
         raise ReplayError(f"{workflow_id} is still running: wait for it to end (or cancel it) first")
     req, _ = await started_request(client, workflow_id, desc.run_id)
     try:
         result = await handle.result(follow_runs=False)
     except WorkflowFailureError as e:
-        cause = e.cause.message if e.cause is not None and hasattr(e.cause, "message") else str(e)
+        cause = e.cause.message if isinstance(e.cause, FailureError) else str(e)
         return Outcome(workflow_id, desc.run_id, None, None, failure=f"{desc.status.name.lower()}: {cause}", seed=req.seed)
     record = None
     if result.trajectory_uri:

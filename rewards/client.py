@@ -6,7 +6,10 @@ Every failure is one of three `RewardError` types, each saying whether a retry c
 |---|---|---|
 | `RewardServiceUnavailable` | connection refused/reset, the `timeout_s` deadline passed, a 5xx, a 408 or 429 | yes |
 | `RewardRequestRejected` | any other 4xx: the request is wrong (unknown reward_fn, bad fields) | no |
-| `RewardServiceBadAnswer` | a 2xx whose body is not a valid `ScoreResult` (not JSON, the wrong shape, a NaN or infinite reward, over `MAX_ANSWER_BYTES`), or a 1xx/3xx: a service bug | no |
+| `RewardServiceBadAnswer` | a 2xx whose body is not a valid `ScoreResult` (see below), or a 1xx/3xx: a service bug | no |
+
+A body is not a valid `ScoreResult` when it is not JSON, has the wrong shape, holds a NaN or infinite reward, or is
+over `MAX_ANSWER_BYTES`.
 
 408 (request timeout) and 429 (throttled) are 4xx codes but say "try later", which serverless platforms answer
 when scaling; so they count as unavailable. Callers (the `reward.score` activity) map `retryable=False` to a

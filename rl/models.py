@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -126,7 +126,7 @@ def _convert_smollm2(gguf: Path, out: Path, progress: Progress | None) -> None:
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
-        del config.quantization_config  # the weights are dequantised; a saved quant config would mislead loaders
+        delattr(config, "quantization_config")  # the weights are dequantised; a saved quant config would mislead loaders
     config.dtype = torch.bfloat16
     _say(progress, "copying weights into a bfloat16 model")
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -191,6 +191,8 @@ def _write_tiny(out: Path, seed: int) -> None:
     )
     tokenizer.chat_template = CHATML_TEMPLATE
     vocab = len(tokenizer)
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    assert isinstance(eos_id, int) and isinstance(pad_id, int)  # the tokens set above are single tokens: one id each
     config = Qwen2Config(
         vocab_size=vocab,
         hidden_size=128,
@@ -201,13 +203,15 @@ def _write_tiny(out: Path, seed: int) -> None:
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model = Qwen2ForCausalLM(config)
+    # in place; an upcast to the base class: typeshed's functools.wraps result, which transformers' .to is, does not bind self
+    cast(torch.nn.Module, model).to(torch.float32)
+    model.generation_config.eos_token_id = eos_id
+    model.generation_config.pad_token_id = pad_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 

@@ -59,7 +59,7 @@ def _trainable_parameters(model: torch.nn.Module, last_layers: int) -> list[torc
         return list(model.parameters())
     base = getattr(model, "model", None)
     layers = getattr(base, "layers", None)
-    if layers is None or not hasattr(base, "norm"):
+    if base is None or layers is None or not hasattr(base, "norm"):
         raise ValueError(f"train_last_layers needs a decoder with .model.layers and .model.norm; {type(model).__name__} has none")
     if last_layers > len(layers):
         raise ValueError(f"train_last_layers = {last_layers} but the model has {len(layers)} blocks")
@@ -196,7 +196,9 @@ class PolicyTrainer:
         row = torch.tensor(
             [loss, tokens, *(local[n] for n in names)], dtype=torch.float64, device=self.accelerator.device
         )
-        rows = self.accelerator.gather(row[None]).reshape(-1, len(row)).cpu().tolist()
+        gathered = self.accelerator.gather(row[None])
+        assert isinstance(gathered, torch.Tensor)  # gather returns the type it was given; its stubs say any nesting
+        rows = gathered.reshape(-1, len(row)).cpu().tolist()
         merged = merge_metrics([(r[1], dict(zip(names, r[2:], strict=True))) for r in rows])
         return {"loss": sum(r[0] for r in rows) / len(rows), **merged}
 
@@ -229,6 +231,7 @@ class PolicyTrainer:
             loss_share += share
             parts.append((tokens, metrics))
         grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        assert grad_norm is not None  # accelerate gives None only under DeepSpeed, which this trainer does not support
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1

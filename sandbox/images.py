@@ -16,8 +16,8 @@ The generic build steps (context builds, the base layer, wheels, hashing, the lo
 Concurrency: an fcntl lock in `cache_dir` makes many callers (threads or processes) build once.
 Listing and pruning old layers: `sandbox/layers.py`.
 Limits: Linux x86_64 hosts with CPython 3.11 (the wheels are fetched for the host's interpreter, which must
-match the image's Python 3.11); `debootstrap` needs root; old images go only when pruned (`sandbox/layers.py`); intermediate images
-that a build leaves untagged are not tracked.
+match the image's Python 3.11); `debootstrap` needs root; old images go only when pruned (`sandbox/layers.py`);
+intermediate images that a build leaves untagged are not tracked.
 """
 
 from __future__ import annotations

@@ -262,6 +262,7 @@ class SandboxManager:
             # RequestException: the engine itself is unreachable (daemon stopped, socket gone)
             shutil.rmtree(host_dir, ignore_errors=True)
             raise SandboxStartError(f"cannot start a container from {image}: {type(e).__name__}: {e}") from e
+        assert container.id is not None  # docker's stubs allow a model without an id; a created container has one
         sandbox = Sandbox(self.client, sandbox_id, container.id, host_dir / SOCKET_NAME, self.step_timeout_s)
         with self._lock:
             self._sandboxes[sandbox_id] = sandbox

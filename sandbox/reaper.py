@@ -36,6 +36,7 @@ def reap_orphans(client: docker.DockerClient, runtime_dir: Path | None = None) -
             if e.status_code == 409:
                 continue  # another reaper is removing it right now
             raise
+        assert container.id is not None  # docker's stubs allow a model without an id; a listed container has one
         reaped.append(container.id)
         sandbox_id = container_labels.get(labels.SANDBOX_ID, "")
         if runtime_dir is not None and sandbox_id.isalnum():

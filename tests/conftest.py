@@ -16,9 +16,16 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+    from infra.store import ObjectStore
+    from rl.engines.base import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("TRAJFLOW_TEST_CACHE", Path.home() / ".cache" / "trajflow-tests"))
@@ -217,10 +224,10 @@ def store(tmp_path: Path):  # type: ignore[no-untyped-def]
 class Stack:
     """In-process workers of every pool kind on fresh queues, against the session's real services."""
 
-    client: object
+    client: Client
     queue: str
     pools: str
-    store: object
+    store: ObjectStore
     manager: object
     tag: str = ""
     workers: list = field(default_factory=list)  # type: ignore[type-arg]
@@ -250,7 +257,7 @@ async def running_stack(
     store,
     manager,
     engine,
-    decode_pools: dict[str, object] | None = None,
+    decode_pools: dict[str, Engine] | None = None,
     trainer_model: Path | None = None,
     tag: str | None = None,
     images=None,  # type: ignore[no-untyped-def]

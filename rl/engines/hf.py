@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -169,7 +169,8 @@ class HFEngine:
         if self.torch_threads is not None:
             torch.set_num_threads(self.torch_threads)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype or "auto")
-        model.to(self.device).eval()
+        # an upcast to the base class: typeshed's functools.wraps result, which transformers' .to is, does not bind self
+        cast(torch.nn.Module, model).to(self.device).eval()
         self._eos = eos_ids(self.tokenizer, model.config)
         self.model = model
 

@@ -47,6 +47,7 @@ outputs are not reproducible across runs. CPU threads are bound by vLLM itself; 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
 import secrets
 import time
@@ -56,6 +57,12 @@ from typing import Any, Literal
 
 from contracts.trajectory import SamplingParams
 from rl.engines.base import Completion, WeightSource, eos_ids
+
+
+def _vllm(module: str = "vllm") -> Any:
+    """vLLM's `module`, imported by name when used. vLLM is installed only in its own venv (.vllm-venv), which the
+    type checker does not see; and for it a plain `import vllm` in this file would find this file itself."""
+    return importlib.import_module(module)
 
 
 @dataclass(frozen=True)
@@ -165,10 +172,9 @@ class VLLMEngine:
             raise RuntimeError("VLLMEngine cannot be restarted after close()")
         if self._llm is not None:
             return
-        from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        AsyncLLM = _vllm("vllm.v1.engine.async_llm").AsyncLLM
 
-        args = AsyncEngineArgs(
+        args = _vllm().AsyncEngineArgs(
             model=str(self.model_path),
             dtype=self.dtype,
             seed=self.seed,
@@ -279,10 +285,9 @@ class VLLMEngine:
             self._idle.set()
 
     def _sampling(self, params: SamplingParams) -> Any:
-        from vllm import SamplingParams as VLLMSamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        RequestOutputKind = _vllm("vllm.sampling_params").RequestOutputKind
 
-        return VLLMSamplingParams(
+        return _vllm().SamplingParams(
             temperature=params.temperature,
             top_p=params.top_p,
             max_tokens=params.max_new_tokens,
@@ -293,7 +298,7 @@ class VLLMEngine:
         )
 
     async def _run(self, prompt_ids: list[int], params: SamplingParams, version: int) -> Completion:
-        from vllm.inputs import tokens_input
+        tokens_input = _vllm("vllm.inputs").tokens_input
 
         request_id = f"{self.name}-{next(self._request_ids)}"
         final = None

@@ -128,7 +128,11 @@ BAD_TRAJECTORY_INPUTS = [
     pytest.param([1, 2], ["Input should be an object", "use {} for every default"], id="not-an-object"),
     pytest.param({"env_id": "GuessTheNumber"}, ["env_id: 'GuessTheNumber' is not an env id", "game:"], id="env-id-form"),
     pytest.param({"pools": {"env": ""}}, ["pools.env: String should have at least 1 character"], id="empty-pool"),
-    pytest.param({"system_prompt": "x" * 1_000_000}, ["system_prompt: String should have at most 32000 characters", "a str of 1000000"], id="1MB-prompt"),
+    pytest.param(
+        {"system_prompt": "x" * 1_000_000},
+        ["system_prompt: String should have at most 32000 characters", "a str of 1000000"],
+        id="1MB-prompt",
+    ),
 ]
 
 
@@ -151,7 +155,9 @@ async def test_a_trajectory_started_with_bad_input_fails_at_once_saying_what_to_
 
 
 BAD_TRAINING_INPUTS = [
-    pytest.param({"run": {"batch_size": 6, "group_size": 4}}, ["batch_size (6) must be a multiple of group_size (4)"], id="batch-vs-group"),
+    pytest.param(
+        {"run": {"batch_size": 6, "group_size": 4}}, ["batch_size (6) must be a multiple of group_size (4)"], id="batch-vs-group"
+    ),
     pytest.param({"run": {"steps": "many"}}, ["run.steps: Input should be a valid integer"], id="wrong-type"),
     pytest.param({"run": {"sync": True, "alpha": 2}}, ["sync mode is the alpha = 0 barrier"], id="sync-alpha"),
     pytest.param({"run": {"tasks": [{"env_id": "nosuch"}]}}, ["run.tasks.0.env_id: 'nosuch' is not an env id"], id="task-env"),
@@ -163,7 +169,9 @@ BAD_TRAINING_INPUTS = [
 
 
 @pytest.mark.parametrize(("payload", "expected"), BAD_TRAINING_INPUTS)
-async def test_a_training_run_started_with_an_invalid_config_fails_at_once_saying_what_to_fix(temporal_env, payload, expected) -> None:  # type: ignore[no-untyped-def]
+async def test_a_training_run_started_with_an_invalid_config_fails_at_once_saying_what_to_fix(  # type: ignore[no-untyped-def]
+    temporal_env, payload, expected
+) -> None:
     async with orchestrator(temporal_env) as queue:
         handle = await temporal_env.client.start_workflow(
             names.TRAINING_WORKFLOW, payload, id=f"bad-run-{uuid.uuid4().hex[:8]}", task_queue=queue
@@ -230,7 +238,9 @@ async def test_input_our_own_code_wrote_still_fails_the_task_so_a_fix_can_resume
     client = temporal_env.client
     parent_queue = f"bad-parent-{uuid.uuid4().hex[:8]}"
     async with orchestrator(temporal_env) as queue, Worker(client, task_queue=parent_queue, workflows=[BadInputParent]):
-        parent = await client.start_workflow("BadInputParent", queue, id=f"parent-{uuid.uuid4().hex[:8]}", task_queue=parent_queue)
+        parent = await client.start_workflow(
+            "BadInputParent", queue, id=f"parent-{uuid.uuid4().hex[:8]}", task_queue=parent_queue
+        )
         child = client.get_workflow_handle(f"{parent.id}-child")
         try:
             failures = await async_wait_for(lambda: _child_task_failures(child), BOUND_S, 0.2, "the child's task failure")
@@ -256,7 +266,9 @@ async def test_malformed_trajectory_finished_signals_are_dropped_with_a_warning_
         "tasks": [{"pools": {"decode": pool, "env": pool, "reward": pool}}],
     }
     async with orchestrator(temporal_env) as queue:
-        handle = await client.start_workflow(names.TRAINING_WORKFLOW, {"run": run}, id=f"sig-{uuid.uuid4().hex[:8]}", task_queue=queue)
+        handle = await client.start_workflow(
+            names.TRAINING_WORKFLOW, {"run": run}, id=f"sig-{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
         try:
             with caplog.at_level(logging.WARNING):
                 for bad in (

@@ -112,7 +112,7 @@ async def test_a_reward_service_answering_garbage_fails_the_trajectory_unscored_
     async with running_stack(temporal_env, garbage_service, store, sandbox_manager, engine) as st:
         results = await asyncio.gather(*(st.run(st.request(seed=seed, max_turns=1)) for seed in GARBAGE))
         tries = [await attempts(st.client, r.workflow_id, names.REWARD_SCORE) for r in results]
-    for seed, result, n in zip(GARBAGE, results, tries):
+    for seed, result, n in zip(GARBAGE, results, tries, strict=True):
         print(f"\nseed {seed}: {result.status.value}: {(result.error or '')[:400]}")
         assert result.status is TrajectoryStatus.FAILED, result  # the service's fault: not infra, not retried
         assert result.reward is None and n == [1]

@@ -24,7 +24,9 @@ def test_status_shows_every_process_and_a_poller_per_queue(cli_stack) -> None:  
 
 
 def test_rollout_json_and_transcript(cli_stack) -> None:  # type: ignore[no-untyped-def]
-    proc = cli_stack.trajflow("rollout", "-c", str(cli_stack.config), "--env", "game:GuessTheNumber-v0-easy", "--seed", "3", "--json", check=False)
+    proc = cli_stack.trajflow(
+        "rollout", "-c", str(cli_stack.config), "--env", "game:GuessTheNumber-v0-easy", "--seed", "3", "--json", check=False
+    )
     result = json.loads(proc.stdout)
     assert {"workflow_id", "status", "turns", "reward", "trajectory_uri"} <= result.keys()
     assert result["status"] == "completed" and proc.returncode == 0
@@ -39,7 +41,10 @@ def test_rollout_json_and_transcript(cli_stack) -> None:  # type: ignore[no-unty
     query = f"WorkflowId = '{result['workflow_id']}' AND TrajflowStatus = 'completed' AND TrajflowTurns >= 1"
     def listed() -> bool:  # visibility is eventually consistent: poll, bounded
         proc = subprocess.run(
-            [temporal_binary(), "workflow", "list", "--address", cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"], "-q", query, "-o", "json"],
+            [
+                temporal_binary(), "workflow", "list",
+                "--address", cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"], "-q", query, "-o", "json",
+            ],
             capture_output=True, text=True, timeout=60,
         )
         assert proc.returncode == 0, proc.stderr

@@ -67,7 +67,10 @@ async def test_a_server_that_predates_a_search_attribute_gets_it() -> None:
     from contracts import names
     from infra.temporal import ensure_search_attributes
 
-    old = [a for name, kind in names.SEARCH_ATTRIBUTES.items() if name != names.SA_TASK for a in ("--search-attribute", f"{name}={kind}")]
+    old = [
+        a for name, kind in names.SEARCH_ATTRIBUTES.items() if name != names.SA_TASK
+        for a in ("--search-attribute", f"{name}={kind}")
+    ]
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(), dev_server_extra_args=old
     )

@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 
+from commands import live
 from commands.visibility import list_trajectories, trajectory_query
 from contracts.tasks import TaskConfig
 from contracts.training import TrainingRunConfig
@@ -24,7 +25,6 @@ from replay.formatting import side_by_side
 from replay.rerun import continue_from_failure, rerun, started_request
 from tests.conftest import async_wait_for, running_stack
 from tests.integration.replay_helpers import GUESS, FlakyManager, SandboxKillingEngine
-from trajflow import live
 from trajflow.client import start_training
 
 pytestmark = pytest.mark.integration
@@ -142,7 +142,10 @@ async def test_from_failure_restores_a_killed_sandbox_and_finishes(
         assert result.status is TrajectoryStatus.INFRA_FAILED and result.env_recoveries == 2, result
         engine.kill_at = set()  # the infrastructure is fine again
         old, new, point = await continue_from_failure(st.client, st.store, handle.id, 120)
-    print(f"\nreset to event {point.event_id}, before: {point.failure}\n" + side_by_side(old, new, ("before the reset", "after the reset")))
+    print(
+        f"\nreset to event {point.event_id}, before: {point.failure}\n"
+        + side_by_side(old, new, ("before the reset", "after the reset"))
+    )
     assert "env.step failed (SandboxLost)" in point.failure
     assert new.result is not None and new.result.status is TrajectoryStatus.COMPLETED, new.result
     # from before the first failure: one recovery (the dead sandbox of then), the turns before it not redone
@@ -160,7 +163,9 @@ async def test_env_only_shows_the_recorded_observations_again(
         result = await st.run(st.request(seed=8, max_turns=3))
         lines: list[str] = []
         code = await replay_env(st.client, st.store, result.workflow_id, 120, False, lines.append)
-        env_runs = await list_trajectories(st.client, f"WorkflowType = 'ReplayEnvWorkflow' AND TrajflowReplayOf = '{result.workflow_id}'", 5)
+        env_runs = await list_trajectories(
+            st.client, f"WorkflowType = 'ReplayEnvWorkflow' AND TrajflowReplayOf = '{result.workflow_id}'", 5
+        )
     text = "\n".join(lines)
     record = (await asyncio.to_thread(store.get_json, result.trajectory_uri))
     assert code == 0, text

@@ -130,5 +130,6 @@ async def test_unknown_reward_fn_is_rejected(service: Service) -> None:
 def test_service_runs_as_non_root(service: Service) -> None:
     status = service.container.exec_run(["cat", "/proc/1/status"], user="0")  # root only to read, not to run
     assert status.exit_code == 0, status.output
+    assert isinstance(status.output, bytes)  # not streamed
     uids = next(line.split()[1:] for line in status.output.decode().splitlines() if line.startswith("Uid:"))
     assert uids == [str(SERVICE_UID)] * 4  # real, effective, saved and filesystem uid of the service (PID 1)

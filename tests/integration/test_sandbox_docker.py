@@ -170,16 +170,16 @@ def test_no_network_inside(client: docker.DockerClient, manager: SandboxManager)
     sandbox = manager.start()
     container = client.containers.get(sandbox.container_id)
     code, out = container.exec_run(["python3", "-c", "import os; print(sorted(os.listdir('/sys/class/net')))"])
-    assert code == 0 and out.decode().strip() == "['lo']"
+    assert code == 0 and isinstance(out, bytes) and out.decode().strip() == "['lo']"
     probe = "import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)"
     code, out = container.exec_run(["python3", "-c", probe])
-    assert code != 0 and b"unreachable" in out.lower()
+    assert code != 0 and isinstance(out, bytes) and b"unreachable" in out.lower()
 
 
 def test_runner_runs_unprivileged(client: docker.DockerClient, manager: SandboxManager) -> None:
     sandbox = manager.start()
     code, out = client.containers.get(sandbox.container_id).exec_run(["python3", "-c", "import os; print(os.getuid())"])
-    assert code == 0 and out.decode().strip() == "65534"
+    assert code == 0 and isinstance(out, bytes) and out.decode().strip() == "65534"
 
 
 def test_close_is_idempotent(client: docker.DockerClient, manager: SandboxManager, runtime_dir: Path) -> None:

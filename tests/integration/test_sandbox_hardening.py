@@ -122,7 +122,9 @@ def test_limits_are_applied(docker_client: docker.DockerClient, manager: Sandbox
     assert host["ReadonlyRootfs"] is True and host["NetworkMode"] == "none" and host["CapDrop"] == ["ALL"]
     burn = "timeout 3 sh -c 'while :; do :; done' & timeout 3 sh -c 'while :; do :; done' & wait"
     box.step(burn)
-    usage = docker_client.containers.get(box.container_id).stats(stream=False)["cpu_stats"]["cpu_usage"]["total_usage"]
+    stats = docker_client.containers.get(box.container_id).stats(stream=False)
+    assert isinstance(stats, dict)  # one snapshot, not a stream
+    usage = stats["cpu_stats"]["cpu_usage"]["total_usage"]
     assert usage / 1e9 < 3 * 1.0 + 1.5, usage  # two busy loops for 3 s get about one core's worth, not two
 
 

@@ -60,7 +60,8 @@ def scripted(tiny_model):  # type: ignore[no-untyped-def]
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), OUT_OF_RANGE)
 
 
-def load_record(store, uri: str) -> TrajectoryRecord:  # type: ignore[no-untyped-def]
+def load_record(store, uri: str | None) -> TrajectoryRecord:  # type: ignore[no-untyped-def]
+    assert uri is not None, "the trajectory saved no record"
     return TrajectoryRecord.model_validate(store.get_json(uri))
 
 
@@ -81,7 +82,7 @@ async def test_trajectory_with_a_real_policy_completes_and_is_stored(
     assert len(ctx.token_ids) == len(ctx.logprobs) == len(ctx.loss_mask)
     assert sum(ctx.loss_mask) == sum(t.completion_tokens for t in record.turns)
     assert ctx.turn_versions == [0] * result.turns
-    assert all(lp <= 0.0 for lp, m in zip(ctx.logprobs, ctx.loss_mask) if m)
+    assert all(lp <= 0.0 for lp, m in zip(ctx.logprobs, ctx.loss_mask, strict=True) if m)
 
 
 async def test_killed_container_is_restored_by_replay_and_the_episode_finishes(
@@ -146,6 +147,7 @@ async def test_twenty_turn_history_stays_small(
     assert largest < 16 * 1024
     assert "token_ids" not in text and "logprobs" not in text  # the data plane stays in the store
     record = load_record(store, result.trajectory_uri)
+    assert record.context is not None
     assert len(record.context.turn_spans) == 20
     # the store side stays O(turns) too: each turn writes what it adds to the token context, not the whole context
     contexts = sorted(u for u in store.list("trajectories/") if "/context-turn" in u)
@@ -167,7 +169,7 @@ async def test_two_tasks_send_llm_steps_to_their_own_decode_pools(
             stack.request(seed=2, max_turns=2, pools=StagePools(decode=b, env=stack.pools, reward=stack.pools)),
         ]
         results = await asyncio.gather(*(stack.run(r) for r in reqs))
-    for pool, result in zip((a, b), results):
+    for pool, result in zip((a, b), results, strict=True):
         assert result.status is TrajectoryStatus.COMPLETED, result.error
         assert {t.decode_pool for t in load_record(store, result.trajectory_uri).turns} == {pool}
 
@@ -238,6 +240,7 @@ async def test_a_dead_env_host_is_noticed_by_schedule_to_start_and_another_host_
             after = await handle.query(names.QUERY_PROGRESS)
         finally:
             await asyncio.gather(*(w.shutdown() for w in second), return_exceptions=True)
+            await asyncio.gather(*running, return_exceptions=True)
             sandbox_manager.close(dead["sandbox"])  # the dead host's container (its reaper would remove it)
     assert result.status is TrajectoryStatus.COMPLETED, result.error
     assert result.env_recoveries == 1 and result.turns == 4

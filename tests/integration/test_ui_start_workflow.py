@@ -70,7 +70,7 @@ async def _start_from_ui(page, ui_url: str, workflow_id: str, payload: str, work
             break
         except PlaywrightTimeout:
             if time.monotonic() > deadline:
-                raise AssertionError(f"no POST {start_path} within {SUBMIT_TIMEOUT_S}s of clicking Start Workflow")
+                raise AssertionError(f"no POST {start_path} within {SUBMIT_TIMEOUT_S}s of clicking Start Workflow") from None
     response = await (await request_info.value).response()
     assert response is not None and response.status == 200, (
         f"POST {start_path} answered {response and response.status}: {response and await response.text()}"

@@ -1,5 +1,6 @@
 """Bad input, the pure parts (issue 5): validation messages, the size caps, NaN handling, the observation cap, the
-reward client's verdict on garbage, and the CLI's exit code 2. The Temporal side is tests/integration/test_bad_input.py and test_bad_input_stack.py.
+reward client's verdict on garbage, and the CLI's exit code 2. The Temporal side is tests/integration/test_bad_input.py
+and test_bad_input_stack.py.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from contracts.errors import MAX_MESSAGE_CHARS, explain_invalid
 from contracts.limits import MAX_OBSERVATION_CHARS, MAX_SYSTEM_PROMPT_CHARS
 from contracts.tasks import TaskConfig
 from contracts.training import TrainingStart, TrainStepResult
-from contracts.trajectory import EnvStepResult, ScoreRequest, ScoreResult, TrajectoryReport, TrajectoryRequest
+from contracts.trajectory import (
+    EnvStepResult,
+    ScoreRequest,
+    ScoreResult,
+    TrajectoryReport,
+    TrajectoryRequest,
+    TrajectoryStatus,
+)
 from envs.formatting import cap_observation
 from rewards.client import MAX_ANSWER_BYTES, RewardClient, RewardServiceBadAnswer
 
@@ -54,7 +62,9 @@ def test_json_that_is_not_an_object_or_not_json_says_so() -> None:
     assert "got None (use {} for every default)" in message(TrainingStart, None)
 
 
-@pytest.mark.parametrize("env_id", ["game:GuessTheNumber-v0-easy", "rg:basic_arithmetic", "shell:roman-numerals", "synthetic:gaussian-delay"])
+@pytest.mark.parametrize(
+    "env_id", ["game:GuessTheNumber-v0-easy", "rg:basic_arithmetic", "shell:roman-numerals", "synthetic:gaussian-delay"]
+)
 def test_env_ids_of_every_kind_are_accepted(env_id: str) -> None:
     assert TrajectoryRequest(env_id=env_id).env_id == env_id == TaskConfig(env_id=env_id).env_id
 
@@ -95,7 +105,9 @@ def test_a_nan_reward_is_refused_where_it_would_be_trained_on() -> None:
         with pytest.raises(ValidationError, match="finite number"):
             ScoreResult(reward=bad, reward_fn="x")
         with pytest.raises(ValidationError, match="finite number"):
-            TrajectoryReport(workflow_id="w", trajectory_uri=None, group="", policy_version=0, reward=bad, status="completed")
+            TrajectoryReport(
+                workflow_id="w", trajectory_uri=None, group="", policy_version=0, reward=bad, status=TrajectoryStatus.COMPLETED
+            )
 
 
 def test_nan_in_an_activity_result_survives_the_converter_instead_of_wedging_the_workflow() -> None:
@@ -205,5 +217,6 @@ def test_the_stubs_refuse_an_activity_input_over_the_payload_limit_without_retry
     with pytest.raises(ApplicationError) as info:  # 1 M characters, 3 MB of UTF-8: counted in bytes
         stubs._fits(names.ENV_RESET, big)
     assert info.value.type == names.ERR_PAYLOADS_TOO_LARGE and info.value.non_retryable
-    assert info.value.message.startswith("env.reset: its input would be 3,00") and f"{MAX_PAYLOAD_BYTES:,} bytes" in info.value.message
+    assert info.value.message.startswith("env.reset: its input would be 3,00")
+    assert f"{MAX_PAYLOAD_BYTES:,} bytes" in info.value.message
     assert names.ERR_PAYLOADS_TOO_LARGE in stubs.ENV_FATAL and names.ERR_PAYLOADS_TOO_LARGE in stubs.REWARD_FATAL

@@ -21,7 +21,7 @@ def _reset_input(**fields: object) -> EnvResetInput:
         "seed": 9,
         "env_kwargs": {"mean": 1.0, "sigma": 1.0},
     }
-    return EnvResetInput(**(base | fields))
+    return EnvResetInput.model_validate(base | fields)
 
 
 async def test_an_episode_runs_to_the_end_its_env_chose() -> None:

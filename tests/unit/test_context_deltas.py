@@ -115,6 +115,7 @@ async def test_the_saved_record_is_the_context_the_turns_built_on_any_worker(tok
     gen = await ActivityEnvironment().run(fresh.generate, req.generate_input("traj-2/run-2", 5, uris[4], observation(5)))
     branched = await save(store, req, gen.context_uri)
     assert branched.context is not None and len(branched.context.turn_spans) == 6
+    assert record.context is not None
     assert branched.context.token_ids == record.context.token_ids[: branched.context.turn_spans[-1][1]]
 
 

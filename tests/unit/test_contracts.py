@@ -201,6 +201,7 @@ def test_query_signal_and_update_names_come_from_contracts_names() -> None:
                     if not (isinstance(name, ast.Attribute) and isinstance(name.value, ast.Name) and name.value.id == "names"):
                         bad.append(f"{where}: @workflow.{target.attr} without name=names.<CONSTANT>")
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MESSAGE_CALLS
-                    and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):  # fmt: skip
+                    and node.args and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)):  # fmt: skip
                 bad.append(f"{where}: .{node.func.attr}({node.args[0].value!r}, ...) names a message by a string literal")
     assert not bad, "\n".join(bad)

@@ -116,7 +116,9 @@ def test_the_checker_finds_a_cycle(tmp_path: Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "a.py").write_text("from pkg.b import x\n")
-    (tmp_path / "pkg" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.d\nfrom . import c\n")
+    (tmp_path / "pkg" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.d\nfrom . import c\n"
+    )
     (tmp_path / "pkg" / "c.py").write_text("import pkg.a\n")
     (tmp_path / "pkg" / "d.py").write_text("import pkg.b\ndef f():\n    import pkg.a\n")
     graph = import_graph(project_modules(tmp_path))

@@ -53,7 +53,9 @@ def test_table_shows_every_column_and_dashes_for_missing() -> None:
     bare = TrajectoryRow("t-2", "running", "game:X", None, None, None, None, None, None, "2026-01-01 10:00:01", "t-1", "running")
     lines = format_table([row, bare]).splitlines()
     assert lines[0].split()[:3] == ["ID", "STATUS", "ENV"]
-    assert lines[1].split() == ["t-1", "completed", "game:X", "guess", "run-1", "2", "0.5", "3", "0", "2026-01-01", "10:00:00", "-"]
+    assert lines[1].split() == [
+        "t-1", "completed", "game:X", "guess", "run-1", "2", "0.5", "3", "0", "2026-01-01", "10:00:00", "-"
+    ]
     assert lines[2].split()[-1] == "t-1" and lines[2].split()[3:8] == ["-"] * 5
 
 
@@ -67,7 +69,12 @@ def test_a_task_request_carries_the_task_name_and_a_replay_reports_to_nobody() -
 
 def outcome(wid: str, status: TrajectoryStatus, actions: list[str], reward: float | None, error: str | None = None) -> Outcome:
     req = TrajectoryRequest(seed=7)
-    turns = [TurnSummary(action=a, observation=f"obs after {a}", env_reward=0.0, policy_version=0, completion_tokens=3, decode_pool="p") for a in actions]
+    turns = [
+        TurnSummary(
+            action=a, observation=f"obs after {a}", env_reward=0.0, policy_version=0, completion_tokens=3, decode_pool="p"
+        )
+        for a in actions
+    ]
     result = TrajectoryResult(
         workflow_id=wid, status=status, turns=len(turns), reward=reward, trajectory_uri="file:///x",
         policy_version=0, env_recoveries=1 if error else 0, error=error,
@@ -131,13 +138,21 @@ def history_with_failure_at(fail_kind: int) -> list[HistoryEvent]:
         event(2, T.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED),
         event(3, T.EVENT_TYPE_WORKFLOW_TASK_STARTED),
         event(4, T.EVENT_TYPE_WORKFLOW_TASK_COMPLETED),
-        event(5, T.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(activity_type=ActivityType(name="env.reset"))),
+        event(
+            5,
+            T.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+            activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(activity_type=ActivityType(name="env.reset")),
+        ),
         event(6, T.EVENT_TYPE_ACTIVITY_TASK_STARTED),
         event(7, T.EVENT_TYPE_ACTIVITY_TASK_COMPLETED),
         event(8, T.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED),
         event(9, T.EVENT_TYPE_WORKFLOW_TASK_STARTED),
         event(10, T.EVENT_TYPE_WORKFLOW_TASK_COMPLETED),
-        event(11, T.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED, activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(activity_type=ActivityType(name="env.step"))),
+        event(
+            11,
+            T.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+            activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(activity_type=ActivityType(name="env.step")),
+        ),
         event(12, T.EVENT_TYPE_ACTIVITY_TASK_STARTED),
         failure(13, fail_kind, scheduled=11),
         event(14, T.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED),
@@ -186,7 +201,8 @@ def test_status_text_of_a_training_run() -> None:
         "query_error": None, "trajectories_query": "q",
         "trajectories": [
             {"workflow_id": "run-1-g000002-0", "replay_of": None, "query_error": None,
-             "progress": {"env_id": "game:GuessTheNumber-v0-easy", "turn": 1, "max_turns": 4, "sandbox": "sb-1", "host_queue": "hq", "env_recoveries": 0,
+             "progress": {"env_id": "game:GuessTheNumber-v0-easy", "turn": 1, "max_turns": 4, "sandbox": "sb-1",
+                          "host_queue": "hq", "env_recoveries": 0,
                           "last_observation": "At turn 1\nyou guessed 5"}},
             {"workflow_id": "run-1-g000002-1", "replay_of": None, "progress": None, "query_error": "timeout"},
         ],

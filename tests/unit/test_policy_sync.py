@@ -74,6 +74,7 @@ def test_prune_keeps_the_newest_versions(tiny_model, tmp_path) -> None:  # type:
     policies.prune("r", keep=2)
     kept = {u.split("/policy/")[1].split("/")[0] for u in store.list("runs/r/policy/v")}
     assert kept == {"v000002", "v000003"}
-    assert policies.latest("r").version == 3
+    latest = policies.latest("r")
+    assert latest is not None and latest.version == 3
     with pytest.raises(KeyError):
         policies.fetch("r", 1)

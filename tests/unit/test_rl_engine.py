@@ -187,6 +187,7 @@ async def test_scripted_engine(engine: HFEngine) -> None:
 
 async def test_load_engine_resolves_tiny(tmp_path: Path) -> None:
     eng = load_engine(ModelConfig(name_or_path="tiny", max_batch=4, batch_wait_ms=1.0), cache_dir=tmp_path)
+    assert isinstance(eng, HFEngine)
     assert eng.max_batch == 4 and eng.version == 0 and (tmp_path / "tiny-qwen2").is_dir()
     await eng.close()
 

@@ -33,12 +33,12 @@ def sample(trainer: PolicyTrainer, prompt: str, completion: str, advantage: floa
     draft = TrainSample(p + c, [0.0] * (len(p) + len(c)), [0] * len(p) + [1] * len(c), advantage)
     logprobs = trainer.logprobs([draft])[0]
     return TrainSample(
-        draft.token_ids, [lp if m else 0.0 for lp, m in zip(logprobs, draft.loss_mask)], draft.loss_mask, advantage
+        draft.token_ids, [lp if m else 0.0 for lp, m in zip(logprobs, draft.loss_mask, strict=True)], draft.loss_mask, advantage
     )
 
 
 def completion_logprob(trainer: PolicyTrainer, s: TrainSample) -> float:
-    return sum(lp for lp, m in zip(trainer.logprobs([s])[0], s.loss_mask) if m)
+    return sum(lp for lp, m in zip(trainer.logprobs([s])[0], s.loss_mask, strict=True) if m)
 
 
 def batch(trainer: PolicyTrainer) -> list[TrainSample]:
@@ -52,7 +52,7 @@ def batch(trainer: PolicyTrainer) -> list[TrainSample]:
     for k, s in enumerate(out):  # shift the behaviour so ratios differ from 1 and clipping can happen
         s.behaviour_logprobs = [
             b - 0.05 * ((k + i) % 5 - 2) if m else 0.0
-            for i, (b, m) in enumerate(zip(s.behaviour_logprobs, s.loss_mask))
+            for i, (b, m) in enumerate(zip(s.behaviour_logprobs, s.loss_mask, strict=True))
         ]
     return out
 

@@ -10,8 +10,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import docker
 import pytest
 
 from sandbox.errors import EnvError, SandboxLost, SandboxStepTimeout
@@ -62,7 +63,8 @@ def runner() -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
 def _sandbox(runner: tuple[subprocess.Popen[bytes], Path], step_timeout_s: float = 60) -> tuple[Sandbox, FakeApi]:
     proc, path = runner
     api = FakeApi(proc)
-    return Sandbox(FakeClient(api), "sb1", "c1", path, step_timeout_s), api
+    client = cast(docker.DockerClient, FakeClient(api))  # a fake of the one part Sandbox uses: client.api
+    return Sandbox(client, "sb1", "c1", path, step_timeout_s), api
 
 
 def test_reset_and_step(runner: tuple[subprocess.Popen[bytes], Path]) -> None:

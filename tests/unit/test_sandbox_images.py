@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import cast
 
+import docker
 import pytest
 
 from sandbox import images
@@ -98,10 +100,11 @@ def test_concurrent_callers_build_once(tmp_path: Path, monkeypatch: pytest.Monke
 
     tags: list[str] = []
     barrier = threading.Barrier(8)
+    no_client = cast(docker.DockerClient, object())  # never called: every Docker step above is faked
 
     def call() -> None:
         barrier.wait()
-        tags.append(images.ensure_runtime_image(object(), tmp_path))
+        tags.append(images.ensure_runtime_image(no_client, tmp_path))
 
     threads = [threading.Thread(target=call) for _ in range(8)]
     for t in threads:

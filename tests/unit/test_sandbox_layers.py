@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
+from typing import cast
 
+import docker
 import docker.errors
 import pytest
+import requests
 
 from sandbox import images, layers
 
@@ -72,14 +75,21 @@ def test_build_all_checks_task_names_before_building(tmp_path: Path, monkeypatch
     monkeypatch.setattr(layers, "ensure_task_image", lambda _c, _d, name, _p: f"trajflow-task:{name}-t")
     monkeypatch.setattr(layers, "image_exists", lambda _c, tag: tag == images.base_image_tag())
     with pytest.raises(images.UnknownTask):
-        layers.build_all(object(), tmp_path, ["slugify", "no-such-task"])
+        layers.build_all(_docker(object()), tmp_path, ["slugify", "no-such-task"])
     assert calls == []
-    built = layers.build_all(object(), tmp_path, ["slugify"])
+    built = layers.build_all(_docker(object()), tmp_path, ["slugify"])
     assert list(built) == ["base", "runtime", "task:slugify"]
     assert built["base"].cached and not built["runtime"].cached and not built["task:slugify"].cached
     assert built["task:slugify"].tag == "trajflow-task:slugify-t"
-    every = layers.build_all(object(), tmp_path)
+    every = layers.build_all(_docker(object()), tmp_path)
     assert set(every) == {"base", "runtime", *(f"task:{n}" for n in images.shell_task_names())}
+
+
+
+def _docker(fake: object) -> docker.DockerClient:
+    """A stand-in for a Docker client: a fake with only the calls the code under test makes (or nothing, where
+    every Docker step is monkeypatched)."""
+    return cast(docker.DockerClient, fake)
 
 
 class FakeEngine:
@@ -104,7 +114,8 @@ class FakeEngine:
 
     def _remove(self, tag: str) -> None:
         if tag in self.refuse:
-            response = SimpleNamespace(status_code=409, reason="Conflict")
+            response = requests.Response()
+            response.status_code, response.reason = 409, "Conflict"
             raise docker.errors.APIError("conflict", response=response, explanation="in use by a new container")
         self.removed.append(tag)
         del self.tags[tag]
@@ -122,7 +133,7 @@ def _engine(tmp_path: Path, refuse: frozenset[str] = frozenset()) -> FakeEngine:
 
 def test_list_marks_current_and_used_layers_and_ignores_other_repos(tmp_path: Path) -> None:
     engine = _engine(tmp_path)
-    listing = layers.list_images(engine, tmp_path)
+    listing = layers.list_images(_docker(engine), tmp_path)
     assert [i.layer for i in listing] == sorted((i.layer for i in listing), key=layers.LAYERS.index)
     assert {i.tag for i in listing if not i.current} == {
         "trajflow-runtime:old",
@@ -137,12 +148,12 @@ def test_list_marks_current_and_used_layers_and_ignores_other_repos(tmp_path: Pa
 def test_prune_removes_stale_layers_children_first_and_keeps_used_ones(tmp_path: Path) -> None:
     engine = _engine(tmp_path)
     said: list[str] = []
-    assert layers.prune_images(engine, tmp_path, dry_run=True, progress=said.append) == [
+    assert layers.prune_images(_docker(engine), tmp_path, dry_run=True, progress=said.append) == [
         "trajflow-task:x-old",
         "trajflow-runtime:old",
     ]
     assert engine.removed == [] and "kept trajflow-task:y-old: a container uses it" in said
-    assert layers.prune_images(engine, tmp_path) == ["trajflow-task:x-old", "trajflow-runtime:old"]
+    assert layers.prune_images(_docker(engine), tmp_path) == ["trajflow-task:x-old", "trajflow-runtime:old"]
     assert engine.removed == ["trajflow-task:x-old", "trajflow-runtime:old"]
     assert "trajflow-reward:old" in engine.tags and "other:1" in engine.tags
 
@@ -151,7 +162,7 @@ def test_prune_only_named_tags_and_docker_refusals_keep_layers(tmp_path: Path) -
     engine = _engine(tmp_path, refuse=frozenset({"trajflow-task:x-old"}))
     said: list[str] = []
     only = ["trajflow-task:x-old", "other:1"]
-    assert layers.prune_images(engine, tmp_path, progress=said.append, only=only) == []
+    assert layers.prune_images(_docker(engine), tmp_path, progress=said.append, only=only) == []
     assert said == ["left other:1: not a stale trajflow layer", "kept trajflow-task:x-old: in use by a new container"]
 
 
@@ -159,5 +170,5 @@ def test_prune_without_wheel_cache_leaves_runtime_and_task_layers(tmp_path: Path
     engine = _engine(tmp_path)
     empty = tmp_path / "elsewhere"
     said: list[str] = []
-    assert layers.prune_images(engine, empty, progress=said.append) == []
+    assert layers.prune_images(_docker(engine), empty, progress=said.append) == []
     assert "no runtime or task layer is pruned" in said[0]

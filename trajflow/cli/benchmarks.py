@@ -20,7 +20,9 @@ def bench_pipeline(
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
     unit_s: Annotated[float | None, typer.Option("--unit-s", help="Seconds per workload unit (the median LLM turn).")] = None,
     env_mean: Annotated[float | None, typer.Option("--env-mean", help="Mean env step delay, units (default 5).")] = None,
-    env_sigma: Annotated[float | None, typer.Option("--env-sigma", help="Env delay σ of the training runs, units (default 5).")] = None,
+    env_sigma: Annotated[
+        float | None, typer.Option("--env-sigma", help="Env delay σ of the training runs, units (default 5).")
+    ] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Trainer steps per mode (default 6; quick 2).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the simulated engine.")] = 0,
 ) -> None:

@@ -25,7 +25,9 @@ def rollout(
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature (0: greedy).")] = None,
     request: Annotated[
         str | None,
-        typer.Option(help='TrajectoryRequest fields as one JSON object, over the task\'s (e.g. \'{"seed": 3}\'); the options above win.'),
+        typer.Option(
+            help='TrajectoryRequest fields as one JSON object, over the task\'s (e.g. \'{"seed": 3}\'); the options above win.'
+        ),
     ] = None,
     workflow_id: Annotated[str | None, typer.Option(help="Workflow id (default: generated).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON only.")] = False,
@@ -96,7 +98,9 @@ def chaos(
     quick: Annotated[bool, typer.Option("--quick", help="6 short steps (B=8): a few minutes on the tiny config.")] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the counts (and faults, timeline) here.")] = None,
     run_id: Annotated[str | None, typer.Option(help="Run id (default: generated, chaos-...).")] = None,
-    container_kill_rate: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of episodes whose sandbox container is killed mid-episode.")] = 0.1,
+    container_kill_rate: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of episodes whose sandbox container is killed mid-episode.")
+    ] = 0.1,
     seed: Annotated[int, typer.Option(help="Seed of which episodes lose their container and when the trainer dies.")] = 0,
 ) -> None:
     """Train on the embedded stack while killing its processes, the Temporal server and sandboxes; then audit the

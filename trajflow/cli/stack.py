@@ -87,7 +87,7 @@ def status(
     settings = load_settings()
     records = ProcessTable(settings.run_dir).load()
     if not records:
-        typer.echo("nothing started by `trajflow up` (state dir: %s)" % settings.state_dir)
+        typer.echo(f"nothing started by `trajflow up` (state dir: {settings.state_dir})")
     for rec in records:
         state = "up" if is_alive(rec) else "DOWN"
         typer.echo(f"{rec.name:15} {state:5} pid {rec.pid:<8} log {rec.log}")
