@@ -41,10 +41,10 @@ FATAL = [names.ERR_BAD_REQUEST, names.ERR_PAYLOADS_TOO_LARGE]
 """Failures no retry of any activity can fix: a bad request, a payload over Temporal's limit."""
 ENV_FATAL = [names.ERR_ENV, *FATAL]
 REWARD_FATAL = [names.ERR_REWARD_REJECTED, names.ERR_REWARD_BAD_ANSWER, *FATAL]
-I = TypeVar("I")
+InputT = TypeVar("InputT")
 
 
-def _fits(activity: str, inp: I) -> I:
+def _fits(activity: str, inp: InputT) -> InputT:
     """`inp`, or a non-retryable PayloadsTooLarge error when it is too large to schedule `activity` with."""
     size = len(inp.model_dump_json().encode())  # type: ignore[attr-defined]  # the bytes the pydantic converter writes
     if size > MAX_PAYLOAD_BYTES:
