@@ -179,8 +179,10 @@ _HANDLERS = {"query", "signal", "update"}
 
 
 def _sources() -> list[Path]:
-    skip = {".venv", ".git", "node_modules", "build", "dist"}
-    return [p for p in REPO.rglob("*.py") if not skip & set(p.relative_to(REPO).parts)]
+    """The project's own Python files: not under a hidden directory (`.venv`, `.vllm-venv`, `.git`) or a build one."""
+    skip = {"node_modules", "build", "dist"}
+    parts = lambda p: p.relative_to(REPO).parts  # noqa: E731
+    return [p for p in REPO.rglob("*.py") if not skip & set(parts(p)) and not any(x.startswith(".") for x in parts(p))]
 
 
 def test_query_signal_and_update_names_come_from_contracts_names() -> None:
