@@ -13,10 +13,11 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from contracts.base import Contract
+from contracts.hardware import HardwareConfig
 from contracts.tasks import TaskConfig
 from contracts.training import TrainingRunConfig, TrainSettings
 
-__all__ = ["ModelConfig", "PoolsConfig", "TaskConfig", "DemoConfig", "RunConfig", "load_run_config"]
+__all__ = ["ModelConfig", "PoolsConfig", "TaskConfig", "DemoConfig", "HardwareConfig", "RunConfig", "load_run_config"]
 
 
 class ModelConfig(Contract):
@@ -60,6 +61,9 @@ class RunConfig(Contract):
     demo: DemoConfig = DemoConfig()
     train: TrainSettings = TrainSettings()
     """What `trajflow train` runs (with the tasks above)."""
+    hardware: HardwareConfig = HardwareConfig()
+    """Hardware affinity: which host runs which pool, with which CPUs, threads, device and GPUs
+    (`contracts.hardware`). Empty: the embedded defaults."""
 
     def training_run(self) -> TrainingRunConfig:
         """The training workflow's config: the [train] section with this config's tasks."""
@@ -80,6 +84,14 @@ class RunConfig(Contract):
             raise ValueError(
                 f"[train].trainer_pool {self.train.trainer_pool!r} is not in [pools].trainer {self.pools.trainer}"
             )
+        for host in self.hardware.hosts:
+            for entry in host.runs:
+                kind, _, pool = entry.partition(":")
+                if pool and pool not in getattr(self.pools, kind):
+                    raise ValueError(
+                        f"[[hardware.hosts]] {host.name!r} runs {entry!r}, but [pools].{kind} declares only "
+                        f"{getattr(self.pools, kind)}"
+                    )
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise ValueError(f"task names must be unique, got {names}")

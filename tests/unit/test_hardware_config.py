@@ -1,0 +1,89 @@
+"""The hardware-affinity section: what runs where, rejected clearly when wrong, and thread defaults that never
+oversubscribe the CPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from contracts.config import load_run_config
+from contracts.hardware import HardwareConfig, parse_cpuset
+
+ROOT = Path(__file__).resolve().parents[2]
+DECLARED = {"decode": ["default", "fast"], "env": ["default"], "reward": ["default"], "trainer": ["default"]}
+
+
+def hw(*hosts: dict) -> HardwareConfig:
+    return HardwareConfig.model_validate({"hosts": list(hosts)})
+
+
+def test_cpusets_parse_like_docker_and_taskset() -> None:
+    assert parse_cpuset("0-2,5") == [0, 1, 2, 5]
+    assert parse_cpuset("3") == [3]
+    with pytest.raises(ValueError, match="backwards"):
+        parse_cpuset("4-2")
+
+
+@pytest.mark.parametrize(
+    ("host", "match"),
+    [
+        ({"name": "a", "runs": ["decod"]}, "unknown entries"),
+        ({"name": "a", "runs": ["decode"], "cpus": "0-"}, "cpuset"),
+        ({"name": "a", "runs": ["decode"], "device": "gpu"}, "auto, cpu, cuda"),
+        ({"name": "A b", "runs": ["decode"]}, "pattern"),
+        ({"name": "a", "runs": []}, "at least 1"),
+    ],
+)
+def test_bad_hosts_are_rejected_with_the_reason(host: dict, match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        hw(host)
+
+
+def test_a_pool_runs_on_one_host_only() -> None:
+    with pytest.raises(ValidationError, match="runs on both"):
+        hw({"name": "a", "runs": ["decode"]}, {"name": "b", "runs": ["decode"]})
+    with pytest.raises(ValidationError, match="unique"):
+        hw({"name": "a", "runs": ["decode"]}, {"name": "a", "runs": ["env"]})
+
+
+def test_hosts_name_pools_by_kind_or_one_by_one() -> None:
+    cfg = hw({"name": "fast", "runs": ["decode:fast"]}, {"name": "rest", "runs": ["decode", "env", "orchestrator"]})
+    fast, rest = cfg.hosts
+    assert cfg.host_of("decode", "fast") is fast and cfg.host_of("decode", "default") is rest
+    assert cfg.pools_on(rest, "decode", DECLARED["decode"]) == ["default"]
+    assert cfg.pools_on(fast, "decode", DECLARED["decode"]) == ["fast"]
+    assert cfg.unplaced(DECLARED) == ["reward-service", "reward:default", "trainer:default"]
+
+
+def test_embedded_defaults_split_the_cores_between_decode_and_trainer() -> None:
+    assert HardwareConfig().threads_for(None, 2) == 1
+    assert HardwareConfig().threads_for(None, 16) == 8
+    assert HardwareConfig().threads_for(None, 1) == 1
+
+
+def test_disjoint_cpusets_do_not_share_and_explicit_threads_win() -> None:
+    cfg = hw(
+        {"name": "d", "runs": ["decode"], "cpus": "0-3"},
+        {"name": "t", "runs": ["trainer"], "cpus": "4-5"},
+        {"name": "both", "runs": ["orchestrator"], "threads": 3},
+    )
+    d, t, both = cfg.hosts
+    assert cfg.threads_for(d, 8) == 4 and cfg.threads_for(t, 8) == 2 and cfg.threads_for(both, 8) == 3
+    shared = hw({"name": "gpu", "runs": ["decode", "trainer"]})
+    assert shared.threads_for(shared.hosts[0], 16) == 8
+
+
+def test_a_host_naming_an_undeclared_pool_is_rejected(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[hardware.hosts]]\nname = "x"\nruns = ["decode:big"]\n')
+    with pytest.raises(ValueError, match="decode:big"):
+        load_run_config(bad)
+
+
+def test_the_hosts_example_places_everything() -> None:
+    cfg = load_run_config(ROOT / "configs" / "hosts.toml")
+    declared = {k: getattr(cfg.pools, k) for k in DECLARED}
+    assert cfg.hardware.unplaced(declared) == []
+    assert len(cfg.hardware.hosts) >= 4
