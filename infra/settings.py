@@ -27,6 +27,12 @@ class Settings(BaseSettings):
     reward_url: str | None = None
     """Where reward workers reach the reward service; defaults to http://reward_host:reward_port."""
     reward_timeout_s: float = 10.0
+    device: str = "auto"
+    """Where this process's decode engine or trainer computes: `auto` (a GPU when one is visible), `cpu`, `cuda`,
+    `cuda:N`. Launchers set it from the run config's hardware section (`infra.placement`)."""
+    threads: int | None = None
+    """torch intra-op threads of this process; None: torch's own default. Launchers set it from the hardware
+    section, so that busy workers sharing cores never oversubscribe them."""
     vllm_python: Path | None = None
     """The Python of the vLLM venv, for decode workers of a config with `engine = "vllm"`; default
     `.vllm-venv/bin/python` beside the running venv (what `make vllm-venv` builds)."""
