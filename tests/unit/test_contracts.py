@@ -88,9 +88,13 @@ def _sample(annotation: Any, field: Any = None) -> Any:
     return {bool: False, int: 0, float: 0.0, str: "x"}[annotation]
 
 
+_KNOWN_VALUES: dict[str, dict[str, Any]] = {"HostConfig": {"runs": ["orchestrator"]}}
+"""Required fields whose valid values a type-driven sample cannot guess (checked by a validator)."""
+
+
 def _build(model: type[BaseModel]) -> BaseModel:
     required = {name: _sample(f.annotation, f) for name, f in model.model_fields.items() if f.is_required()}
-    return model.model_validate(required)
+    return model.model_validate({**required, **_KNOWN_VALUES.get(model.__name__, {})})
 
 
 def _float_shape(annotation: Any) -> Any:
