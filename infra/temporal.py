@@ -98,21 +98,31 @@ async def ensure_search_attributes(client: Client) -> list[str]:
 
     A dev server started before an attribute joined `contracts.names.SEARCH_ATTRIBUTES` does not know it, and a
     workflow that upserts an unknown attribute fails its workflow task (retried until it is registered); so
-    `trajflow up` calls this on every start, including when the server was already running.
+    `trajflow up` calls this on every start, including when the server was already running. A cluster may not let
+    this client register them (Temporal Cloud takes them only from its UI or `tcld`): then a RuntimeError lists
+    the missing ones and the command that adds them.
     """
     from temporalio.api.enums.v1 import IndexedValueType
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 
     known = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=client.namespace))
-    missing = {
-        name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
-        for name, kind in SEARCH_ATTRIBUTES.items()
-        if name not in known.custom_attributes
-    }
+    wanted = {name: kind for name, kind in SEARCH_ATTRIBUTES.items() if name not in known.custom_attributes}
+    missing = {name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}") for name, kind in wanted.items()}
     if missing:
-        await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
-        )
+        try:
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
+            )
+        except RPCError as e:
+            commands = "; ".join(
+                f"temporal operator search-attribute create --namespace {client.namespace} --name {name} --type {kind}"
+                for name, kind in wanted.items()
+            )
+            raise RuntimeError(
+                f"namespace {client.namespace!r} lacks the search attributes {', '.join(wanted)} and this client may "
+                f"not add them ({e.status.name}: {e.message}); an administrator adds them with: {commands} "
+                "(Temporal Cloud: in its UI or with `tcld namespace search-attributes add`)"
+            ) from e
     return sorted(missing)
 
 
