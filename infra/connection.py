@@ -200,6 +200,14 @@ def _tls_failure(settings: Settings, text: str) -> TemporalConnectionError | Non
             "Temporal's own TLS, Envoy or nginx's grpc_pass can)",
             permanent=True,
         )
+    proxied = re.search(r"while receiving response with status: (4\d\d)", text)
+    if proxied is not None:
+        return TemporalConnectionError(
+            f"Temporal at {address}: the proxy in front of it answered HTTP {proxied.group(1)} instead of gRPC. nginx "
+            f"answers 400 to a missing or rejected client certificate: check {variable('temporal_tls_cert_file')} and "
+            f"{variable('temporal_tls_key_file')} (a certificate signed by a CA the proxy trusts). The SDK said: {text}",
+            permanent=True,
+        )
     alert = re.search(r"received fatal alert: (\w+)", text)
     if alert is not None and alert.group(1) in ("CertificateRequired", "UnknownCA", "BadCertificate",
                                                  "CertificateUnknown", "CertificateExpired", "AccessDenied"):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a Debian machine for trajflow, idempotently: system packages (Docker engine, debootstrap; with --test,
-# chromium for the browser test and stunnel4 for the TLS tests), a running Docker daemon, and the virtual
+# chromium for the browser test, stunnel4 and nginx-light for the TLS tests), a running Docker daemon, and the virtual
 # environment at .venv.
 # Usage: scripts/bootstrap.sh [--test]
 set -euo pipefail
@@ -13,6 +13,7 @@ command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [ "$want_test" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   command -v stunnel4 >/dev/null 2>&1 || need+=(stunnel4)
+  command -v nginx >/dev/null 2>&1 || need+=(nginx-light)  # gRPC behind mutual TLS for the TLS tests
   command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the TLS tests make their certificates with it
 fi
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,6 +1,6 @@
 """Cluster-ready connections against real TLS endpoints on loopback, in front of the session's dev server: the whole
 stack (`trajflow up`: reward service and every pool's worker, and no dev server of its own) and a trajectory through
-mutual TLS; and what a client is told when its TLS settings are wrong, against stunnel and the terminator.
+mutual TLS through nginx; and what a client is told when its TLS settings are wrong, against stunnel.
 
 Why two endpoints: see tests/integration/tls_helpers.py (stunnel 5.68 cannot negotiate ALPN h2, which the SDK needs).
 """
@@ -23,7 +23,7 @@ from infra.connection import TemporalConnectionError
 from infra.settings import Settings
 from infra.temporal import wait_until_reachable
 from tests.conftest import CliStack, free_port, wait_for
-from tests.integration.tls_helpers import Pki, alpn_terminator_argv, make_pki, stunnel_config
+from tests.integration.tls_helpers import Pki, make_pki, nginx_config, stunnel_config
 
 pytestmark = pytest.mark.integration
 
@@ -41,15 +41,33 @@ def frontend(temporal_env) -> str:  # type: ignore[no-untyped-def]
     return temporal_env.client.service_client.config.target_host
 
 
+def _listening(proc: subprocess.Popen[bytes], port: int, what: str) -> None:
+    def accepts() -> bool:
+        assert proc.poll() is None, f"{what} exited {proc.returncode}"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    wait_for(accepts, 30, what=f"{what} to listen")
+
+
 @pytest.fixture(scope="module")
 def tls_endpoint(pki: Pki, frontend: str) -> Iterator[str]:
-    """Mutual TLS with ALPN h2 in front of the dev server."""
-    proc = subprocess.Popen(alpn_terminator_argv(pki, frontend), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    """nginx: mutual TLS, HTTP/2 (ALPN h2) and gRPC proxied to the dev server."""
+    exe = shutil.which("nginx")
+    if exe is None:
+        pytest.fail("nginx is not installed: apt-get install nginx-light (scripts/bootstrap.sh --test installs it)")
+    port = free_port()
+    prefix = pki.path("nginx")
+    prefix.mkdir(exist_ok=True)
+    conf = prefix / "nginx.conf"
+    conf.write_text(nginx_config(pki, port, frontend, prefix))
+    proc = subprocess.Popen([exe, "-c", str(conf), "-e", str(prefix / "error.log")], stderr=subprocess.DEVNULL)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # printed once it listens; empty if it died
-        assert line.startswith("listening "), f"the TLS terminator did not start (exit {proc.poll()})"
-        yield f"127.0.0.1:{int(line.split()[1])}"
+        _listening(proc, port, f"nginx (log {prefix / 'error.log'})")
+        yield f"127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -65,17 +83,8 @@ def stunnel_endpoint(pki: Pki, frontend: str) -> Iterator[str]:
     conf = pki.path("stunnel.conf")
     conf.write_text(stunnel_config(pki, port, frontend, pki.path("stunnel.log")))
     proc = subprocess.Popen([exe, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def accepts() -> bool:
-        assert proc.poll() is None, f"stunnel exited {proc.returncode}; see {pki.path('stunnel.log')}"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return True
-        except OSError:
-            return False
-
     try:
-        wait_for(accepts, 30, what="stunnel to listen")
+        _listening(proc, port, f"stunnel (log {pki.path('stunnel.log')})")
         yield f"127.0.0.1:{port}"
     finally:
         proc.terminate()
@@ -184,19 +193,30 @@ async def test_tls_against_a_plaintext_server_and_the_reverse_say_so(
     assert f"Temporal at {stunnel_endpoint} speaks TLS, but TLS is off" in str(tls_off.value)
 
 
-async def test_a_missing_or_foreign_client_certificate_is_named(pki: Pki, tls_endpoint: str) -> None:
-    no_cert = settings(pki, tls_endpoint, temporal_tls_cert_file=None, temporal_tls_key_file=None)
+async def test_a_missing_or_foreign_client_certificate_is_named(pki: Pki, stunnel_endpoint: str) -> None:
+    """Against stunnel, which refuses a bad client certificate in the handshake with a TLS alert (nginx would finish
+    the handshake and answer HTTP 400)."""
+    no_cert = settings(pki, stunnel_endpoint, temporal_tls_cert_file=None, temporal_tls_key_file=None)
     with pytest.raises(TemporalConnectionError) as missing:
         await wait_until_reachable(no_cert, timeout_s=60)
     assert "rejected this client's TLS certificate" in str(missing.value)
     assert "it requires a client certificate: set TRAJFLOW_TEMPORAL_TLS_CERT_FILE" in str(missing.value)
 
     foreign = settings(
-        pki, tls_endpoint, temporal_tls_cert_file=pki.other_ca, temporal_tls_key_file=pki.path("other-ca.key")
+        pki, stunnel_endpoint, temporal_tls_cert_file=pki.other_ca, temporal_tls_key_file=pki.path("other-ca.key")
     )
     with pytest.raises(TemporalConnectionError) as rejected:
         await wait_until_reachable(foreign, timeout_s=60)
     assert f"it does not accept TRAJFLOW_TEMPORAL_TLS_CERT_FILE={pki.other_ca}" in str(rejected.value)
+
+
+async def test_a_proxy_refusing_the_client_certificate_says_check_it(pki: Pki, tls_endpoint: str) -> None:
+    """nginx finishes the handshake without a client certificate and answers HTTP 400, not gRPC."""
+    no_cert = settings(pki, tls_endpoint, temporal_tls_cert_file=None, temporal_tls_key_file=None)
+    with pytest.raises(TemporalConnectionError) as info:
+        await wait_until_reachable(no_cert, timeout_s=60)
+    assert info.value.permanent
+    assert f"Temporal at {tls_endpoint}: the proxy in front of it answered HTTP 400 instead of gRPC" in str(info.value)
 
 
 async def test_an_api_key_and_a_server_name_go_through_tls(pki: Pki, tls_endpoint: str) -> None:

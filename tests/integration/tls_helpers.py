@@ -3,21 +3,15 @@ loopback in front of a plaintext Temporal frontend.
 
 Two terminators, because Debian's stunnel cannot carry gRPC for the Temporal SDK: stunnel 5.68 has no ALPN option
 (its binary imports none of OpenSSL's ALPN functions), and the SDK's Rust core (tonic) refuses a TLS connection on
-which the server did not select ALPN `h2` ("H2NotNegotiated"). So a worker and a trajectory run through
-`alpn_terminator` (this module run as a program: OpenSSL through Python's `ssl`, mutual TLS, ALPN `h2`, bytes
-relayed as they are), and stunnel serves the tests of what a client is told when its TLS settings are wrong.
-
-Not a production proxy: one connection per upstream connection, no timeouts, no logging.
+which the server did not select ALPN `h2` ("H2NotNegotiated"). So a worker and a trajectory run through nginx
+(Debian's `nginx-light`: HTTP/2, `grpc_pass`, mutual TLS — what a real deployment puts in front of Temporal), and
+stunnel serves the tests of what a client is told when its TLS settings are wrong (it answers a bad certificate
+with a TLS alert, where nginx completes the handshake and answers HTTP 400).
 """
 
 from __future__ import annotations
 
-import argparse
-import socket
-import ssl
 import subprocess
-import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,69 +79,35 @@ def stunnel_config(pki: Pki, accept_port: int, upstream: str, log: Path) -> str:
         f"key = {pki.path('server.key')}",
         f"CAfile = {pki.ca}",
         "verify = 2",
+        # TLS 1.2: a rejected client certificate then ends the handshake itself with an alert (in TLS 1.3 the
+        # client finishes first and sees the missing ALPN h2 before the alert).
+        "sslVersionMax = TLSv1.2",
         "",
     ])
 
 
-def alpn_terminator_argv(pki: Pki, upstream: str) -> list[str]:
-    """The command line of the ALPN-capable terminator; it prints `listening PORT` once it accepts connections."""
-    return [sys.executable, "-m", "tests.integration.tls_helpers", "--upstream", upstream,
-            "--cert", str(pki.path("server.pem")), "--key", str(pki.path("server.key")), "--ca", str(pki.ca)]
-
-
-def _relay(source: socket.socket, sink: socket.socket) -> None:
-    try:
-        while data := source.recv(65536):
-            sink.sendall(data)
-    except OSError:
-        pass  # the other side went away (ssl.SSLError is an OSError); shutting down below ends the pair
-    finally:
-        for sock in (source, sink):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
-def _serve(upstream: str, cert: str, key: str, ca: str) -> None:
-    """Blocking sockets and a thread per direction: OpenSSL then writes its alerts (e.g. "certificate required")
-    straight to the socket before closing, as stunnel does; asyncio's TLS transport aborts without sending them."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=ca)
-    context.load_cert_chain(cert, key)
-    context.verify_mode = ssl.CERT_REQUIRED
-    context.set_alpn_protocols(["h2"])
-    host, _, port = upstream.rpartition(":")
-
-    def handle(conn: socket.socket) -> None:
-        try:
-            tls = context.wrap_socket(conn, server_side=True)
-        except OSError:
-            conn.close()
-            return
-        try:
-            up = socket.create_connection((host, int(port)))
-        except OSError:
-            tls.close()
-            return
-        threading.Thread(target=_relay, args=(up, tls), daemon=True).start()
-        _relay(tls, up)
-
-    listener = socket.create_server(("127.0.0.1", 0))
-    print(f"listening {listener.getsockname()[1]}", flush=True)
-    while True:
-        conn, _ = listener.accept()
-        threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="A mutual-TLS terminator with ALPN h2, for tests only.")
-    parser.add_argument("--upstream", required=True, help="host:port of the plaintext server")
-    parser.add_argument("--cert", required=True)
-    parser.add_argument("--key", required=True)
-    parser.add_argument("--ca", required=True, help="CA that client certificates must be signed by")
-    args = parser.parse_args()
-    _serve(args.upstream, args.cert, args.key, args.ca)
-
-
-if __name__ == "__main__":
-    main()
+def nginx_config(pki: Pki, accept_port: int, upstream: str, prefix: Path) -> str:
+    """nginx proxying gRPC to `upstream` behind mutual TLS (a client certificate signed by the CA required). The
+    timeouts outlast Temporal's long polls (about 70 s), which nginx's 60 s defaults would cut."""
+    return f"""
+daemon off;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{}}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/body;
+    server {{
+        listen 127.0.0.1:{accept_port} ssl http2;
+        ssl_certificate {pki.path("server.pem")};
+        ssl_certificate_key {pki.path("server.key")};
+        ssl_client_certificate {pki.ca};
+        ssl_verify_client on;
+        location / {{
+            grpc_pass grpc://{upstream};
+            grpc_read_timeout 300s;
+            grpc_send_timeout 300s;
+        }}
+    }}
+}}
+"""
