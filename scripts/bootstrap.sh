@@ -10,6 +10,8 @@ need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [ "$want_test" = 1 ]; then command -v chromium >/dev/null 2>&1 || need+=(chromium); fi
+# docker-compose: tests/integration/test_hosts.py validates infra/compose/hosts.yml with it
+if [ "$want_test" = 1 ]; then command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose); fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "bootstrap: need ${need[*]}; run as root or install them" >&2; exit 1; fi
   echo "bootstrap: installing ${need[*]}"
