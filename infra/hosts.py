@@ -315,9 +315,12 @@ def down(settings: Settings, progress: Progress) -> int:
     from sandbox import labels
 
     owners = {layout.container(h) for h in layout.hosts}
-    for sb in client.containers.list(all=True, filters={"label": f"{labels.SANDBOX}=1"}):
+    for sb in client.containers.list(all=True, filters={"label": f"{labels.SANDBOX}=1"}, ignore_removed=True):
         if (sb.labels or {}).get(labels.OWNER_HOST) in owners:
-            sb.remove(force=True)
+            try:
+                sb.remove(force=True)
+            except docker.errors.NotFound:
+                continue  # closed by its owner meanwhile
             progress(f"sandbox {sb.name}: removed (its env host is down)")
     for net in client.networks.list(names=[layout.network]):
         net.remove()

@@ -3,6 +3,7 @@
 A container is an orphan when its `trajflow.owner_pid` names no running process, or a process whose start
 time differs from `trajflow.owner_start` (the pid was reused), or it was labelled in an earlier boot.
 Called when an env worker starts, before it starts sandboxes of its own.
+Containers removed while it lists them (closed by their owners) are skipped.
 Limits: trusts the labels; containers whose owner labels are missing or unreadable are left alone (they are
 not ours to judge), and so are those of owners in another pid namespace (another container's env worker on the
 same engine) unless they carry this reaper's host name (`sandbox.labels.owner_alive`).
@@ -26,7 +27,7 @@ def reap_orphans(client: docker.DockerClient, runtime_dir: Path | None = None, h
     `host_name`: the reaper's host (`TRAJFLOW_HOST_NAME`), so it also reaps what an earlier run of itself left.
     """
     reaped: list[str] = []
-    for container in client.containers.list(all=True, filters={"label": f"{labels.SANDBOX}=1"}):
+    for container in client.containers.list(all=True, filters={"label": f"{labels.SANDBOX}=1"}, ignore_removed=True):
         container_labels = container.labels or {}
         if labels.owner_alive(container_labels, host_name) is not False:
             continue

@@ -187,7 +187,7 @@ async def _train_killing_env(env: dict[str, str], config: Path, prefix: str, doc
     env_host = docker_client.containers.get(f"{prefix}-env")
     owner = f"{prefix}-env"
     mine = {"label": [f"{labels.SANDBOX}=1", f"{labels.OWNER_HOST}={owner}"]}
-    before = {c.id for c in docker_client.containers.list(all=True, filters=mine)}
+    before = {c.id for c in docker_client.containers.list(all=True, filters=mine, ignore_removed=True)}
     env_host.kill()
     killed_at = time.monotonic()
 
@@ -199,7 +199,7 @@ async def _train_killing_env(env: dict[str, str], config: Path, prefix: str, doc
     env_host.start()  # what a supervisor (or the restart policy of a crash) does
 
     def reaped() -> bool:  # the restarted host's reaper removes what the killed one left behind
-        return not before & {c.id for c in docker_client.containers.list(all=True, filters=mine)}
+        return not before & {c.id for c in docker_client.containers.list(all=True, filters=mine, ignore_removed=True)}
 
     await asyncio.to_thread(wait_for, reaped, 120, 1.0, "the killed env host's sandboxes to be reaped")
     result = await asyncio.wait_for(handle.result(), timeout=900)
