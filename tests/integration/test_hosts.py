@@ -119,6 +119,7 @@ def hosts_stack(cache_dir: Path):  # type: ignore[no-untyped-def]
         client = docker.from_env()
         for c in client.containers.list(all=True, filters={"label": f"trajflow.hosts={prefix}"}):
             c.remove(force=True)  # only if down failed: what this test started, by its own label
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def test_training_across_four_hosts_survives_a_killed_env_host(hosts_stack, monkeypatch) -> None:  # type: ignore[no-untyped-def]
