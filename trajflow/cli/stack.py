@@ -45,7 +45,7 @@ def up(
         bool,
         typer.Option(
             "--hosts",
-            help="Each host of the config's [hardware] section in its own container of the worker image (own network, "
+            help="Each host of the config's hardware section in its own container of the worker image (own network, "
             "CPU set, memory), the store on S3; one host per worker kind when the config places none.",
         ),
     ] = False,
