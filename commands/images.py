@@ -13,7 +13,14 @@ from infra.setup import docker_client
 from sandbox.images import Progress, UnknownTask
 from sandbox.layers import build_all, list_images, prune_images
 
-__all__ = ["UnknownTask", "build", "listing", "prune"]
+__all__ = ["UnknownTask", "build", "build_worker", "listing", "prune"]
+
+
+def build_worker(progress: Progress) -> str:
+    """Build (or find cached) the worker image; returns its tag."""
+    from imagebuild.worker_image import ensure_worker_image
+
+    return ensure_worker_image(docker_client(), load_settings().cache_dir / "images", progress)
 
 
 def build(tasks: list[str] | None, progress: Progress) -> list[str]:

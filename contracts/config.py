@@ -102,9 +102,17 @@ def load_run_config(path: str | Path) -> RunConfig:
     """Parse and validate a TOML run config; errors name the file and the field."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise ValueError(f"config file not found: {path}") from None
+    return parse_run_config(text, str(path))
+
+
+def parse_run_config(text: str, source: str) -> RunConfig:
+    """Parse and validate a run config's TOML text; errors name `source` (a file, a variable) and the field."""
+    path = source
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML: {e}") from None
     try:

@@ -179,5 +179,29 @@ class HardwareConfig(Contract):
         )
         return max(1, len(mine) // max(1, sharing))
 
+    def with_defaults(self, declared: dict[str, list[str]]) -> HardwareConfig:
+        """These hosts plus one host for each thing no host runs (`unplaced`): a kind whose pools are all unplaced
+        gets one host named after the kind, a single unplaced pool a host `kind-pool`. With no hosts at all this
+        is the default layout of `trajflow up --hosts`: one host per worker kind."""
+        missing = self.unplaced(declared)
+        taken = {h.name for h in self.hosts}
+        extra: list[HostConfig] = []
+
+        def add(name: str, runs: list[str]) -> None:
+            name = re.sub(r"[^a-z0-9-]", "-", name.lower())[:36]
+            while name in taken:
+                name += "-x"
+            taken.add(name)
+            extra.append(HostConfig(name=name, runs=runs))
+
+        for kind in WORKER_KINDS:
+            mine = [m for m in missing if m == kind or m.startswith(f"{kind}:")]
+            if kind in POOL_KINDS and mine and len(mine) == len(declared[kind]):
+                add(kind, [kind])
+            else:
+                for entry in mine:
+                    add(entry.replace(":", "-"), [entry])
+        return HardwareConfig(hosts=[*self.hosts, *extra])
+
     def _named_by_pool(self, kind: str) -> bool:
         return any(r.startswith(f"{kind}:") for h in self.hosts for r in h.runs)

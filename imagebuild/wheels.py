@@ -34,10 +34,10 @@ def cached_wheels(cache_dir: Path, requirements: tuple[str, ...]) -> dict[str, s
     return hashes
 
 def download_wheels(
-    cache_dir: Path, progress: Progress, requirements: tuple[str, ...]
+    cache_dir: Path, progress: Progress, requirements: tuple[str, ...], *, no_deps: bool = False
 ) -> dict[str, str]:
     """`pip wheel` the requirements and pip itself into the cache; returns
-    {filename: sha256}."""
+    {filename: sha256}. `no_deps`: the requirements are already the whole pinned closure (pip resolves nothing)."""
     target = wheel_dir(cache_dir, requirements)
     started = time.monotonic()
     progress(f"downloading wheels into {target}")
@@ -52,6 +52,7 @@ def download_wheels(
             "--quiet",
             "--wheel-dir",
             str(staging),
+            *(["--no-deps"] if no_deps else []),
             *requirements,
             PIP_REQUIREMENT,
         ]
@@ -67,14 +68,18 @@ def download_wheels(
     progress(f"downloaded {len(hashes)} wheels in {time.monotonic() - started:.1f}s")
     return hashes
 
-def wheel_build_stage(base_tag: str, wheel_names: list[str], requirements: tuple[str, ...], target: str) -> str:
+def wheel_build_stage(
+    base_tag: str, wheel_names: list[str], requirements: tuple[str, ...], target: str, *, no_deps: bool = False
+) -> str:
     """A Dockerfile build stage that installs the context's wheels/ into `target` with pip run from its wheel
-    (the base image has no pip), so that wheels and pip stay out of the final image."""
+    (the base image has no pip), so that wheels and pip stay out of the final image. `no_deps`: install exactly
+    the listed requirements (a pinned closure), resolving nothing."""
     pip_wheel = next((name for name in wheel_names if name.startswith("pip-")), "pip-missing.whl")
     reqs = " ".join(f"'{r}'" for r in requirements)
+    flags = "--no-deps " if no_deps else ""
     return f"""\
 FROM {base_tag} AS build
 COPY wheels/ /w/
 RUN python3 /w/{pip_wheel}/pip install --no-index --find-links /w --no-cache-dir --disable-pip-version-check \\
-    --root-user-action=ignore --target {target} {reqs}
+    --root-user-action=ignore {flags}--target {target} {reqs}
 """

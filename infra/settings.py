@@ -58,6 +58,16 @@ class Settings(BaseSettings):
     threads: int | None = None
     """torch intra-op threads of this process; None: torch's own default. Launchers set it from the hardware
     section, so that busy workers sharing cores never oversubscribe them."""
+    host_name: str | None = None
+    """The host this worker runs as, when a launcher placed it (`trajflow up --hosts` sets the container's name,
+    unique on its Docker engine); labelled on sandboxes so a restarted env host reaps its predecessor's."""
+    hosts_prefix: str = "trajflow"
+    """`trajflow up --hosts`: the prefix of its containers' names (`<prefix>-<host>`), its network and labels."""
+    hosts_s3_port: int = 8712
+    """`trajflow up --hosts` without an S3 `store_url`: the port of the moto_server it starts as the store."""
+    run_config: str | None = None
+    """A run config's TOML text, for worker commands started without `--config` (how `trajflow up --hosts`
+    hands any config to a container that shares no filesystem with the user)."""
     vllm_python: Path | None = None
     """The Python of the vLLM venv, for decode workers of a config with `engine = "vllm"`; default
     `.vllm-venv/bin/python` beside the running venv (what `make vllm-venv` builds)."""

@@ -1,8 +1,15 @@
 """Container labels that tie a sandbox to the process that owns it, and the /proc look-ups behind them.
 
 A sandbox container carries its owner's pid and that process's start time (field 22 of /proc/PID/stat,
-clock ticks since boot), so a reaper can tell a live owner from a dead one even after the pid is reused.
-Limits: Linux only; owners must share the reaper's pid namespace and boot (the boot id is labelled too).
+clock ticks since boot), so a reaper can tell a live owner from a dead one even after the pid is reused. A pid
+means something only in its pid namespace: env workers in containers (`trajflow up --hosts`) share one Docker
+engine but each has its own. So the owner's pid namespace is labelled, and a reaper judges only sandboxes of
+its own namespace; those of another namespace are not its to judge, except those labelled with the reaper's
+own host name (`TRAJFLOW_HOST_NAME`, unique per engine), which an earlier run of the same host (a restarted
+container, a new namespace) left behind. Sandboxes labelled before namespaces were (no namespace label) are
+judged only by a reaper in the initial pid namespace, where every earlier owner ran.
+Limits: Linux only; a namespace's id can be reused after it is gone (the boot id and start time still guard
+the pid); two live workers must never share a host name on one engine.
 """
 
 from __future__ import annotations
@@ -16,7 +23,19 @@ OWNER = "trajflow.owner"
 OWNER_PID = "trajflow.owner_pid"
 OWNER_START = "trajflow.owner_start"
 OWNER_BOOT = "trajflow.owner_boot"
+OWNER_PIDNS = "trajflow.owner_pidns"
+OWNER_HOST = "trajflow.owner_host"
 SANDBOX_ID = "trajflow.sandbox_id"
+INITIAL_PIDNS = "pid:[4026531836]"
+"""The kernel's initial pid namespace (PROC_PID_INIT_INO): processes not in any container."""
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace, e.g. `pid:[4026531836]`, or "" where /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 def process_start_time(pid: int) -> int | None:
@@ -38,8 +57,8 @@ def boot_id() -> str:
         return ""
 
 
-def owner_labels(owner_id: str, sandbox_id: str) -> dict[str, str]:
-    """The labels a sandbox started by this process carries."""
+def owner_labels(owner_id: str, sandbox_id: str, host_name: str = "") -> dict[str, str]:
+    """The labels a sandbox started by this process carries (`host_name`: the worker's host, when placed)."""
     pid = os.getpid()
     return {
         SANDBOX: "1",
@@ -48,11 +67,15 @@ def owner_labels(owner_id: str, sandbox_id: str) -> dict[str, str]:
         OWNER_PID: str(pid),
         OWNER_START: str(process_start_time(pid)),
         OWNER_BOOT: boot_id(),
+        OWNER_PIDNS: pid_namespace(),
+        OWNER_HOST: host_name,
     }
 
 
-def owner_alive(labels: Mapping[str, str]) -> bool | None:
-    """Whether the process named by these labels is still running; None when the labels do not say."""
+def owner_alive(labels: Mapping[str, str], host_name: str = "") -> bool | None:
+    """Whether the process named by these labels is still running, as a reaper on `host_name` (its
+    `TRAJFLOW_HOST_NAME`, "" when not placed) sees it; None when the labels do not say or the owner is not this
+    reaper's to judge (another pid namespace, another host)."""
     try:
         pid = int(labels[OWNER_PID])
         start = int(labels[OWNER_START])
@@ -61,4 +84,11 @@ def owner_alive(labels: Mapping[str, str]) -> bool | None:
     boot = labels.get(OWNER_BOOT, "")
     if boot and boot_id() and boot != boot_id():
         return False  # labelled in an earlier boot: that process is gone whatever its pid says now
+    theirs, mine = labels.get(OWNER_PIDNS, ""), pid_namespace()
+    if not theirs and mine != INITIAL_PIDNS:
+        return None  # labelled before namespaces were: its owner ran outside any container, not beside us
+    if theirs and theirs != mine:
+        if host_name and labels.get(OWNER_HOST, "") == host_name:
+            return False  # an earlier run of this very host (a restarted container has a new namespace)
+        return None  # another host's or container's pid: meaningless here
     return process_start_time(pid) == start

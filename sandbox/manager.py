@@ -229,11 +229,14 @@ class SandboxManager:
         limits: SandboxLimits | None = None,
         start_timeout_s: float = 30,
         step_timeout_s: float = 60,
+        host_name: str = "",
     ) -> None:
         self.client = client
         self.image = image
         self.runtime_dir = Path(runtime_dir)
         self.owner_id = owner_id
+        self.host_name = host_name
+        """The env worker's host (`TRAJFLOW_HOST_NAME`), labelled on each sandbox (see `sandbox.labels`)."""
         self.limits = limits or SandboxLimits()
         self.start_timeout_s = start_timeout_s
         self.step_timeout_s = step_timeout_s
@@ -252,7 +255,7 @@ class SandboxManager:
                 image,
                 detach=True,
                 name=f"trajflow-sb-{sandbox_id}",
-                labels=labels.owner_labels(self.owner_id, sandbox_id),
+                labels=labels.owner_labels(self.owner_id, sandbox_id, self.host_name),
                 volumes={str(host_dir): {"bind": RUNNER_SOCKET_DIR, "mode": "rw"}},
                 environment={"TRAJFLOW_ENV_HINT": env_hint} if env_hint else None,
                 working_dir=WORK_DIR,

@@ -3,8 +3,10 @@
 A container is an orphan when its `trajflow.owner_pid` names no running process, or a process whose start
 time differs from `trajflow.owner_start` (the pid was reused), or it was labelled in an earlier boot.
 Called when an env worker starts, before it starts sandboxes of its own.
+Containers removed while it lists them (closed by their owners) are skipped.
 Limits: trusts the labels; containers whose owner labels are missing or unreadable are left alone (they are
-not ours to judge); owners must run in the reaper's pid namespace on the same host as the Docker engine.
+not ours to judge), and so are those of owners in another pid namespace (another container's env worker on the
+same engine) unless they carry this reaper's host name (`sandbox.labels.owner_alive`).
 """
 
 from __future__ import annotations
@@ -18,15 +20,16 @@ import docker.errors
 from sandbox import labels
 
 
-def reap_orphans(client: docker.DockerClient, runtime_dir: Path | None = None) -> list[str]:
+def reap_orphans(client: docker.DockerClient, runtime_dir: Path | None = None, host_name: str = "") -> list[str]:
     """Force-remove orphaned sandbox containers; returns their container ids.
 
     With `runtime_dir`, each reaped sandbox's host directory (`runtime_dir/<sandbox id>`) is removed too.
+    `host_name`: the reaper's host (`TRAJFLOW_HOST_NAME`), so it also reaps what an earlier run of itself left.
     """
     reaped: list[str] = []
-    for container in client.containers.list(all=True, filters={"label": f"{labels.SANDBOX}=1"}):
+    for container in client.containers.list(all=True, filters={"label": f"{labels.SANDBOX}=1"}, ignore_removed=True):
         container_labels = container.labels or {}
-        if labels.owner_alive(container_labels) is not False:
+        if labels.owner_alive(container_labels, host_name) is not False:
             continue
         try:
             container.remove(force=True)

@@ -55,7 +55,7 @@ def build_manager(settings: Settings, worker_id: str) -> SandboxManager:
     from sandbox.reaper import reap_orphans
 
     client = docker.from_env()
-    reaped = reap_orphans(client)
+    reaped = reap_orphans(client, host_name=settings.host_name or "")
     if reaped:
         log.info("reaped %d orphaned sandboxes", len(reaped))
     image = ensure_runtime_image(client, settings.cache_dir / "images", progress=log.info)
@@ -66,7 +66,13 @@ def build_manager(settings: Settings, worker_id: str) -> SandboxManager:
         pids_limit=settings.sandbox_pids_limit,
     )
     return SandboxManager(
-        client, image, settings.sandbox_dir, worker_id, limits=limits, step_timeout_s=settings.sandbox_step_timeout_s
+        client,
+        image,
+        settings.sandbox_dir,
+        worker_id,
+        limits=limits,
+        step_timeout_s=settings.sandbox_step_timeout_s,
+        host_name=settings.host_name or "",
     )
 
 

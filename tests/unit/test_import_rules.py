@@ -33,7 +33,7 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     # infra never imports torch, not even inside a function (DESIGN.md "Layout"); rl only through TORCH_FREE_RL
     "infra": (None, {"workflows", "activities", "torch", "transformers", "accelerate", "vllm"} | NOT_CORE),
     "workers": (None, NOT_CORE),
-    "imagebuild": ({"docker", "imagebuild"}, set()),
+    "imagebuild": ({"docker", "imagebuild", "packaging"}, set()),
     "bench": (None, {"chaos", "replay", "commands"}),
     "chaos": (None, {"bench", "replay"}),
     "replay": (None, {"bench", "chaos", "commands"}),

@@ -33,6 +33,23 @@ def load_config(path: Path) -> RunConfig:
         raise typer.Exit(2) from None
 
 
+def load_worker_config(path: Path) -> RunConfig:
+    """A worker's run config: `path`, or when no `--config` was given and `TRAJFLOW_RUN_CONFIG` holds a config's
+    TOML text (how `trajflow up --hosts` hands a config to a container), that text."""
+    from contracts.config import parse_run_config
+    from infra.settings import load_settings
+
+    text = load_settings().run_config
+    if path != DEFAULT_CONFIG or not text:
+        return load_config(path)
+
+    try:
+        return parse_run_config(text, "TRAJFLOW_RUN_CONFIG")
+    except ValueError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
 def say(msg: str) -> None:
     typer.echo(msg, err=True)
 

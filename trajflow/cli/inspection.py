@@ -21,10 +21,17 @@ def images_build(
     task: Annotated[
         list[str] | None, typer.Option("--task", "-t", help="A shell task's layer (repeatable; default: all).")
     ] = None,
+    worker: Annotated[
+        bool, typer.Option("--worker", help="Build the worker image instead (runs any pool's worker; print its tag).")
+    ] = False,
 ) -> None:
-    """Build the layers that are missing (base, runtime, each shell task's); print each one's tag, cached or built."""
-    from commands.images import UnknownTask, build
+    """Build the layers that are missing (base, runtime, each shell task's); print each one's tag, cached or built.
+    With --worker: the worker image, `trajflow-worker:<hash>` (see README, "Pools on their own hosts")."""
+    from commands.images import UnknownTask, build, build_worker
 
+    if worker:
+        typer.echo(build_worker(_say))
+        return
     try:
         lines = build(task or None, _say)
     except UnknownTask as e:

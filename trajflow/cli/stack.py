@@ -12,6 +12,7 @@ import typer
 from trajflow.cli.common import DEFAULT_CONFIG, ConfigOpt, PoolOpt, app
 from trajflow.cli.common import exit_now as _exit
 from trajflow.cli.common import load_config as _config
+from trajflow.cli.common import load_worker_config as _worker_config
 from trajflow.cli.common import say as _say
 
 worker_app = typer.Typer(help="Run one worker process of a pool kind (what `trajflow up` starts).", no_args_is_help=True)
@@ -39,7 +40,17 @@ def reward_image() -> None:
 
 
 @app.command()
-def up(config: ConfigOpt = DEFAULT_CONFIG) -> None:
+def up(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    hosts: Annotated[
+        bool,
+        typer.Option(
+            "--hosts",
+            help="Each host of the config's hardware section in its own container of the worker image (own network, "
+            "CPU set, memory), the store on S3; one host per worker kind when the config places none.",
+        ),
+    ] = False,
+) -> None:
     """Start the embedded stack in the background: Temporal + Web UI, reward service, one worker per pool kind.
 
     With TRAJFLOW_TEMPORAL_* settings that point at a cluster (TLS, an API key or a non-loopback address; see
@@ -50,6 +61,10 @@ def up(config: ConfigOpt = DEFAULT_CONFIG) -> None:
 
     settings = load_settings()
     cfg = _config(config)
+    if hosts:
+        from commands.hosts import up_hosts
+
+        _exit(up_hosts(settings, cfg, config, _say))
     prepare(settings, cfg, _say)
     try:
         stack.up(settings, cfg, config, _say)
@@ -69,7 +84,12 @@ def down() -> None:
     from infra import stack
     from infra.settings import load_settings
 
-    n = stack.down(load_settings(), _say)
+    settings = load_settings()
+    if (settings.run_dir / "hosts.json").exists():  # `up --hosts` ran: its containers first
+        from infra import hosts
+
+        typer.echo(f"down: stopped {hosts.down(settings, _say)} host container(s)")
+    n = stack.down(settings, _say)
     typer.echo(f"down: stopped {n} process(es)")
 
 
@@ -100,6 +120,11 @@ def status(
     for rec in records:
         state = "up" if is_alive(rec) else "DOWN"
         typer.echo(f"{rec.name:15} {state:5} pid {rec.pid:<8} log {rec.log}")
+    if (settings.run_dir / "hosts.json").exists():  # `up --hosts` ran: one line per host container
+        from infra import hosts
+
+        for line in hosts.report(settings):
+            typer.echo(line)
     try:
         report = asyncio.run(stack.queue_report(settings, _config(config)))
     except (TimeoutError, RuntimeError, ValueError) as e:
@@ -142,7 +167,7 @@ def worker_decode(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFI
     from workers.common import configure_logging
 
     configure_logging("decode")
-    _serve(lambda: decode.serve(load_settings(), pool, _config(config).model))
+    _serve(lambda: decode.serve(load_settings(), pool, _worker_config(config).model))
 
 
 @worker_app.command("env")
@@ -175,4 +200,24 @@ def worker_trainer(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONF
     from workers.common import configure_logging
 
     configure_logging("trainer")
-    _serve(lambda: trainer.serve(load_settings(), pool, _config(config).model))
+    _serve(lambda: trainer.serve(load_settings(), pool, _worker_config(config).model))
+
+
+@worker_app.command("host")
+def worker_host(
+    name: Annotated[str, typer.Argument(help="The host's name in the config's [[hardware.hosts]] (or a default host).")],
+    config: ConfigOpt = DEFAULT_CONFIG,
+) -> None:
+    """Every worker the config places on host NAME, as child processes (what a worker-image container runs)."""
+    from infra.settings import load_settings
+    from workers.common import configure_logging
+    from workers.host import host_plan, run_host
+
+    configure_logging(f"host {name}")
+    cfg = _worker_config(config)
+    try:
+        children = host_plan(cfg, name, load_settings().reward_port, None if config == DEFAULT_CONFIG else config)
+    except ValueError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(run_host(children))

