@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from contracts.base import Contract
 from contracts.hardware import HardwareConfig
@@ -29,12 +29,18 @@ __all__ = [
 ]
 
 
+def _http_base_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")) or not value.split("://", 1)[1].strip("/"):
+        raise ValueError(f"must be an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1, got {value!r}")
+    return value.rstrip("/")
+
+
 class OpenAIServerConfig(Contract):
     """An inference server with an OpenAI-compatible completions API (vLLM's, SGLang's) that serves a frozen
     policy (`engine = "openai"`, `rl.engines.openai`). The API key is a process setting
     (`TRAJFLOW_OPENAI_API_KEY` or `OPENAI_API_KEY`), never part of this file."""
 
-    base_url: str
+    base_url: Annotated[str, AfterValidator(_http_base_url)]
     """The API's base URL, up to and including `/v1`, e.g. `http://10.0.0.5:8000/v1`."""
     served_model: str = Field(min_length=1)
     """The model's name on the server (vLLM: `--served-model-name`, else the path it was started with)."""
@@ -44,13 +50,6 @@ class OpenAIServerConfig(Contract):
     """Deadline of one completion request, from sending it to the whole answer (a slot's wait not counted)."""
     startup_wait_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 120.0
     """How long a starting decode worker waits for an unreachable server to come up before it gives up."""
-
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")) or len(value.split("://", 1)[1].strip("/")) == 0:
-            raise ValueError(f"base_url must be an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1, got {value!r}")
-        return value.rstrip("/")
 
 
 class ModelConfig(Contract):

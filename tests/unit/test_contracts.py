@@ -45,7 +45,7 @@ import contracts  # noqa: E402
 from contracts.base import Contract  # noqa: E402
 
 NON_FINITE = (math.nan, math.inf, -math.inf)
-_STRINGS = ("default", "game:GuessTheNumber-v0-easy")
+_STRINGS = ("default", "game:GuessTheNumber-v0-easy", "http://127.0.0.1:8000/v1")
 
 
 def contract_models() -> list[type[BaseModel]]:
