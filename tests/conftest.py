@@ -314,6 +314,13 @@ class CliStack:
     ui_url: str
     config: Path
 
+    async def connect(self) -> Client:
+        """A client made as the stack's own processes make one: `infra.temporal.connect` with the stack's settings."""
+        from infra.settings import Settings
+        from infra.temporal import connect
+
+        return await connect(Settings(state_dir=self.state_dir, temporal_address=self.env["TRAJFLOW_TEMPORAL_ADDRESS"]))
+
     def trajflow(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [str(Path(sys.executable).parent / "trajflow"), *args],

@@ -126,14 +126,19 @@ async def test_async_run_respects_admission_and_staleness_bounds(
     assert progress.version == 3 and progress.counters.consumed == 12
 
 
-async def _min_policy_version(client, workflow_id: str) -> int:  # type: ignore[no-untyped-def]
+async def _started_request(client, workflow_id: str):  # type: ignore[no-untyped-def]
+    """The TrajectoryRequest a trajectory was started with, from its history's first event."""
     from contracts.trajectory import TrajectoryRequest
 
     async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
         if event.HasField("workflow_execution_started_event_attributes"):
             payload = event.workflow_execution_started_event_attributes.input.payloads[0]
-            return TrajectoryRequest.model_validate_json(payload.data).min_policy_version
+            return TrajectoryRequest.model_validate_json(payload.data)
     raise AssertionError(f"{workflow_id} has no start event")
+
+
+async def _min_policy_version(client, workflow_id: str) -> int:  # type: ignore[no-untyped-def]
+    return (await _started_request(client, workflow_id)).min_policy_version
 
 
 async def test_sync_mode_is_a_batch_barrier(temporal_env, reward_service, store, sandbox_manager, engine) -> None:
@@ -309,13 +314,7 @@ async def test_sync_mode_replaces_an_abandoned_group(temporal_env, reward_servic
 
 
 async def _task_of(client, workflow_id: str) -> str:  # type: ignore[no-untyped-def]
-    from contracts.trajectory import TrajectoryRequest
-
-    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
-        if event.HasField("workflow_execution_started_event_attributes"):
-            payload = event.workflow_execution_started_event_attributes.input.payloads[0]
-            return TrajectoryRequest.model_validate_json(payload.data).task
-    raise AssertionError(f"{workflow_id} has no start event")
+    return (await _started_request(client, workflow_id)).task
 
 
 async def test_a_two_task_run_trains_on_both_tasks(temporal_env, reward_service, store, sandbox_manager, engine) -> None:

@@ -82,11 +82,8 @@ async def _start_from_ui(page, ui_url: str, workflow_id: str, payload: str, work
     assert href and f"/namespaces/{NAMESPACE}/workflows/{workflow_id}/" in href, href
 
 
-async def _check_trajectory(address: str, workflow_id: str, payload: str, env_id: str, seed: int) -> None:
-    from temporalio.client import Client
-    from temporalio.contrib.pydantic import pydantic_data_converter
-
-    client = await Client.connect(address, namespace=NAMESPACE, data_converter=pydantic_data_converter)
+async def _check_trajectory(cli_stack, workflow_id: str, payload: str, env_id: str, seed: int) -> None:  # type: ignore[no-untyped-def]
+    client = await cli_stack.connect()
     handle = client.get_workflow_handle(workflow_id, result_type=TrajectoryResult)
     result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT_S)
     assert result.workflow_id == workflow_id
@@ -132,7 +129,7 @@ async def test_start_trajectory_from_web_ui(cli_stack, tmp_path: Path, payload: 
             try:
                 await _start_from_ui(page, cli_stack.ui_url, workflow_id, payload)
                 started = True
-                await _check_trajectory(cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"], workflow_id, payload, env_id, seed)
+                await _check_trajectory(cli_stack, workflow_id, payload, env_id, seed)
             except Exception as exc:
                 shots = await _screenshots(page, cli_stack.ui_url, workflow_id, started, tmp_path)
                 raise AssertionError(f"starting {workflow_id} from the Web UI failed: {exc}\n{shots}") from exc
@@ -165,8 +162,6 @@ async def _screenshots(page, ui_url: str, workflow_id: str, started: bool, tmp_p
 async def test_start_training_run_from_web_ui(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A TrainingWorkflow started from the form: one real optimizer step of the tiny model on one group."""
     from playwright.async_api import async_playwright
-    from temporalio.client import Client
-    from temporalio.contrib.pydantic import pydantic_data_converter
 
     from contracts.training import TrainingResult
 
@@ -183,9 +178,7 @@ async def test_start_training_run_from_web_ui(cli_stack, tmp_path: Path) -> None
                 raise AssertionError(f"starting {run_id} from the Web UI failed: {exc}\n{shots}") from exc
         finally:
             await browser.close()
-    client = await Client.connect(
-        cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"], namespace=NAMESPACE, data_converter=pydantic_data_converter
-    )
+    client = await cli_stack.connect()
     result = await asyncio.wait_for(client.get_workflow_handle(run_id, result_type=TrainingResult).result(), 300)
     assert result.run_id == run_id and result.version == 1
     assert result.counters.consumed == 4 and len(result.history) == 1
@@ -197,8 +190,7 @@ async def test_bad_input_from_web_ui_fails_the_workflow_saying_what_to_fix(cli_s
     field (before, its workflow task failed and was retried forever, the workflow Running)."""
     from playwright.async_api import async_playwright
     from temporalio.api.enums.v1 import EventType
-    from temporalio.client import Client, WorkflowFailureError
-    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.client import WorkflowFailureError
     from temporalio.exceptions import ApplicationError
 
     workflow_id = f"ui-bad-{uuid.uuid4().hex[:12]}"
@@ -213,9 +205,7 @@ async def test_bad_input_from_web_ui_fails_the_workflow_saying_what_to_fix(cli_s
                 raise AssertionError(f"starting {workflow_id} from the Web UI failed: {exc}\n{shots}") from exc
         finally:
             await browser.close()
-    client = await Client.connect(
-        cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"], namespace=NAMESPACE, data_converter=pydantic_data_converter
-    )
+    client = await cli_stack.connect()
     handle = client.get_workflow_handle(workflow_id)
     with pytest.raises(WorkflowFailureError) as info:
         await asyncio.wait_for(handle.result(), 60)

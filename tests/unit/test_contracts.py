@@ -45,7 +45,7 @@ import contracts  # noqa: E402
 from contracts.base import Contract  # noqa: E402
 
 NON_FINITE = (math.nan, math.inf, -math.inf)
-_STRINGS = ("default", "game:GuessTheNumber-v0-easy", "http://127.0.0.1:8000/v1")
+_STRINGS = ("default", "game:GuessTheNumber-v0-easy")
 
 
 def contract_models() -> list[type[BaseModel]]:
@@ -88,9 +88,16 @@ def _sample(annotation: Any, field: Any = None) -> Any:
     return {bool: False, int: 0, float: 0.0, str: "x"}[annotation]
 
 
+_KNOWN_VALUES: dict[str, dict[str, Any]] = {
+    "HostConfig": {"runs": ["orchestrator"]},
+    "OpenAIServerConfig": {"base_url": "http://127.0.0.1:8000/v1"},
+}
+"""Required fields whose valid values a type-driven sample cannot guess (checked by a validator)."""
+
+
 def _build(model: type[BaseModel]) -> BaseModel:
     required = {name: _sample(f.annotation, f) for name, f in model.model_fields.items() if f.is_required()}
-    return model.model_validate(required)
+    return model.model_validate({**required, **_KNOWN_VALUES.get(model.__name__, {})})
 
 
 def _float_shape(annotation: Any) -> Any:

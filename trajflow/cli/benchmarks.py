@@ -1,4 +1,4 @@
-"""The CLI's `bench pipeline` and `bench sandbox` commands: parse the workload, then hand over to `bench/`."""
+"""The CLI's `bench pipeline`, `bench sandbox` and `bench real` commands: parse the options, then hand over to `bench/`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Annotated
 
 import typer
 
-from trajflow.cli.common import app
+from trajflow.cli.common import DEFAULT_CONFIG, ConfigOpt, app
 from trajflow.cli.common import exit_now as _exit
+from trajflow.cli.common import load_config as _config
+from trajflow.cli.common import say as _say
 
 bench_app = typer.Typer(help="Benchmarks: measure and report, on a labelled workload.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
@@ -63,3 +65,37 @@ def bench_sandbox(
 
     fields = {"env_id": env, "action": action, "seed": seed}
     raise typer.Exit(bench_main(quick_plan(**fields) if quick else Plan(**fields), json_path, load_settings()))
+
+
+@bench_app.command("real")
+def bench_real(
+    config: ConfigOpt = DEFAULT_CONFIG,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="About 15 min on 2 CPU cores with SmolLM2: 4 steps of 16 per mode.")
+    ] = False,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", min=2, help="Steps per mode (default 6; quick 4).")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="Trajectories per step.")] = None,
+    group_size: Annotated[int | None, typer.Option("--group-size", min=1, help="GRPO group size.")] = None,
+    alphas: Annotated[str, typer.Option("--alphas", help="Comma-separated α of the async modes.")] = "1,2",
+) -> None:
+    """Sync (α = 0) against α = 1 and 2 on the real workload of CONFIG, on the running stack (`trajflow up`,
+    or `trajflow up --hosts`): trajectories/s, busy fractions, G, T, the reference ratio (G+T)/max(G,T)."""
+    from dataclasses import replace
+
+    from bench.real import RealPlan, quick_plan
+    from bench.real import main as bench_main
+
+    try:
+        plan = quick_plan() if quick else RealPlan()
+        parsed = tuple(int(a) for a in alphas.split(","))
+        if any(a < 1 for a in parsed):
+            raise ValueError("--alphas: each α of an async mode is at least 1 (sync, α = 0, always runs)")
+        fields = {"steps": steps, "batch_size": batch_size, "group_size": group_size}
+        plan = replace(plan, alphas=parsed, **{k: v for k, v in fields.items() if v is not None})
+        cfg = _config(config)
+        plan.run_config(cfg, 0)  # a batch that is no multiple of the group fails here, not after a mode ran
+    except ValueError as e:
+        typer.secho(f"bench real: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    _exit(bench_main(cfg, plan, json_path, _say))

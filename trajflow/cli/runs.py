@@ -113,6 +113,14 @@ def chaos(
     from infra.settings import load_settings
 
     settings = load_settings()
+    if not settings.temporal_embedded:
+        typer.secho(
+            f"trajflow chaos kills and restarts the Temporal dev server, so it runs only on the embedded stack; the "
+            f"settings point at the cluster at {settings.temporal_address} (see `trajflow up --help`)",
+            fg="red",
+            err=True,
+        )
+        _exit(2)
     cfg = _config(config)
     try:
         stack.up(settings, cfg, config, _say)

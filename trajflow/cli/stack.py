@@ -4,6 +4,7 @@ process of a pool kind). Heavy imports happen inside each command."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from typing import Annotated
 
 import typer
@@ -39,7 +40,10 @@ def reward_image() -> None:
 
 @app.command()
 def up(config: ConfigOpt = DEFAULT_CONFIG) -> None:
-    """Start the embedded stack in the background: Temporal + Web UI, reward service, one worker per pool kind."""
+    """Start the embedded stack in the background: Temporal + Web UI, reward service, one worker per pool kind.
+
+    With TRAJFLOW_TEMPORAL_* settings that point at a cluster (TLS, an API key or a non-loopback address; see
+    README "Connecting to a Temporal cluster") no dev server is started and everything uses the cluster."""
     from commands.setup import prepare
     from infra import stack
     from infra.settings import load_settings
@@ -52,7 +56,10 @@ def up(config: ConfigOpt = DEFAULT_CONFIG) -> None:
     except (RuntimeError, TimeoutError, ValueError) as e:
         typer.secho(f"trajflow up failed: {e}", fg="red", err=True)
         _exit(1)
-    typer.echo(f"up: Temporal Web UI at http://127.0.0.1:{settings.temporal_ui_port}  (stop with `trajflow down`)")
+    if settings.temporal_embedded:
+        typer.echo(f"up: Temporal Web UI at http://127.0.0.1:{settings.temporal_ui_port}  (stop with `trajflow down`)")
+    else:
+        typer.echo(f"up: workers on the Temporal cluster at {settings.temporal_address}  (stop with `trajflow down`)")
     _exit(0)
 
 
@@ -88,16 +95,31 @@ def status(
     records = ProcessTable(settings.run_dir).load()
     if not records:
         typer.echo(f"nothing started by `trajflow up` (state dir: {settings.state_dir})")
+    if not settings.temporal_embedded:
+        typer.echo(f"{'temporal':15} cluster {settings.temporal_address} namespace {settings.temporal_namespace}")
     for rec in records:
         state = "up" if is_alive(rec) else "DOWN"
         typer.echo(f"{rec.name:15} {state:5} pid {rec.pid:<8} log {rec.log}")
     try:
         report = asyncio.run(stack.queue_report(settings, _config(config)))
-    except TimeoutError:
-        typer.echo(f"temporal: not reachable at {settings.temporal_address}")
+    except (TimeoutError, RuntimeError, ValueError) as e:
+        typer.echo(f"temporal: not reachable at {settings.temporal_address}: {e}")
         _exit(1)
     for queue, n in report:
         typer.echo(f"queue {queue:40} pollers {n}")
+    _exit(0)
+
+
+def _serve(main: Callable[[], Coroutine[object, object, None]]) -> None:
+    """Run a worker until it is signalled; Temporal settings that cannot work (a TLS file, a wrong CA, a server
+    that does not speak TLS) end it with their message and exit 1 instead of a traceback."""
+    from infra.connection import ConnectionSettingsError, TemporalConnectionError
+
+    try:
+        asyncio.run(main())
+    except (ConnectionSettingsError, TemporalConnectionError, TimeoutError) as e:
+        typer.secho(f"trajflow worker: cannot connect to Temporal: {e}", fg="red", err=True)
+        _exit(1)
     _exit(0)
 
 
@@ -109,8 +131,7 @@ def worker_orchestrator() -> None:
     from workers.common import configure_logging
 
     configure_logging("orchestrator")
-    asyncio.run(orchestrator.serve(load_settings()))
-    _exit(0)
+    _serve(lambda: orchestrator.serve(load_settings()))
 
 
 @worker_app.command("decode")
@@ -121,8 +142,7 @@ def worker_decode(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFI
     from workers.common import configure_logging
 
     configure_logging("decode")
-    asyncio.run(decode.serve(load_settings(), pool, _config(config).model))
-    _exit(0)
+    _serve(lambda: decode.serve(load_settings(), pool, _config(config).model))
 
 
 @worker_app.command("env")
@@ -133,8 +153,7 @@ def worker_env(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
     from workers.common import configure_logging
 
     configure_logging("env")
-    asyncio.run(env.serve(load_settings(), pool))
-    _exit(0)
+    _serve(lambda: env.serve(load_settings(), pool))
 
 
 @worker_app.command("reward")
@@ -145,8 +164,7 @@ def worker_reward(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
     from workers.common import configure_logging
 
     configure_logging("reward")
-    asyncio.run(reward.serve(load_settings(), pool))
-    _exit(0)
+    _serve(lambda: reward.serve(load_settings(), pool))
 
 
 @worker_app.command("trainer")
@@ -157,5 +175,4 @@ def worker_trainer(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONF
     from workers.common import configure_logging
 
     configure_logging("trainer")
-    asyncio.run(trainer.serve(load_settings(), pool, _config(config).model))
-    _exit(0)
+    _serve(lambda: trainer.serve(load_settings(), pool, _config(config).model))
