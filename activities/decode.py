@@ -3,6 +3,10 @@
 Loads the trajectory's token-level context (from this worker's memory, else from the store), appends the new
 observation (chat formatting on our side), generates, stores what this turn added to the context (a delta linked to
 the previous turn's: `activities.contexts`) and returns the text, the delta's URI and the policy version.
+
+An engine that talks to a server raises `EngineError`s, mapped here once: unavailable is retried (past the retry
+budget the trajectory is infra-failed), a rejected request fails the trajectory (`BadRequest`), a misconfigured
+server fails the activity at once without blaming the trajectory (infra-failed, never scored).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from contracts.trajectory import GenerateInput, GenerateResult
 from infra.layout import context_key
 from infra.store import ObjectStore
 from rl.chat import append_completion, append_user
-from rl.engines.base import Engine
+from rl.engines.base import Engine, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
 
 HEARTBEAT_EVERY_S = 5.0
 """Below a fifth of the heartbeat timeout in workflows/stubs.py."""
@@ -48,9 +52,16 @@ class DecodeActivities:
         if inp.context_uri:
             before = await asyncio.to_thread(self.contexts.load, inp.context_uri)
         ctx, prompt_ids = append_user(before, self.engine.tokenizer, inp.user_message, inp.system_prompt)
-        completion = await with_heartbeats(
-            self.engine.generate(prompt_ids, inp.sampling, inp.policy), "generating", HEARTBEAT_EVERY_S
-        )
+        try:
+            completion = await with_heartbeats(
+                self.engine.generate(prompt_ids, inp.sampling, inp.policy), "generating", HEARTBEAT_EVERY_S
+            )
+        except EngineUnavailable as e:
+            raise ApplicationError(str(e), type=names.ERR_ENGINE_UNAVAILABLE) from e
+        except EngineRequestRejected as e:  # the trajectory's request: it fails, it is not an infra failure
+            raise ApplicationError(str(e), type=names.ERR_BAD_REQUEST, non_retryable=True) from e
+        except EngineMisconfigured as e:
+            raise ApplicationError(str(e), type=names.ERR_ENGINE_MISCONFIGURED, non_retryable=True) from e
         version = completion.policy_version
         ctx = append_completion(ctx, completion.token_ids, completion.logprobs, completion.text, version)
         key = context_key(inp.trajectory_id, inp.turn, activity.info().attempt)

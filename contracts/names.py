@@ -98,6 +98,11 @@ ERR_POLICY_BEHIND = "PolicyVersionBehind"
 ERR_REWARD_REJECTED = "RewardRequestRejected"
 ERR_REWARD_BAD_ANSWER = "RewardServiceBadAnswer"
 ERR_REWARD_UNAVAILABLE = "RewardServiceUnavailable"
+ERR_ENGINE_UNAVAILABLE = "EngineUnavailable"
+"""A decode engine's server could not be reached or failed on its side: retried."""
+ERR_ENGINE_MISCONFIGURED = "EngineMisconfigured"
+"""A decode engine's server cannot serve it as configured (auth, model name, missing logprobs): not retried,
+and the trajectory ends infra-failed, never scored."""
 ERR_BAD_REQUEST = "BadRequest"
 ERR_INVALID_INPUT = "InvalidWorkflowInput"
 """A workflow started (from the UI, the CLI or a client) with input that does not validate: the workflow fails,

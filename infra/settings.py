@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -71,6 +71,11 @@ class Settings(BaseSettings):
     vllm_python: Path | None = None
     """The Python of the vLLM venv, for decode workers of a config with `engine = "vllm"`; default
     `.vllm-venv/bin/python` beside the running venv (what `make vllm-venv` builds)."""
+    openai_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("TRAJFLOW_OPENAI_API_KEY", "OPENAI_API_KEY")
+    )
+    """Bearer token for the inference server of a config with `engine = "openai"` (`TRAJFLOW_OPENAI_API_KEY`,
+    else `OPENAI_API_KEY`); none: requests carry no Authorization header."""
     store_url: str | None = None
     """`file:///path` or `s3://bucket/prefix`; defaults to a directory under state_dir."""
     s3_endpoint_url: str | None = None

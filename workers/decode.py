@@ -42,14 +42,20 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
     store = open_store_from(settings)
     worker_id = new_worker_id()
     precision = decode_precision(model)
-    log.info("decode %s", precision.describe())
+    if model.openai is None:
+        log.info("decode %s", precision.describe())
+    key = settings.openai_api_key
     engine = load_engine(
         model,
         cache_dir=settings.cache_dir / "models",
         weights=PolicyStore(store, settings.cache_dir / "policies" / worker_id),
         precision=precision,
+        api_key=key.get_secret_value() if key is not None else None,
     )
     await engine.start()
-    log.info("engine %s ready (%s)", engine.name, precision.dtype)
+    if model.openai is None:
+        log.info("engine %s ready (%s)", engine.name, precision.dtype)
+    else:
+        log.info("engine %s ready: %s, frozen at v%d", engine.name, model.openai.base_url, engine.version)
     client = await wait_until_reachable(settings)
     await run_until_signalled(decode_workers(client, engine, store, pools, worker_id), on_stop=engine.close)

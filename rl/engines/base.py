@@ -1,11 +1,12 @@
 """The torch-free half of the generation engines: the `Engine` protocol, what a generation returns
-(`Completion`), and where an engine finds newer weights (`WeightSource`, `PolicyWeights`).
+(`Completion`), where an engine finds newer weights (`WeightSource`, `PolicyWeights`), and the errors an engine
+that talks to a server raises (`EngineError`: each says whether retrying can help).
 
 Everything here is stdlib + contracts, so `infra/` (the policy store is a `WeightSource`) and the workflows'
 neighbours can use these types without importing torch; a unit test imports this module in a fresh interpreter
 and checks that torch never loads. The engines themselves live beside it: `rl.engines.hf` (transformers on
-torch), `rl.engines.vllm` (vLLM), `rl.engines.scripted` (fixed replies, for tests); `rl.engines.load` builds one
-from a `ModelConfig`.
+torch), `rl.engines.vllm` (vLLM), `rl.engines.openai` (a remote OpenAI-compatible server), `rl.engines.scripted`
+(fixed replies, for tests); `rl.engines.load` builds one from a `ModelConfig`.
 
 Not here: batching, sampling, logprob computation (each engine's own job).
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from contracts.trajectory import SamplingParams
 
@@ -38,6 +39,30 @@ class PolicyWeights:
     version: int
     path: Path
     """A Hugging Face checkpoint directory (config + safetensors) loadable by `from_pretrained`."""
+
+
+class EngineError(Exception):
+    """A generation failed outside the engine's own process (a remote server). `retryable`: may the same request
+    succeed later? The decode activity maps each type to its own error type once (`activities.decode`)."""
+
+    retryable: ClassVar[bool] = False
+
+
+class EngineUnavailable(EngineError):
+    """The server could not be reached or answered in time, or failed on its side (5xx, 408, 429). Retryable."""
+
+    retryable = True
+
+
+class EngineRequestRejected(EngineError):
+    """The server refused this request as wrong (400, 413, 422: e.g. a prompt longer than its context). The
+    trajectory's fault, not the infrastructure's: not retryable."""
+
+
+class EngineMisconfigured(EngineError):
+    """The server cannot serve this engine as configured: unauthorised, an unknown model or endpoint, an answer
+    without the token ids or logprobs asked for, a tokenizer that is not the served model's. Not retryable, and
+    not the trajectory's fault."""
 
 
 @runtime_checkable

@@ -6,7 +6,8 @@ decode will run in. `decode_precision` is that choice on its own, so a trainer c
 decode workers on the same kind of host will run (they cast on load anyway, so another host's choice works too).
 
 Limits: the HF engine runs on the `device` given (CPU by default); vLLM picks its own device, assumed CUDA when
-torch sees one.
+torch sees one. The `openai` engine computes nothing here: its server chose device and precision, and only the
+model's tokenizer is read locally.
 """
 
 from __future__ import annotations
@@ -43,13 +44,19 @@ def load_engine(
     device: str = "cpu",
     torch_threads: int | None = None,
     precision: Precision | None = None,
+    api_key: str | None = None,
 ) -> Engine:
     """Resolve `model.name_or_path` (`smollm2`, `tiny`, or a local path) under `cache_dir` and build its engine:
-    `hf`, or `vllm` (imports vLLM only when started). `precision` None is `decode_precision(model, device)`;
+    `hf`, `vllm` (imports vLLM only when started) or `openai` (a client of `model.openai`'s server, sending
+    `api_key`; the model's tokenizer only, `weights` unused). `precision` None is `decode_precision(model, device)`;
     pass the one you computed to log it. `weights` None serves the initial model only."""
     from rl.models import resolve_model
 
     path = resolve_model(model.name_or_path, cache_dir)
+    if model.openai is not None:
+        from rl.engines.openai import OpenAIEngine
+
+        return OpenAIEngine(model.openai, path, api_key=api_key, max_in_flight=model.max_batch)
     chosen = precision or decode_precision(model, device)
     if model.engine == "vllm":
         from rl.engines.vllm import VLLMEngine
@@ -74,5 +81,9 @@ def prepare_model(model: ModelConfig, cache_dir: Path, say: Callable[[str], None
     started = time.monotonic()
     path = resolve_model(model.name_or_path, cache_dir, progress=say)
     say(f"model {model.name_or_path} ready at {path} ({time.monotonic() - started:.1f}s)")
-    say(f"decode {decode_precision(model).describe()}")
+    if model.openai is not None:
+        served = model.openai
+        say(f"decode on the server at {served.base_url} ({served.served_model!r}, frozen at v{served.policy_version})")
+    else:
+        say(f"decode {decode_precision(model).describe()}")
     return path

@@ -88,7 +88,10 @@ def _sample(annotation: Any, field: Any = None) -> Any:
     return {bool: False, int: 0, float: 0.0, str: "x"}[annotation]
 
 
-_KNOWN_VALUES: dict[str, dict[str, Any]] = {"HostConfig": {"runs": ["orchestrator"]}}
+_KNOWN_VALUES: dict[str, dict[str, Any]] = {
+    "HostConfig": {"runs": ["orchestrator"]},
+    "OpenAIServerConfig": {"base_url": "http://127.0.0.1:8000/v1"},
+}
 """Required fields whose valid values a type-driven sample cannot guess (checked by a validator)."""
 
 
