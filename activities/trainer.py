@@ -45,14 +45,16 @@ class TrainerActivities:
         model_path: Path,
         work_dir: Path,
         export_dtype: str = "float32",
+        device: str = "auto",
     ) -> None:
         """`export_dtype`: the dtype published weights are written in, the decode workers' choice
         (`rl.engines.load.decode_precision`); they cast on load, so another dtype still works, at a cost in bytes
-        (float32) or precision (bfloat16)."""
+        (float32) or precision (bfloat16). `device`: where the trainer computes (a setting, `rl.devices`)."""
         self.store = store
         self.policies = policies
         self.model_path = Path(model_path)
         self.export_dtype = export_dtype
+        self.device = device
         self.work_dir = Path(work_dir)
         self.run_id: str | None = None
         self.trainer: Any = None
@@ -126,8 +128,10 @@ class TrainerActivities:
         if self.run_id == inp.run_id and self.trainer is not None and self.trainer.version == inp.version:
             return self.trainer
         self.trainer = None
-        trainer = PolicyTrainer(self.model_path, inp.trainer)
-        activity.logger.info("trainer for run %s: autocast %s", inp.run_id, trainer.autocast.describe())
+        trainer = PolicyTrainer(self.model_path, inp.trainer, device=self.device)
+        activity.logger.info(
+            "trainer for run %s on %s: autocast %s", inp.run_id, trainer.accelerator.device, trainer.autocast.describe()
+        )
         if inp.version > 0:
             local = self.work_dir / _safe(inp.run_id) / f"restore-v{inp.version:06d}"
             try:

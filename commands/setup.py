@@ -12,8 +12,10 @@ from infra.settings import Settings
 
 
 def prepare(settings: Settings, config: RunConfig, say: Callable[[str], None]) -> None:
+    from infra.placement import worker_env
     from infra.setup import prepare as prepare_machine
     from rl.engines.load import prepare_model
 
     prepare_machine(settings, config, say)
-    prepare_model(config.model, settings.cache_dir / "models", say)
+    # the decode worker's device, as its launcher will set it from the hardware section
+    prepare_model(config.model, settings.cache_dir / "models", say, worker_env(config, "decode")["TRAJFLOW_DEVICE"])

@@ -1,33 +1,74 @@
-"""Placement of one worker process: the `TRAJFLOW_*` and runtime variables its launcher gives it, from the run
-config's hardware-affinity section (`contracts.hardware`).
+"""Placement of one worker process: the `TRAJFLOW_*` and runtime variables its launcher gives it, and the CPUs it
+is pinned to, from the run config's hardware-affinity section (`contracts.hardware`).
 
 Whoever starts a worker (the embedded stack, `trajflow up --hosts`, a user's own container platform) sets these
 variables; the worker reads them through `infra.settings` (`device`, `threads`) and never looks at where it runs.
 `OMP_NUM_THREADS` is set as well because OpenMP sizes its pool when torch is imported, before the worker could
 call `torch.set_num_threads`: a pool of one thread per core in every busy torch process is what oversubscribes a
-small machine (threads spin at barriers). Limits: pure and torch-free; it does not pin CPUs itself (the embedded
-launcher and Docker's `--cpuset-cpus` do).
+small machine (threads spin at barriers). `placement` adds the host's cpuset, checked against the CPUs this
+process may use, for a launcher that pins processes itself (the embedded stack: `infra.processes.start_detached`).
+
+Limits: pure and torch-free; it pins nothing itself (the embedded launcher does, Docker's `--cpuset-cpus` does for
+containers). The embedded stack runs one process per worker kind, so a kind whose pools sit on different hosts
+takes the placement of its first pool's host.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 from contracts.config import RunConfig
-from contracts.hardware import TORCH_KINDS
+from contracts.hardware import POOL_KINDS, TORCH_KINDS, parse_cpuset
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How to start one worker process: its extra environment and the CPUs to pin it to (None: any)."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    cpus: list[int] | None = None
+
+
+def usable_cpus() -> set[int]:
+    """The CPUs this process may run on (its affinity mask: what a container's cpuset or taskset left it)."""
+    return set(os.sched_getaffinity(0))
 
 
 def worker_env(config: RunConfig, kind: str, pool: str | None = None, cpu_count: int | None = None) -> dict[str, str]:
     """The variables for the worker of `kind` (serving `pool`, or the kind's first pool): `TRAJFLOW_DEVICE`,
     and for torch kinds `TRAJFLOW_THREADS` and `OMP_NUM_THREADS`; `CUDA_VISIBLE_DEVICES` where the host sets
-    `gpus`."""
+    `gpus`. `cpu_count` None: the CPUs this process may use."""
     hardware = config.hardware
-    host = hardware.host_of(kind, pool)
+    host = hardware.host_of(kind, pool if pool is not None else _first_pool(config, kind))
     env = {"TRAJFLOW_DEVICE": host.device if host is not None else "auto"}
     if kind in TORCH_KINDS:
-        threads = hardware.threads_for(host, cpu_count or os.cpu_count() or 1)
+        threads = hardware.threads_for(host, cpu_count or len(usable_cpus()))
         env["TRAJFLOW_THREADS"] = str(threads)
         env["OMP_NUM_THREADS"] = str(threads)
     if host is not None and host.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = host.gpus
     return env
+
+
+def placement(config: RunConfig, kind: str, pool: str | None = None) -> Placement:
+    """`worker_env` plus the host's cpuset, for a launcher that starts the worker as a process on this machine.
+    A cpuset naming CPUs this process may not use is a ValueError (pinning to them would fail in the child)."""
+    host = config.hardware.host_of(kind, pool if pool is not None else _first_pool(config, kind))
+    cpus = None
+    if host is not None and host.cpus:
+        cpus = parse_cpuset(host.cpus)
+        missing = sorted(set(cpus) - usable_cpus())
+        if missing:
+            raise ValueError(
+                f"host {host.name!r} asks for CPUs {host.cpus}, but CPUs {missing} are not available here "
+                f"(this machine lets trajflow use {sorted(usable_cpus())})"
+            )
+    return Placement(env=worker_env(config, kind, pool), cpus=cpus)
+
+
+def _first_pool(config: RunConfig, kind: str) -> str | None:
+    if kind not in POOL_KINDS:
+        return None
+    pools: list[str] = getattr(config.pools, kind)
+    return pools[0] if pools else None

@@ -11,7 +11,8 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
@@ -22,6 +23,10 @@ class ProcessRecord:
     start_ticks: int
     argv: list[str]
     log: str
+    env: dict[str, str] = field(default_factory=dict)
+    """The variables it was started with on top of the launcher's environment (its placement)."""
+    cpus: list[int] | None = None
+    """The CPUs it is pinned to (None: any); a restart keeps both."""
 
 
 def process_start_ticks(pid: int) -> int | None:
@@ -40,10 +45,14 @@ def is_alive(rec: ProcessRecord) -> bool:
     return process_start_ticks(rec.pid) == rec.start_ticks
 
 
-def start_detached(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> ProcessRecord:
-    """Start `argv` in its own session with output to log_dir/NAME.log; it outlives this process."""
+def start_detached(
+    name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None, cpus: list[int] | None = None
+) -> ProcessRecord:
+    """Start `argv` in its own session with output to log_dir/NAME.log; it outlives this process. `env` is added
+    to this process's environment; `cpus` pins the child (and every thread it starts) to those CPUs."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
+    pin = None if cpus is None else _pinner(cpus)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             argv,
@@ -52,11 +61,30 @@ def start_detached(name: str, argv: list[str], log_dir: Path, env: dict[str, str
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env={**os.environ, **(env or {})},
+            preexec_fn=pin,
         )
     ticks = process_start_ticks(proc.pid)
     if ticks is None:
         raise RuntimeError(f"{name} exited at once; see {log_path}")
-    return ProcessRecord(name=name, pid=proc.pid, start_ticks=ticks, argv=argv, log=str(log_path))
+    return ProcessRecord(
+        name=name, pid=proc.pid, start_ticks=ticks, argv=argv, log=str(log_path), env=dict(env or {}), cpus=cpus
+    )
+
+
+def restart(rec: ProcessRecord, log_dir: Path) -> ProcessRecord:
+    """Start a stopped or killed process again with its recorded command line, environment and CPUs."""
+    return start_detached(rec.name, rec.argv, log_dir, env=rec.env, cpus=rec.cpus)
+
+
+def _pinner(cpus: list[int]) -> Callable[[], None]:
+    if not cpus:
+        raise ValueError("a process cannot be pinned to an empty set of CPUs")
+    chosen = set(cpus)
+
+    def pin() -> None:  # runs in the child between fork and exec: the affinity survives exec
+        os.sched_setaffinity(0, chosen)
+
+    return pin
 
 
 class ProcessTable:

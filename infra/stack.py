@@ -1,6 +1,7 @@
 """The embedded stack on one machine: Temporal dev server + Web UI, reward service, one worker per pool kind.
 
-`up` starts each as a detached process (logs and a process table under the state dir) and waits until each is
+`up` starts each as a detached process (logs and a process table under the state dir), placed by the run
+config's hardware section (device, torch threads, GPUs and CPUs: `infra.placement`), and waits until each is
 really ready (the server answers, the reward service is healthy, every queue has a poller); `down` stops
 exactly the processes `up` recorded; `status` reports them. When the settings point at a Temporal cluster
 (`Settings.temporal_embedded` is false: TLS, an API key or a non-loopback address) no dev server is started: `up`
@@ -20,7 +21,8 @@ import httpx
 
 from contracts import names
 from contracts.config import RunConfig
-from infra.processes import ProcessRecord, ProcessTable, is_alive, kill, start_detached, stop
+from infra.placement import Placement, placement
+from infra.processes import ProcessRecord, ProcessTable, is_alive, kill, restart, start_detached, stop
 from infra.settings import Settings
 from infra.temporal import dev_server_command, ensure_search_attributes, pollers, wait_until_reachable
 
@@ -31,6 +33,8 @@ Progress = Callable[[str], None]
 class Component:
     name: str
     argv: list[str]
+    placement: Placement = Placement()
+    """Its environment (device, threads, GPUs) and CPUs from the config's hardware section (`infra.placement`)."""
 
 
 def _trajflow(*args: str) -> list[str]:
@@ -43,19 +47,20 @@ def _pool_args(pools: list[str]) -> list[str]:
 
 def components(settings: Settings, config: RunConfig, config_path: Path) -> list[Component]:
     cfg = str(config_path.resolve())
-    server = [Component("temporal", dev_server_command(settings))] if settings.temporal_embedded else []
-    return [
-        *server,
-        Component(
-            "reward-service",
-            [sys.executable, "-m", "rewards.service", "--host", settings.reward_host, "--port", str(settings.reward_port)],
-        ),
+    reward_service = [
+        sys.executable, "-m", "rewards.service", "--host", settings.reward_host, "--port", str(settings.reward_port)
+    ]  # fmt: skip
+    workers = [
+        Component("reward-service", reward_service),
         Component("orchestrator", _trajflow("worker", "orchestrator")),
         Component("decode", _decode_argv(settings, config, cfg)),
         Component("env", _trajflow("worker", "env", *_pool_args(config.pools.env))),
         Component("reward", _trajflow("worker", "reward", *_pool_args(config.pools.reward))),
         Component("trainer", _trajflow("worker", "trainer", "--config", cfg, *_pool_args(config.pools.trainer))),
     ]
+    placed = [Component(w.name, w.argv, placement(config, w.name)) for w in workers]
+    server = [Component("temporal", dev_server_command(settings))] if settings.temporal_embedded else []
+    return [*server, *placed]
 
 
 def _decode_argv(settings: Settings, config: RunConfig, cfg: str) -> list[str]:
@@ -101,7 +106,7 @@ def up(settings: Settings, config: RunConfig, config_path: Path, progress: Progr
             if comp.name == "temporal":
                 _register_search_attributes(settings, progress)
             continue
-        rec = start_detached(comp.name, comp.argv, settings.log_dir)
+        rec = start_detached(comp.name, comp.argv, settings.log_dir, comp.placement.env, comp.placement.cpus)
         table.add(rec)
         progress(f"{comp.name}: started (pid {rec.pid}, log {rec.log})")
         if comp.name == "temporal":
@@ -148,7 +153,7 @@ def crash_and_restart(settings: Settings, name: str, progress: Progress) -> tupl
         raise RuntimeError(f"{name} is not running (start the stack with `trajflow up`)")
     kill(old)
     _wait_ports_free(_ports(settings, name), name)
-    new = start_detached(name, old.argv, settings.log_dir)
+    new = restart(old, settings.log_dir)
     table.replace(new)
     progress(f"{name}: killed -9 (pid {old.pid}), restarted (pid {new.pid})")
     return old, new

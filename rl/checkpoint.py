@@ -6,6 +6,9 @@
 - `export_weights`: a Hugging Face checkpoint (config, safetensors, tokenizer) in a given dtype, for decode
   workers; `rl.weights.apply_weights` copies such a checkpoint into an existing model in place.
 
+Tensors are written from CPU copies (a trainer on a GPU writes checkpoints any host can read) and loaded onto
+the model's own device.
+
 Limits: DDP-style replicated weights only (FSDP/DeepSpeed sharded state dicts are not handled).
 """
 
@@ -67,6 +70,18 @@ def _save_in_dtype(model: Any, out: Path, dtype: torch.dtype) -> None:
     config.save_pretrained(out)
 
 
+def _on_cpu(value: Any) -> Any:
+    """A copy of a (nested) state dict with every tensor on the CPU, so a checkpoint written on a GPU loads anywhere
+    (`load_state_dict` moves optimizer state back to each parameter's device)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(v) for v in value)
+    return value
+
+
 def _rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -94,12 +109,12 @@ def save_checkpoint(trainer: PolicyTrainer, directory: Path) -> None:
             from safetensors.torch import save_file
 
             model = trainer.unwrapped_model
-            trainable = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+            trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
             save_file(trainable, str(tmp / _TRAINABLE_FILE))
         else:
             trainer.unwrapped_model.save_pretrained(tmp)
             trainer.tokenizer.save_pretrained(tmp)
-        torch.save(trainer.optimizer.state_dict(), tmp / _OPTIMIZER_FILE)
+        torch.save(_on_cpu(trainer.optimizer.state_dict()), tmp / _OPTIMIZER_FILE)
         state = {"version": trainer.version, "num_processes": acc.num_processes, "config": trainer.config.model_dump()}
         (tmp / _STATE_FILE).write_text(json.dumps(state, indent=2))
     acc.wait_for_everyone()

@@ -105,7 +105,8 @@ def choose_precision(device: str = "cpu", *, cpu: CpuInfo | None = None, cuda_bf
         if cuda_bf16 is None:
             import torch
 
-            cuda_bf16 = bool(torch.cuda.is_bf16_supported(including_emulation=False))
+            with torch.cuda.device(torch.device(device)):  # cuda:N: that GPU's answer, not the current one's
+                cuda_bf16 = bool(torch.cuda.is_bf16_supported(including_emulation=False))
         if cuda_bf16:
             return Precision("bfloat16", "the CUDA GPU runs bf16 natively")
         return Precision("float32", "the CUDA GPU has no native bf16 (older than Ampere)")

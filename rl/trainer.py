@@ -20,7 +20,9 @@ the methods here delegate to it.
 Limits: one optimizer step per batch (no PPO epochs or mini-batches); constant learning rate; pure bf16 when
 `dtype` is bfloat16 (no fp32 master weights); no sequence packing, so padding costs compute. Multi-GPU is
 plain data parallelism through `accelerate launch` of code that uses PolicyTrainer (DDP-style replicated
-weights; FSDP/DeepSpeed state dicts are not handled); that path is untested here, where there is no GPU. The
+weights; FSDP/DeepSpeed state dicts are not handled); that path is untested here, where there is no GPU. On a
+GPU, batches are built on the CPU and moved to the device; metrics come back as floats, and checkpoints and
+exported weights are written from CPU copies. The
 float32 logits of a whole micro-batch are kept for backward: `micro_batch` x length x vocabulary floats.
 """
 
@@ -37,6 +39,7 @@ import torch
 
 from contracts.training import TrainerConfig
 from rl import checkpoint
+from rl.devices import resolve_device, use_device
 from rl.losses import merge_metrics, policy_loss
 from rl.precision import CpuInfo, Precision, autocast_precision
 from rl.samples import TrainSample
@@ -97,10 +100,12 @@ class PolicyTrainer:
         seed: int = 0,
         accelerator: Any = None,
         cpu: CpuInfo | None = None,
+        device: str = "auto",
     ) -> None:
-        """Load `model_path` in `config.dtype`. `accelerator` None builds an `accelerate.Accelerator` (CPU when
-        there is no CUDA); pass one to share it with the rest of a launched program. `cpu` injects the CPU
-        that `config.autocast = "auto"` decides for (None: this one)."""
+        """Load `model_path` in `config.dtype`. `accelerator` None builds an `accelerate.Accelerator` on `device`
+        (a setting: `auto` is a GPU when one is visible, else the CPU; `cpu`, `cuda`, `cuda:N`, see
+        `rl.devices`); pass one to share it with the rest of a launched program (it then decides the device).
+        `cpu` injects the CPU that `config.autocast = "auto"` decides for (None: this one)."""
         from accelerate import Accelerator
         from accelerate.utils import set_seed
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -110,7 +115,12 @@ class PolicyTrainer:
         self.config = config
         self.version = 0
         """Completed optimizer steps (the policy version of the current weights)."""
-        self.accelerator = accelerator if accelerator is not None else Accelerator(cpu=not torch.cuda.is_available())
+        if accelerator is None:
+            resolved = resolve_device(device)
+            if resolved != "cpu":
+                use_device(resolved)  # cuda:N becomes the current GPU, which accelerate's "cuda" means
+            accelerator = Accelerator(cpu=resolved == "cpu")
+        self.accelerator = accelerator
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_as_dtype(config.dtype))
         # Eval mode: no dropout, so the policy being trained is the policy that was sampled. Gradients still flow.

@@ -37,18 +37,23 @@ def decode_workers(
 
 async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> None:
     from infra.policies import PolicyStore
-    from rl.engines.load import decode_precision, load_engine
+    from rl import devices
+    from rl.engines.load import decode_device, decode_precision, load_engine
 
+    threads = devices.set_threads(settings.threads)
     store = open_store_from(settings)
     worker_id = new_worker_id()
-    precision = decode_precision(model)
+    device = decode_device(model, settings.device)
+    precision = decode_precision(model, device)
     if model.openai is None:
-        log.info("decode %s", precision.describe())
+        log.info("decode on %s, %d torch threads, %s", devices.describe(device), threads, precision.describe())
     key = settings.openai_api_key
     engine = load_engine(
         model,
         cache_dir=settings.cache_dir / "models",
         weights=PolicyStore(store, settings.cache_dir / "policies" / worker_id),
+        device=device,
+        torch_threads=settings.threads,
         precision=precision,
         api_key=key.get_secret_value() if key is not None else None,
     )

@@ -30,8 +30,9 @@ def trainer_workers(
     pools: Sequence[str],
     cache_dir: Path,
     export_dtype: str = "float32",
+    device: str = "auto",
 ) -> list[Worker]:
-    acts = TrainerActivities(store, PolicyStore(store, cache_dir), model_path, work_dir, export_dtype)
+    acts = TrainerActivities(store, PolicyStore(store, cache_dir), model_path, work_dir, export_dtype, device)
     return [
         Worker(
             client,
@@ -44,17 +45,23 @@ def trainer_workers(
 
 
 async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> None:
-    import torch
-
+    from rl import devices
     from rl.engines.load import decode_precision
     from rl.models import resolve_model
     from rl.precision import choose_precision
 
+    threads = devices.set_threads(settings.threads)
+    device = devices.resolve_device(settings.device)
     model_path = resolve_model(model.name_or_path, settings.cache_dir / "models")
     # The step's autocast is per run (TrainerConfig.autocast); "auto" means this device's native choice.
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    log.info("trainer %s (autocast auto)", choose_precision(device).describe())
-    export = decode_precision(model)
+    log.info(
+        "trainer on %s, %d torch threads, %s (autocast auto)",
+        devices.describe(device),
+        threads,
+        choose_precision(device).describe(),
+    )
+    # decode workers on the same kind of host as this one run this dtype; others cast on load
+    export = decode_precision(model, device)
     log.info("published weights in %s, the decode workers' dtype (%s)", export.dtype, export.reason)
     store = open_store_from(settings)
     client = await wait_until_reachable(settings)
@@ -63,6 +70,13 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
     work_dir = settings.state_dir / "trainer" / worker_id
     await run_until_signalled(
         trainer_workers(
-            client, store, model_path, work_dir, pools, settings.cache_dir / "policies" / worker_id, export.dtype
+            client,
+            store,
+            model_path,
+            work_dir,
+            pools,
+            settings.cache_dir / "policies" / worker_id,
+            export.dtype,
+            device,
         )
     )

@@ -19,6 +19,9 @@ the batched, left-padded, KV-cached decode and a teacher-forced pass differed by
 Completions keep the EOS token when one was sampled (finish_reason "stop"; training must see the model stop)
 and drop everything after it; "length" when `max_new_tokens` ran out. `text` is decoded without special tokens.
 
+Devices: the model and each batch's inputs live on `device` (a GPU or the CPU); token ids and logprobs come back
+as CPU lists.
+
 Limits: one batch runs at a time per engine; a request already inside a running batch cannot be interrupted
 (cancelling it only discards its result); sampling is seeded by torch's global RNG, so sampled outputs are not
 reproducible across runs.
@@ -97,7 +100,7 @@ class _LogprobRecorder:
             self.gathered[n - 1] = self.pending[1].gather(1, generated[:, -1:]).squeeze(1)
         self.pending = None
         columns = [self.gathered[i] for i in range(n)]
-        return torch.stack(columns, dim=1) if columns else torch.zeros(generated.shape[0], 0)
+        return torch.stack(columns, dim=1) if columns else torch.zeros(generated.shape[0], 0, device=generated.device)
 
 
 @dataclass
@@ -123,8 +126,9 @@ class HFEngine:
         dtype: torch.dtype | None = None,
         weights: WeightSource | None = None,
     ) -> None:
-        """`dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny model);
-        `weights` None serves the initial model only."""
+        """`device` a torch device (`cpu`, `cuda`, `cuda:N`; `rl.devices.resolve_device` turns a setting such as
+        `auto` into one); `dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny
+        model); `weights` None serves the initial model only."""
         from transformers import AutoTokenizer
 
         if max_batch < 1:
@@ -309,8 +313,9 @@ class HFEngine:
                 pad_token_id=self._pad_id,
                 **sampling,
             )
+        # the logprobs are gathered on the model's device; both come back to CPU lists
+        logprobs = recorder.finish(output[:, width:]).cpu()
         generated = output[:, width:].cpu()
-        logprobs = recorder.finish(generated).cpu()
         eos = set(self._eos)
         completions = []
         for row in range(len(prompts)):

@@ -5,9 +5,10 @@ hardware runs natively unless the config forces one (`rl.precision`).
 decode will run in. `decode_precision` is that choice on its own, so a trainer can publish weights in the dtype
 decode workers on the same kind of host will run (they cast on load anyway, so another host's choice works too).
 
-Limits: the HF engine runs on the `device` given (CPU by default); vLLM picks its own device, assumed CUDA when
-torch sees one. The `openai` engine computes nothing here: its server chose device and precision, and only the
-model's tokenizer is read locally.
+Devices: `device` is a setting (`auto`, `cpu`, `cuda`, `cuda:N`; `infra.settings.Settings.device`), resolved by
+`rl.devices.resolve_device` (auto: a GPU when one is visible); the dtype is chosen for the device it resolves to.
+Limits: vLLM picks its own device, assumed CUDA when torch sees one. The `openai` engine computes nothing here: its
+server chose device and precision, and only the model's tokenizer is read locally.
 """
 
 from __future__ import annotations
@@ -19,20 +20,22 @@ from pathlib import Path
 import torch
 
 from contracts.config import ModelConfig
+from rl.devices import resolve_device
 from rl.engines.base import Engine, WeightSource
 from rl.engines.hf import HFEngine
 from rl.precision import Precision, resolve_dtype
 
 
-def decode_device(model: ModelConfig, device: str = "cpu") -> str:
-    """The device decoding runs on: `device` for the HF engine; vLLM's (CUDA when there is one)."""
+def decode_device(model: ModelConfig, device: str = "auto") -> str:
+    """The device decoding runs on: the `device` setting resolved for the HF engine (`DeviceUnavailable` when it
+    names a GPU that is not visible); vLLM's (CUDA when there is one)."""
     if model.engine == "vllm":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    return resolve_device(device)
 
 
-def decode_precision(model: ModelConfig, device: str = "cpu") -> Precision:
-    """The dtype decode weights get: `model.dtype`, with "auto" resolved for the decode device."""
+def decode_precision(model: ModelConfig, device: str = "auto") -> Precision:
+    """The dtype decode weights get: `model.dtype`, with "auto" resolved for the device decoding runs on."""
     return resolve_dtype(model.dtype, decode_device(model, device))
 
 
@@ -41,15 +44,16 @@ def load_engine(
     *,
     cache_dir: Path,
     weights: WeightSource | None = None,
-    device: str = "cpu",
+    device: str = "auto",
     torch_threads: int | None = None,
     precision: Precision | None = None,
     api_key: str | None = None,
 ) -> Engine:
     """Resolve `model.name_or_path` (`smollm2`, `tiny`, or a local path) under `cache_dir` and build its engine:
-    `hf`, `vllm` (imports vLLM only when started) or `openai` (a client of `model.openai`'s server, sending
-    `api_key`; the model's tokenizer only, `weights` unused). `precision` None is `decode_precision(model, device)`;
-    pass the one you computed to log it. `weights` None serves the initial model only."""
+    `hf` on `device` (a setting, resolved here), `vllm` (imports vLLM only when started) or `openai` (a client of
+    `model.openai`'s server, sending `api_key`; the model's tokenizer only, `weights` unused). `precision` None is
+    `decode_precision(model, device)`; pass the one you computed to log it. `weights` None serves the initial model
+    only."""
     from rl.models import resolve_model
 
     path = resolve_model(model.name_or_path, cache_dir)
@@ -66,16 +70,16 @@ def load_engine(
         path,
         max_batch=model.max_batch,
         batch_wait_ms=model.batch_wait_ms,
-        device=device,
+        device=decode_device(model, device),
         torch_threads=torch_threads,
         dtype=getattr(torch, chosen.dtype),
         weights=weights,
     )
 
 
-def prepare_model(model: ModelConfig, cache_dir: Path, say: Callable[[str], None]) -> Path:
+def prepare_model(model: ModelConfig, cache_dir: Path, say: Callable[[str], None], device: str = "auto") -> Path:
     """Resolve (convert or build, once) the config's model under `cache_dir`, and say where it is and which
-    precision decode will use on this host, and why."""
+    precision decode will use on this host's `device` (a setting), and why."""
     from rl.models import resolve_model
 
     started = time.monotonic()
@@ -85,5 +89,5 @@ def prepare_model(model: ModelConfig, cache_dir: Path, say: Callable[[str], None
         served = model.openai
         say(f"decode on the server at {served.base_url} ({served.served_model!r}, frozen at v{served.policy_version})")
     else:
-        say(f"decode {decode_precision(model).describe()}")
+        say(f"decode on {decode_device(model, device)}: {decode_precision(model, device).describe()}")
     return path

@@ -1,4 +1,5 @@
-"""The CLI's `bench pipeline`, `bench sandbox` and `bench real` commands: parse the options, then hand over to `bench/`."""
+"""The CLI's `bench pipeline`, `bench sandbox`, `bench real`, `bench gpu` and `bench contention` commands: parse
+the options, then hand over to `bench/`."""
 
 from __future__ import annotations
 
@@ -99,3 +100,29 @@ def bench_real(
         typer.secho(f"bench real: {e}", fg="red", err=True)
         raise typer.Exit(2) from None
     _exit(bench_main(cfg, plan, json_path, _say))
+
+
+@bench_app.command("gpu")
+def bench_gpu(
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto (a GPU when one is visible), cpu, cuda or cuda:N.")] = "auto",
+    quick: Annotated[bool, typer.Option("--quick", help="A tiny model: a smoke test of the path, not a measurement.")] = False,
+) -> None:
+    """HF engine tokens/s at batch 1, 16, 64 and trainer step time (the default job's shape), SmolLM2's architecture
+    with random weights, on a GPU (or --device cpu). Same as `python -m bench.gpu_check`, which needs no services."""
+    from bench.gpu_check import main as gpu_main
+
+    _exit(gpu_main([*(["--json", str(json_path)] if json_path else []), "--device", device, *(["--quick"] if quick else [])]))
+
+
+@bench_app.command("contention")
+def bench_contention(
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="The tiny model: a smoke test, not a measurement.")] = False,
+) -> None:
+    """Decode (HF engine, SmolLM2) and trainer steps overlapping in two processes on this machine's cores, under
+    torch's default threads, the hardware section's defaults, and OMP_WAIT_POLICY=PASSIVE; and each alone."""
+    from bench.contention import main as contention_main
+    from infra.settings import load_settings
+
+    _exit(contention_main(quick, json_path, load_settings().cache_dir / "models"))

@@ -1,0 +1,100 @@
+"""rl.devices: which device a setting resolves to (with torch's view of the GPUs patched, so the choice is tested
+without one), the clear error for a GPU that is not there, torch threads, and the engine and trainer computing on
+the device their setting resolves to (the CPU here)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from contracts.config import ModelConfig
+from contracts.training import TrainerConfig
+from rl import devices
+from rl.devices import DeviceUnavailable, resolve_device
+from rl.engines.hf import HFEngine
+from rl.engines.load import decode_device, decode_precision, load_engine
+from rl.precision import choose_precision
+from rl.trainer import PolicyTrainer
+
+
+def _gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+@pytest.mark.parametrize(
+    ("requested", "gpus", "expected"),
+    [
+        ("auto", 0, "cpu"),
+        ("auto", 1, "cuda"),
+        ("cpu", 2, "cpu"),
+        ("cuda", 1, "cuda"),
+        ("cuda:1", 2, "cuda:1"),
+    ],
+)
+def test_a_setting_resolves_to_what_is_visible(
+    monkeypatch: pytest.MonkeyPatch, requested: str, gpus: int, expected: str
+) -> None:
+    _gpus(monkeypatch, gpus)
+    assert resolve_device(requested) == expected
+
+
+def test_a_gpu_asked_for_where_none_is_visible_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    _gpus(monkeypatch, 0)
+    with pytest.raises(DeviceUnavailable, match="sees no CUDA GPU"):
+        resolve_device("cuda")
+    _gpus(monkeypatch, 2)
+    with pytest.raises(DeviceUnavailable, match=r"sees 2 GPU\(s\).*CUDA_VISIBLE_DEVICES"):
+        resolve_device("cuda:2")
+    with pytest.raises(ValueError, match="use auto, cpu, cuda or cuda:N"):
+        resolve_device("gpu")
+
+
+def test_decode_precision_follows_the_resolved_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    _gpus(monkeypatch, 1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch.cuda, "device", lambda _device: contextlib.nullcontext())
+    model = ModelConfig(name_or_path="tiny")
+    assert decode_device(model, "auto") == "cuda"
+    assert decode_precision(model, "auto").dtype == "bfloat16"  # a GPU that runs bf16 natively
+    assert decode_precision(model, "cpu") == choose_precision("cpu")  # this CPU's own choice
+
+
+def test_threads_are_set_and_reported() -> None:
+    before = torch.get_num_threads()
+    try:
+        assert devices.set_threads(1) == 1 == torch.get_num_threads()
+        assert devices.set_threads(None) == 1  # None leaves torch's setting alone
+        with pytest.raises(ValueError, match="at least 1"):
+            devices.set_threads(0)
+    finally:
+        torch.set_num_threads(before)
+
+
+async def test_the_engine_loads_on_the_device_its_setting_resolves_to(tmp_path: Path) -> None:
+    engine = load_engine(ModelConfig(name_or_path="tiny", max_batch=2, batch_wait_ms=1.0), cache_dir=tmp_path, device="auto")
+    assert isinstance(engine, HFEngine)
+    await engine.start()
+    try:
+        assert engine.device == torch.device(resolve_device("auto"))
+        assert next(engine.model.parameters()).device == engine.device
+    finally:
+        await engine.close()
+
+
+def test_the_engine_refuses_a_gpu_that_is_not_there(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _gpus(monkeypatch, 0)
+    with pytest.raises(DeviceUnavailable):
+        load_engine(ModelConfig(name_or_path="tiny"), cache_dir=tmp_path, device="cuda:0")
+
+
+def test_the_trainer_takes_its_device_from_the_setting(monkeypatch: pytest.MonkeyPatch, tiny_model: Path) -> None:
+    trainer = PolicyTrainer(tiny_model, TrainerConfig(autocast="off"), device="cpu")
+    assert trainer.accelerator.device.type == "cpu"
+    assert next(trainer.unwrapped_model.parameters()).device.type == "cpu"
+    _gpus(monkeypatch, 0)
+    with pytest.raises(DeviceUnavailable, match="no CUDA GPU"):
+        PolicyTrainer(tiny_model, TrainerConfig(autocast="off"), device="cuda")
