@@ -146,16 +146,26 @@ async def run_bench(config: RunConfig, plan: RealPlan, say: Say) -> dict[str, ob
     from infra.settings import load_settings
     from infra.temporal import wait_until_reachable
 
-    client = await wait_until_reachable(load_settings(), timeout_s=10)
+    settings = load_settings()
+    client = await wait_until_reachable(settings, timeout_s=10)
     sync = await run_mode(client, config, plan, 0, say)
     modes = [await run_mode(client, config, plan, a, say) for a in plan.alphas]
-    return summary(sync, modes, machine())
+    hosts = (settings.run_dir / "hosts.json").exists()  # what `trajflow up --hosts` leaves
+    where = {
+        **machine(),
+        "layout": "hosts" if hosts else "embedded",
+        "hardware": [h.model_dump(exclude_defaults=True) for h in config.hardware.hosts],
+    }
+    return summary(sync, modes, where)
 
 
 def main(config: RunConfig, plan: RealPlan, json_path: Path | None, say: Say) -> int:
     result = asyncio.run(run_bench(config, plan, say))
     print(render(result))  # the report on stdout; progress went to `say` (stderr from the CLI)
     if json_path is not None:
+        from bench.real_plot import plot_timeline
+
         json_path.write_text(json.dumps(result, indent=2))
-        say(f"wrote {json_path}")
+        plot_timeline(result, json_path.with_suffix(".png"))
+        say(f"wrote {json_path} and the timeline {json_path.with_suffix('.png')}")
     return 0

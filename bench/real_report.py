@@ -50,6 +50,8 @@ class ModeFigures:
     """Stage -> busy fraction of the steady window."""
     wall_s: float
     counters: dict[str, int] = field(default_factory=dict)
+    spans: dict[str, list[Span]] = field(default_factory=dict)
+    """Stage -> its activity spans in seconds since the run started (for the timeline plot)."""
 
 
 def mode_figures(
@@ -78,6 +80,7 @@ def mode_figures(
         busy=busy,
         wall_s=wall_s,
         counters=counters or {},
+        spans={stage: sorted((a - start, b - start) for a, b in ss) for stage, ss in spans.items()},
     )
 
 

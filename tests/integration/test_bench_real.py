@@ -29,3 +29,4 @@ def test_bench_real_writes_every_figure(cli_stack, tmp_path: Path) -> None:  # t
     sync = next(m for m in figures["modes"] if m["label"] == "sync")
     assert len(sync["step_times_s"]) == 3 and sync["counters"]["consumed"] == 12
     assert "reference ratio" in proc.stdout
+    assert out.with_suffix(".png").stat().st_size > 10_000  # the timeline plot
