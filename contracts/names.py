@@ -99,6 +99,8 @@ ERR_REWARD_REJECTED = "RewardRequestRejected"
 ERR_REWARD_BAD_ANSWER = "RewardServiceBadAnswer"
 ERR_REWARD_UNAVAILABLE = "RewardServiceUnavailable"
 ERR_BAD_REQUEST = "BadRequest"
+ERR_TRAINER_RANKS = "TrainerRanksBroken"
+"""A step broke a launched trainer's rank group (a rank died): retried once the launcher has restarted the ranks."""
 ERR_INVALID_INPUT = "InvalidWorkflowInput"
 """A workflow started (from the UI, the CLI or a client) with input that does not validate: the workflow fails,
 non-retryably, with a message naming each bad field (`workflows.inputs`)."""

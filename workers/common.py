@@ -28,10 +28,13 @@ def configure_logging(name: str) -> None:
 
 
 async def run_until_signalled(
-    workers: Sequence[Worker], on_stop: Callable[[], Awaitable[None]] | None = None
+    workers: Sequence[Worker],
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+    stop_when: asyncio.Event | None = None,
 ) -> None:
-    """Run the workers until SIGTERM/SIGINT, then shut them down gracefully and call on_stop."""
-    stop = asyncio.Event()
+    """Run the workers until SIGTERM/SIGINT (or `stop_when` is set), then shut them down gracefully and call
+    on_stop."""
+    stop = stop_when or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

@@ -4,6 +4,7 @@ process of a pool kind). Heavy imports happen inside each command."""
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Annotated
 
 import typer
@@ -68,9 +69,7 @@ def down() -> None:
 
 @app.command()
 def status(
-    run: Annotated[
-        str | None, typer.Argument(metavar="[RUN]", help="A training run id or a trajectory's workflow id.")
-    ] = None,
+    run: Annotated[str | None, typer.Argument(metavar="[RUN]", help="A training run id or a trajectory's workflow id.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="With RUN: print JSON only.")] = False,
     limit: Annotated[int, typer.Option(help="With RUN: query at most this many running trajectories.")] = 100,
     config: ConfigOpt = DEFAULT_CONFIG,
@@ -151,11 +150,12 @@ def worker_reward(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
 
 @worker_app.command("trainer")
 def worker_trainer(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFIG) -> None:  # noqa: B006
-    """Optimizer steps of the given trainer pools (model from the config)."""
+    """Optimizer steps of the given trainer pools (model from the config). Under `accelerate launch` (or
+    torchrun) rank 0 is the worker and the other ranks train with it; see the README's "multi-process trainer"."""
     from infra.settings import load_settings
     from workers import trainer
     from workers.common import configure_logging
 
-    configure_logging("trainer")
-    asyncio.run(trainer.serve(load_settings(), pool, _config(config).model))
-    _exit(0)
+    rank = os.environ.get("RANK")
+    configure_logging("trainer" if rank is None else f"trainer[{rank}]")
+    _exit(asyncio.run(trainer.serve(load_settings(), pool, _config(config).model)))
