@@ -83,9 +83,15 @@ class TrainerActivities:
         step = self._steps.get(key)
         if step is None:
             step = self._steps[key] = asyncio.ensure_future(self._step(inp))
-            step.add_done_callback(lambda _: self._steps.pop(key, None))
+            step.add_done_callback(lambda done: self._forget(key, done))
         # shielded: an attempt cancelled (its workflow run ended) leaves the step to the attempt issued next
         return await with_heartbeats(asyncio.shield(step), f"training v{inp.version + 1}", HEARTBEAT_EVERY_S)
+
+    def _forget(self, key: tuple[str, int], step: asyncio.Future[TrainStepResult]) -> None:
+        self._steps.pop(key, None)
+        if not step.cancelled() and step.exception() is not None:
+            # reported to the attempt that awaits it; when none does (cancelled by a worker shutdown), logged here
+            log.warning("train step v%d of run %s failed: %s", key[1] + 1, key[0], step.exception())
 
     async def _step(self, inp: TrainStepInput) -> TrainStepResult:
         done = await asyncio.to_thread(self._recorded, inp.run_id, inp.version + 1)
