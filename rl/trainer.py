@@ -20,7 +20,8 @@ the methods here delegate to it.
 Limits: one optimizer step per batch (no PPO epochs or mini-batches); constant learning rate; pure bf16 when
 `dtype` is bfloat16 (no fp32 master weights); no sequence packing, so padding costs compute. Multi-GPU is
 plain data parallelism through `accelerate launch` of code that uses PolicyTrainer (DDP-style replicated
-weights; FSDP/DeepSpeed state dicts are not handled); that path is untested here, where there is no GPU. The
+weights; FSDP/DeepSpeed state dicts are not handled); `rl.distributed` runs it for the trainer worker, tested
+with two CPU processes (gloo), not on GPUs. The
 float32 logits of a whole micro-batch are kept for backward: `micro_batch` x length x vocabulary floats.
 """
 
