@@ -151,7 +151,7 @@ def worker_reward(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
 @worker_app.command("trainer")
 def worker_trainer(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFIG) -> None:  # noqa: B006
     """Optimizer steps of the given trainer pools (model from the config). Under `accelerate launch` (or
-    torchrun) rank 0 is the worker and the other ranks train with it; see the README's "multi-process trainer"."""
+    torchrun) rank 0 is the worker and the other ranks train with it; see the README's "The trainer on several processes"."""
     from infra.settings import load_settings
     from workers import trainer
     from workers.common import configure_logging
