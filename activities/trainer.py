@@ -10,15 +10,23 @@ policy weights of v+1 and the `latest` pointer decode workers follow. Old checkp
 The step loads the referenced trajectory records and turns them into training samples with
 `rl.samples.samples_from_records` (advantages from the groups and rewards the workflow recorded in the refs);
 a batch holding an unscored or token-less trajectory fails without retry (`ERR_BAD_REQUEST`).
+
+Under `accelerate launch` this activity runs on rank 0 only: each step goes to every rank as an
+`rl.distributed.StepOrder` and is trained by all of them (`TrainerRanks.lead`); rank 0 alone writes to the store.
+A step that breaks the rank group fails with `ERR_TRAINER_RANKS` (retried) and `on_broken` is called, so the
+worker stops and the launcher restarts every rank; `keep_followers` pings idle ranks, `release_followers` lets
+them exit. A single process is a group of one and trains exactly as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -32,9 +40,13 @@ from infra.policies import PolicyStore, delete_prefix, get_dir, put_dir
 from infra.policies import safe_name as _safe
 from infra.store import ObjectNotFound, ObjectStore
 
+if TYPE_CHECKING:
+    from rl.distributed import TrainerRanks
+
 HEARTBEAT_EVERY_S = 5.0
 """Below a fifth of the heartbeat timeout in workflows/stubs.py."""
 CHECKPOINTS_KEPT = 2
+log = logging.getLogger("trajflow.trainer")
 
 
 class TrainerActivities:
@@ -45,19 +57,23 @@ class TrainerActivities:
         model_path: Path,
         work_dir: Path,
         export_dtype: str = "float32",
+        ranks: TrainerRanks | None = None,
+        on_broken: Callable[[], None] | None = None,
         device: str = "auto",
     ) -> None:
         """`export_dtype`: the dtype published weights are written in, the decode workers' choice
         (`rl.engines.load.decode_precision`); they cast on load, so another dtype still works, at a cost in bytes
-        (float32) or precision (bfloat16). `device`: where the trainer computes (a setting, `rl.devices`)."""
+        (float32) or precision (bfloat16). `ranks`: the launched rank group this process leads (None: this
+        process alone, built on the first step, computing on `device`: a setting, `rl.devices`). `on_broken`:
+        called (on the event loop) when a step broke the rank group."""
         self.store = store
         self.policies = policies
         self.model_path = Path(model_path)
         self.export_dtype = export_dtype
         self.device = device
         self.work_dir = Path(work_dir)
-        self.run_id: str | None = None
-        self.trainer: Any = None
+        self._ranks = ranks
+        self._on_broken = on_broken
         # One thread: steps never overlap, and torch state stays on one thread.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
         self._steps: dict[tuple[str, int], asyncio.Future[TrainStepResult]] = {}
@@ -69,9 +85,15 @@ class TrainerActivities:
         step = self._steps.get(key)
         if step is None:
             step = self._steps[key] = asyncio.ensure_future(self._step(inp))
-            step.add_done_callback(lambda _: self._steps.pop(key, None))
+            step.add_done_callback(lambda done: self._forget(key, done))
         # shielded: an attempt cancelled (its workflow run ended) leaves the step to the attempt issued next
         return await with_heartbeats(asyncio.shield(step), f"training v{inp.version + 1}", HEARTBEAT_EVERY_S)
+
+    def _forget(self, key: tuple[str, int], step: asyncio.Future[TrainStepResult]) -> None:
+        self._steps.pop(key, None)
+        if not step.cancelled() and step.exception() is not None:
+            # reported to the attempt that awaits it; when none does (cancelled by a worker shutdown), logged here
+            log.warning("train step v%d of run %s failed: %s", key[1] + 1, key[0], step.exception())
 
     async def _step(self, inp: TrainStepInput) -> TrainStepResult:
         done = await asyncio.to_thread(self._recorded, inp.run_id, inp.version + 1)
@@ -79,7 +101,49 @@ class TrainerActivities:
             return done.model_copy(update={"resumed": True})
         if not inp.refs:
             raise ApplicationError("a train step needs at least one trajectory", type=names.ERR_BAD_REQUEST)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._train, inp)
+        from rl.distributed import RankGroupBroken
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._train, inp)
+        except RankGroupBroken as e:
+            if self._on_broken is not None:
+                self._on_broken()
+            raise ApplicationError(str(e), type=names.ERR_TRAINER_RANKS) from e
+
+    @property
+    def ranks(self) -> TrainerRanks:
+        if self._ranks is None:
+            from rl.distributed import TrainerRanks
+
+            self._ranks = TrainerRanks(self.model_path, self.device)
+        return self._ranks
+
+    async def keep_followers(self, every_s: float) -> None:
+        """Ping the other ranks every `every_s` seconds between steps (on the training thread, so pings and steps
+        never interleave), until cancelled or the group breaks."""
+        from rl.distributed import RankGroupBroken
+
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await loop.run_in_executor(self._executor, self.ranks.keepalive)
+            except RankGroupBroken:
+                log.error("the trainer's other ranks are gone")
+                if self._on_broken is not None:
+                    self._on_broken()
+                return
+
+    async def release_followers(self) -> None:
+        """Tell the other ranks to exit (after the Temporal worker stopped); nothing if the group is broken."""
+        from rl.distributed import RankGroupBroken
+
+        if self.ranks.broken:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self.ranks.stop)
+        except RankGroupBroken:
+            pass  # they are gone already: nothing to release
 
     def _recorded(self, run_id: str, version: int) -> TrainStepResult | None:
         """The result of a step already taken and published, if any."""
@@ -91,29 +155,47 @@ class TrainerActivities:
             return None
 
     def _train(self, inp: TrainStepInput) -> TrainStepResult:
+        from rl.distributed import StepOrder
         from rl.samples import samples_from_records
 
         started = time.monotonic()
-        trainer = self._trainer_at(inp)
         records = [TrajectoryRecord.model_validate(self.store.get_json(r.trajectory_uri)) for r in inp.refs]
         try:
             samples = samples_from_records(records, normalize_std=inp.trainer.normalize_adv_std, refs=inp.refs)
         except ValueError as e:  # an unscored or token-less trajectory: retrying cannot fix the batch
             raise ApplicationError(str(e), type=names.ERR_BAD_REQUEST, non_retryable=True) from e
-        metrics = trainer.train_step(samples, inp.trainer)
+        ranks = self.ranks
         version = inp.version + 1
-        ckpt_dir = self.work_dir / _safe(inp.run_id) / f"ckpt-v{version:06d}"
-        trainer.save_checkpoint(ckpt_dir)
-        put_dir(self.store, checkpoint_prefix(inp.run_id, version), ckpt_dir)
-        export_dir = self.work_dir / _safe(inp.run_id) / f"weights-v{version:06d}"
-        trainer.export_weights(export_dir, dtype=self.export_dtype)
+        run_dir = self.work_dir / _safe(inp.run_id)
+        rebuild = not ranks.holds(inp.run_id, inp.version)
+        order = StepOrder(
+            run_id=inp.run_id,
+            version=inp.version,
+            config=inp.trainer,
+            samples=samples,
+            rebuild=rebuild,
+            restore_from=self._restore_dir(inp) if rebuild and inp.version > 0 else None,
+            checkpoint_dir=run_dir / f"ckpt-v{version:06d}",
+            export_dir=run_dir / f"weights-v{version:06d}",
+            export_dtype=self.export_dtype,
+        )
+        metrics = ranks.lead(order)
+        if rebuild and ranks.trainer is not None:
+            activity.logger.info(
+                "trainer for run %s on %d rank(s), from v%d: autocast %s",
+                inp.run_id,
+                ranks.world,
+                inp.version,
+                ranks.trainer.autocast.describe(),
+            )
+        put_dir(self.store, checkpoint_prefix(inp.run_id, version), order.checkpoint_dir)
         result = TrainStepResult(
             version=version,
             weights_uri=self.store.uri_for(manifest_key(policy_version_prefix(inp.run_id, version))),
             metrics={k: float(v) for k, v in metrics.items()},
             seconds=time.monotonic() - started,
         )
-        self._publish(inp.run_id, result, export_dir)
+        self._publish(inp.run_id, result, order.export_dir)
         self._cleanup(inp.run_id, version)
         return result
 
@@ -121,30 +203,18 @@ class TrainerActivities:
         self.store.put_json(step_key(run_id, result.version), result)
         self.policies.publish(run_id, result.version, export_dir)
 
-    def _trainer_at(self, inp: TrainStepInput) -> Any:
-        """The in-memory trainer at `inp.version`, reloaded from the store's checkpoint when it is not."""
-        from rl.trainer import PolicyTrainer
-
-        if self.run_id == inp.run_id and self.trainer is not None and self.trainer.version == inp.version:
-            return self.trainer
-        self.trainer = None
-        trainer = PolicyTrainer(self.model_path, inp.trainer, device=self.device)
-        activity.logger.info(
-            "trainer for run %s on %s: autocast %s", inp.run_id, trainer.accelerator.device, trainer.autocast.describe()
-        )
-        if inp.version > 0:
-            local = self.work_dir / _safe(inp.run_id) / f"restore-v{inp.version:06d}"
-            try:
-                get_dir(self.store, checkpoint_prefix(inp.run_id, inp.version), local)
-            except ObjectNotFound:
-                raise ApplicationError(
-                    f"run {inp.run_id!r} has no trainer checkpoint at v{inp.version} to resume from",
-                    type=names.ERR_BAD_REQUEST,
-                ) from None
-            trainer.load_checkpoint(local)
-            activity.logger.info("resumed run %s at v%d from the store", inp.run_id, inp.version)
-        self.run_id, self.trainer = inp.run_id, trainer
-        return trainer
+    def _restore_dir(self, inp: TrainStepInput) -> Path:
+        """The store's trainer checkpoint at `inp.version`, downloaded into the work dir (every rank reads it)."""
+        local = self.work_dir / _safe(inp.run_id) / f"restore-v{inp.version:06d}"
+        try:
+            get_dir(self.store, checkpoint_prefix(inp.run_id, inp.version), local)
+        except ObjectNotFound:
+            raise ApplicationError(
+                f"run {inp.run_id!r} has no trainer checkpoint at v{inp.version} to resume from",
+                type=names.ERR_BAD_REQUEST,
+            ) from None
+        activity.logger.info("resuming run %s at v%d from the store", inp.run_id, inp.version)
+        return local
 
     def _cleanup(self, run_id: str, version: int) -> None:
         import shutil

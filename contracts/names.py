@@ -104,6 +104,8 @@ ERR_ENGINE_MISCONFIGURED = "EngineMisconfigured"
 """A decode engine's server cannot serve it as configured (auth, model name, missing logprobs): not retried,
 and the trajectory ends infra-failed, never scored."""
 ERR_BAD_REQUEST = "BadRequest"
+ERR_TRAINER_RANKS = "TrainerRanksBroken"
+"""A step broke a launched trainer's rank group (a rank died): retried once the launcher has restarted the ranks."""
 ERR_INVALID_INPUT = "InvalidWorkflowInput"
 """A workflow started (from the UI, the CLI or a client) with input that does not validate: the workflow fails,
 non-retryably, with a message naming each bad field (`workflows.inputs`)."""

@@ -20,9 +20,9 @@ the methods here delegate to it.
 Limits: one optimizer step per batch (no PPO epochs or mini-batches); constant learning rate; pure bf16 when
 `dtype` is bfloat16 (no fp32 master weights); no sequence packing, so padding costs compute. Multi-GPU is
 plain data parallelism through `accelerate launch` of code that uses PolicyTrainer (DDP-style replicated
-weights; FSDP/DeepSpeed state dicts are not handled); that path is untested here, where there is no GPU. On a
-GPU, batches are built on the CPU and moved to the device; metrics come back as floats, and checkpoints and
-exported weights are written from CPU copies. The
+weights; FSDP/DeepSpeed state dicts are not handled); `rl.distributed` runs it for the trainer worker, tested
+with two CPU processes (gloo), not on GPUs. On a GPU, batches are built on the CPU and moved to the device;
+metrics come back as floats, and checkpoints and exported weights are written from CPU copies. The
 float32 logits of a whole micro-batch are kept for backward: `micro_batch` x length x vocabulary floats.
 """
 

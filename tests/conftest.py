@@ -262,12 +262,14 @@ async def running_stack(
     tag: str | None = None,
     images=None,  # type: ignore[no-untyped-def]
     train_step_s: float = 0.3,
+    external_trainer: bool = False,
 ) -> AsyncIterator[Stack]:
     """Start orchestrator, decode, env, reward and trainer workers in this process on a fresh set of queues
     (or on the queues of `tag`, to restart a stack's workers). With `images` (an `ImageResolver`) the env
     worker resets each env on its own image, as a real one does (shell tasks on their task layer). The trainer
     is the real one on `trainer_model`; without one, the benchmarks' simulated trainer (registered under the
-    real activity name), whose every step sleeps `train_step_s`."""
+    real activity name), whose every step sleeps `train_step_s`; with `external_trainer`, none: the test serves the
+    trainer pool `stack.pools` itself (a launched trainer process)."""
     import asyncio
     import tempfile
 
@@ -291,7 +293,9 @@ async def running_stack(
     for pool, pool_engine in (decode_pools or {pools: engine}).items():
         workers += decode_workers(client, pool_engine, store, [pool], f"{worker_id}-{pool}")
     work = Path(tempfile.mkdtemp(prefix=f"trainer-{tag}-"))
-    if trainer_model is not None:
+    if external_trainer:
+        pass
+    elif trainer_model is not None:
         workers += trainer_workers(client, store, trainer_model, work, [pools], work / "cache")
     else:
         workers += simulated_trainer_workers(client, store, [pools], work / "cache", default_step_s=train_step_s)[0]

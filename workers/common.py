@@ -28,9 +28,12 @@ def configure_logging(name: str) -> None:
 
 
 async def run_until_signalled(
-    workers: Sequence[Worker], on_stop: Callable[[], Awaitable[None]] | None = None
+    workers: Sequence[Worker],
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+    stop_when: asyncio.Event | None = None,
 ) -> None:
-    """Run the workers until SIGTERM/SIGINT, then shut them down gracefully and call on_stop."""
+    """Run the workers until SIGTERM/SIGINT (or until `stop_when` is set), then shut them down gracefully and
+    call on_stop."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -38,11 +41,13 @@ async def run_until_signalled(
     tasks = [asyncio.create_task(w.run()) for w in workers]
     for w in workers:
         log.info("polling %s", w.task_queue)
-    waiter = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    waiters = [asyncio.create_task(event.wait()) for event in (stop, stop_when) if event is not None]
+    done, _ = await asyncio.wait([*waiters, *tasks], return_when=asyncio.FIRST_COMPLETED)
     for t in done:
-        if t is not waiter and t.exception():
+        if t not in waiters and t.exception():
             log.error("worker stopped: %r", t.exception())
+    for waiter in waiters:
+        waiter.cancel()
     await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
     if on_stop is not None:
         await on_stop()

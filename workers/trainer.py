@@ -1,9 +1,15 @@
 """Trainer worker: one process per trainer pool host, keeping one run's model and optimizer in memory and
-taking that run's optimizer steps one at a time."""
+taking that run's optimizer steps one at a time.
+
+Under `accelerate launch` (or torchrun) it is one rank of a group (`rl.distributed`): rank 0 is the Temporal
+worker and leads; every other rank only follows rank 0's step orders and never talks to Temporal. When a step
+breaks the group, rank 0 stops its worker and exits non-zero, so the launcher (`--max_restarts`) restarts
+every rank."""
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,8 +37,13 @@ def trainer_workers(
     cache_dir: Path,
     export_dtype: str = "float32",
     device: str = "auto",
+    acts: TrainerActivities | None = None,
 ) -> list[Worker]:
-    acts = TrainerActivities(store, PolicyStore(store, cache_dir), model_path, work_dir, export_dtype, device)
+    """The trainer pools' Temporal workers (`acts`: the activities, when the caller keeps them; else built here,
+    one process computing on `device`)."""
+    acts = acts or TrainerActivities(
+        store, PolicyStore(store, cache_dir), model_path, work_dir, export_dtype, device=device
+    )
     return [
         Worker(
             client,
@@ -44,21 +55,41 @@ def trainer_workers(
     ]
 
 
-async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> None:
-    from rl import devices
+async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> int:
+    """Run the trainer until a signal (0), or until its rank group broke (1). A rank > 0 of a launched group
+    follows rank 0 instead (0 when rank 0 released it)."""
+    import asyncio
+
+    import torch
+
+    from rl import devices, distributed
     from rl.engines.load import decode_precision
     from rl.models import resolve_model
     from rl.precision import choose_precision
 
     threads = devices.set_threads(settings.threads)
     device = devices.resolve_device(settings.device)
+    distributed.join_launched_group()
+    grouped = torch.distributed.is_initialized()
+    rank = torch.distributed.get_rank() if grouped else 0
+    # rank 0 resolves (converts and caches) the model first; the other ranks then find it in the cache
+    if grouped and rank > 0:
+        torch.distributed.barrier()
     model_path = resolve_model(model.name_or_path, settings.cache_dir / "models")
+    if grouped and rank == 0:
+        torch.distributed.barrier()
+    if rank > 0:
+        log.info("trainer rank %d (pid %d) follows rank 0", rank, os.getpid())
+        distributed.TrainerRanks(model_path, device).follow()
+        return 0
+    ranks = distributed.TrainerRanks(model_path, device)
     # The step's autocast is per run (TrainerConfig.autocast); "auto" means this device's native choice.
     log.info(
-        "trainer on %s, %d torch threads, %s (autocast auto)",
+        "trainer on %s, %d torch threads, %s (autocast auto), %d rank(s)",
         devices.describe(device),
         threads,
         choose_precision(device).describe(),
+        ranks.world,
     )
     # decode workers on the same kind of host as this one run this dtype; others cast on load
     export = decode_precision(model, device)
@@ -68,15 +99,22 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
     worker_id = new_worker_id()
     log.info("trainer %s for %s, pools %s", worker_id, model_path, list(pools))
     work_dir = settings.state_dir / "trainer" / worker_id
-    await run_until_signalled(
-        trainer_workers(
-            client,
-            store,
-            model_path,
-            work_dir,
-            pools,
-            settings.cache_dir / "policies" / worker_id,
-            export.dtype,
-            device,
-        )
+    cache_dir = settings.cache_dir / "policies" / worker_id
+    loop = asyncio.get_running_loop()
+    broken = asyncio.Event()
+    acts = TrainerActivities(
+        store, PolicyStore(store, cache_dir), model_path, work_dir, export.dtype, ranks=ranks, on_broken=broken.set
     )
+    workers = trainer_workers(client, store, model_path, work_dir, pools, cache_dir, export.dtype, acts=acts)
+    pinger = loop.create_task(acts.keep_followers(distributed.KEEPALIVE_EVERY_S)) if ranks.world > 1 else None
+
+    async def release() -> None:
+        if pinger is not None:
+            pinger.cancel()
+            await acts.release_followers()
+
+    await run_until_signalled(workers, on_stop=release, stop_when=broken)
+    if broken.is_set():
+        log.error("the trainer's rank group broke: exiting so the launcher restarts every rank")
+        return 1
+    return 0

@@ -4,6 +4,7 @@ process of a pool kind). Heavy imports happen inside each command."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Coroutine
 from typing import Annotated
 
@@ -95,9 +96,7 @@ def down() -> None:
 
 @app.command()
 def status(
-    run: Annotated[
-        str | None, typer.Argument(metavar="[RUN]", help="A training run id or a trajectory's workflow id.")
-    ] = None,
+    run: Annotated[str | None, typer.Argument(metavar="[RUN]", help="A training run id or a trajectory's workflow id.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="With RUN: print JSON only.")] = False,
     limit: Annotated[int, typer.Option(help="With RUN: query at most this many running trajectories.")] = 100,
     config: ConfigOpt = DEFAULT_CONFIG,
@@ -135,17 +134,19 @@ def status(
     _exit(0)
 
 
-def _serve(main: Callable[[], Coroutine[object, object, None]]) -> None:
-    """Run a worker until it is signalled; Temporal settings that cannot work (a TLS file, a wrong CA, a server
-    that does not speak TLS) end it with their message and exit 1 instead of a traceback."""
+def _serve(main: Callable[[], Coroutine[object, object, int | None]]) -> None:
+    """Run a worker until it is signalled, then exit with its code (None: 0); Temporal settings that cannot work
+    (a TLS file, a wrong CA, a server that does not speak TLS) end it with their message and exit 1 instead of a
+    traceback."""
     from infra.connection import ConnectionSettingsError, TemporalConnectionError
 
     try:
-        asyncio.run(main())
+        code = asyncio.run(main())
     except (ConnectionSettingsError, TemporalConnectionError, TimeoutError) as e:
         typer.secho(f"trajflow worker: cannot connect to Temporal: {e}", fg="red", err=True)
         _exit(1)
-    _exit(0)
+        return
+    _exit(code or 0)
 
 
 @worker_app.command("orchestrator")
@@ -194,12 +195,14 @@ def worker_reward(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
 
 @worker_app.command("trainer")
 def worker_trainer(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFIG) -> None:  # noqa: B006
-    """Optimizer steps of the given trainer pools (model from the config)."""
+    """Optimizer steps of the given trainer pools (model from the config). Under `accelerate launch` (or
+    torchrun) rank 0 is the worker and the other ranks train with it; see the README's "The trainer on several processes"."""
     from infra.settings import load_settings
     from workers import trainer
     from workers.common import configure_logging
 
-    configure_logging("trainer")
+    rank = os.environ.get("RANK")
+    configure_logging("trainer" if rank is None else f"trainer[{rank}]")
     _serve(lambda: trainer.serve(load_settings(), pool, _worker_config(config).model))
 
 
