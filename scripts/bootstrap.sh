@@ -10,18 +10,14 @@ want_test=0; [ "${1:-}" = "--test" ] && want_test=1
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
-<<<<<<< HEAD
 if [ "$want_test" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   command -v stunnel4 >/dev/null 2>&1 || need+=(stunnel4)
   command -v nginx >/dev/null 2>&1 || need+=(nginx-light)  # gRPC behind mutual TLS for the TLS tests
   command -v openssl >/dev/null 2>&1 || need+=(openssl)  # the TLS tests make their certificates with it
+  # docker-compose: tests/integration/test_hosts.py validates infra/compose/hosts.yml with it
+  command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 fi
-=======
-if [ "$want_test" = 1 ]; then command -v chromium >/dev/null 2>&1 || need+=(chromium); fi
-# docker-compose: tests/integration/test_hosts.py validates infra/compose/hosts.yml with it
-if [ "$want_test" = 1 ]; then command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose); fi
->>>>>>> t12-hosts
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "bootstrap: need ${need[*]}; run as root or install them" >&2; exit 1; fi
   echo "bootstrap: installing ${need[*]}"
