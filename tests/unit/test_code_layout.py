@@ -47,3 +47,21 @@ def test_every_package_says_its_job() -> None:
     for init in ROOT.glob("*/__init__.py"):
         doc = init.read_text().strip()
         assert doc.startswith('"""') and len(doc) > 20, f"{init.relative_to(ROOT)} has no one-line job"
+
+
+def test_no_file_holds_merge_conflict_markers() -> None:
+    """A merge committed half-resolved (as once happened to scripts/bootstrap.sh) breaks what only CI runs."""
+    suffixes = {".py", ".sh", ".md", ".toml", ".yml", ".yaml", ".cfg", ".txt", ".json", ""}
+    marked = []
+    for p in ROOT.rglob("*"):
+        rel = p.relative_to(ROOT)
+        if any(part.startswith(".") for part in rel.parts[:-1]) or not p.is_file() or p.suffix not in suffixes:
+            continue
+        if p.stat().st_size > 2_000_000:
+            continue
+        try:
+            lines = p.read_text().splitlines()
+        except UnicodeDecodeError:
+            continue
+        marked += [f"{rel}:{i + 1}" for i, line in enumerate(lines) if line.startswith(("<<<<<<< ", ">>>>>>> "))]
+    assert marked == []
