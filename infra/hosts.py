@@ -40,8 +40,8 @@ from contracts.config import RunConfig
 from contracts.hardware import POOL_KINDS, HostConfig
 from infra.processes import ProcessTable, is_alive, start_detached
 from infra.settings import Settings
-from infra.stack import Progress, expected_queues
-from infra.temporal import dev_server_command, pollers, wait_until_reachable
+from infra.stack import Progress, wait_for_pollers
+from infra.temporal import dev_server_command, wait_until_reachable
 
 LABEL_HOSTS = "trajflow.hosts"
 LABEL_HOST = "trajflow.host"
@@ -255,20 +255,7 @@ def _wait_ready(settings: Settings, config: RunConfig, layout: Layout, hosts: li
 
     async def queues() -> None:
         temporal = await wait_until_reachable(settings)
-        pending = expected_queues(config)
-        while pending:
-            check_containers()
-            still = []
-            for queue, activity in pending:
-                if await pollers(temporal, queue, activity=activity):
-                    progress(f"ready: {queue}")
-                else:
-                    still.append((queue, activity))
-            pending = still
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"no host polls {[q for q, _ in pending]} after {timeout_s:.0f}s")
-            if pending:
-                await asyncio.sleep(0.5)
+        await wait_for_pollers(temporal, config, progress, deadline, check_containers, "host")
 
     asyncio.run(queues())
 

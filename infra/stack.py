@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from temporalio.client import Client
 
 from contracts import names
 from contracts.config import RunConfig
@@ -202,14 +203,26 @@ def _wait_http(url: str, rec: ProcessRecord, timeout_s: float) -> None:
 
 
 async def _wait_for_pollers(settings: Settings, config: RunConfig, progress: Progress, timeout_s: float) -> None:
-    client = await wait_until_reachable(settings)
-    deadline = time.monotonic() + timeout_s
-    pending = expected_queues(config)
     table = {r.name: r for r in ProcessTable(settings.run_dir).load()}
-    while pending:
+
+    def check_processes() -> None:
         for name, rec in table.items():
             if not is_alive(rec):
                 raise RuntimeError(f"{name} exited during start-up; see {rec.log}")
+
+    client = await wait_until_reachable(settings)
+    await wait_for_pollers(client, config, progress, time.monotonic() + timeout_s, check_processes, "worker")
+
+
+async def wait_for_pollers(
+    client: Client, config: RunConfig, progress: Progress, deadline: float, check: Callable[[], None], who: str
+) -> None:
+    """Until every queue of `config` has a poller (each reported once as ready), calling `check` between rounds
+    (it raises when a process or container that should poll has died); a TimeoutError names the queues still
+    without a `who` at the monotonic `deadline`."""
+    pending = expected_queues(config)
+    while pending:
+        check()
         still = []
         for queue, activity in pending:
             if await pollers(client, queue, activity=activity):
@@ -218,7 +231,7 @@ async def _wait_for_pollers(settings: Settings, config: RunConfig, progress: Pro
                 still.append((queue, activity))
         pending = still
         if pending and time.monotonic() > deadline:
-            raise TimeoutError(f"no worker polls {[q for q, _ in pending]} after {timeout_s:.0f}s")
+            raise TimeoutError(f"no {who} polls {[q for q, _ in pending]} after the start-up timeout")
         if pending:
             await asyncio.sleep(0.5)
 
