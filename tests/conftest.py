@@ -339,17 +339,23 @@ class CliStack:
         return proc
 
 
-@pytest.fixture(scope="session")
-def cli_stack(cache_dir: Path) -> Iterator[CliStack]:
+def stack_state_dir(cache_dir: Path, prefix: str) -> Path:
+    """A fresh state dir for a stack a test starts, sharing the session's model and image caches (nothing is
+    converted or built twice). Short, under /tmp: sandbox sockets live under it and Unix socket paths are limited
+    to 107 bytes."""
     import tempfile
 
-    # A short state dir: sandbox sockets live under it and Unix socket paths are limited to 107 bytes.
-    state_dir = Path(tempfile.mkdtemp(prefix="tf-state-"))
-    # Share the session's model and image caches, so nothing is converted or built twice.
+    state_dir = Path(tempfile.mkdtemp(prefix=prefix))
     (state_dir / "cache").mkdir()
     for name in ("models", "images"):
         (cache_dir / name).mkdir(parents=True, exist_ok=True)
         (state_dir / "cache" / name).symlink_to(cache_dir / name)
+    return state_dir
+
+
+@pytest.fixture(scope="session")
+def cli_stack(cache_dir: Path) -> Iterator[CliStack]:
+    state_dir = stack_state_dir(cache_dir, "tf-state-")
     ui_port = free_port()
     env = {
         **os.environ,

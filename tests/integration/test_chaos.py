@@ -9,23 +9,18 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, stack_state_dir
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
 def chaos_env(cache_dir: Path):  # type: ignore[no-untyped-def]
-    state_dir = Path(tempfile.mkdtemp(prefix="tf-chaos-"))
-    (state_dir / "cache").mkdir()
-    for name in ("models", "images"):
-        (cache_dir / name).mkdir(parents=True, exist_ok=True)
-        (state_dir / "cache" / name).symlink_to(cache_dir / name)
+    state_dir = stack_state_dir(cache_dir, "tf-chaos-")
     env = {
         **os.environ,
         "TRAJFLOW_STATE_DIR": str(state_dir),

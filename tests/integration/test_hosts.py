@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import docker
 import pytest
 
 from infra.hosts import S3_KEYS
-from tests.conftest import ROOT, free_port, wait_for
+from tests.conftest import ROOT, free_port, stack_state_dir, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -89,11 +88,7 @@ def test_compose_file_validates() -> None:
 
 @pytest.fixture()
 def hosts_stack(cache_dir: Path):  # type: ignore[no-untyped-def]
-    state_dir = Path(tempfile.mkdtemp(prefix="tf-hosts-"))
-    (state_dir / "cache").mkdir()
-    for name in ("models", "images"):
-        (cache_dir / name).mkdir(parents=True, exist_ok=True)
-        (state_dir / "cache" / name).symlink_to(cache_dir / name)
+    state_dir = stack_state_dir(cache_dir, "tf-hosts-")
     config = state_dir / "hosts.toml"
     config.write_text(CONFIG.replace("CPU_LAST", str((os.cpu_count() or 2) - 1)))
     prefix = f"tfh{os.getpid()}"

@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 from infra.connection import TemporalConnectionError
 from infra.settings import Settings
 from infra.temporal import wait_until_reachable
-from tests.conftest import CliStack, free_port, wait_for
+from tests.conftest import CliStack, free_port, stack_state_dir, wait_for
 from tests.integration.tls_helpers import Pki, make_pki, nginx_config, stunnel_config
 
 pytestmark = pytest.mark.integration
@@ -115,11 +114,7 @@ def settings(pki: Pki, address: str, **override: object) -> Settings:
 def tls_stack(pki: Pki, tls_endpoint: str, cache_dir: Path) -> Iterator[tuple[CliStack, str]]:
     """`trajflow up` with the tiny config whose every process reaches Temporal only through mutual TLS; with what
     `up` said."""
-    state_dir = Path(tempfile.mkdtemp(prefix="tf-tls-"))  # short: sandbox socket paths are limited to 107 bytes
-    (state_dir / "cache").mkdir()
-    for name in ("models", "images"):
-        (cache_dir / name).mkdir(parents=True, exist_ok=True)
-        (state_dir / "cache" / name).symlink_to(cache_dir / name)
+    state_dir = stack_state_dir(cache_dir, "tf-tls-")
     env = {
         **os.environ,
         **tls_env(pki, tls_endpoint),
