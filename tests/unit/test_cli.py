@@ -47,3 +47,17 @@ def test_train_with_a_bad_config_exits_2() -> None:
 
     r = CliRunner().invoke(app, ["train", "configs/does-not-exist.toml"])
     assert r.exit_code == 2 and "config file not found" in r.output
+
+
+def test_setup_scripts_answer_help_without_doing_anything() -> None:
+    """`--help` of a setup script prints what it does and exits; once it ran the whole bootstrap instead."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for script in ("scripts/bootstrap.sh", "scripts/vllm_venv.sh"):
+        proc = subprocess.run(["bash", str(root / script), "--help"], capture_output=True, text=True, timeout=10)
+        assert proc.returncode == 0, (script, proc.stderr)
+        assert "Usage: scripts/" in proc.stdout, (script, proc.stdout)
+        assert proc.stderr == "", (script, proc.stderr)
+        wrong = subprocess.run(["bash", str(root / script), "--no-such-option"], capture_output=True, text=True, timeout=10)
+        assert wrong.returncode == 2 and "unknown option" in wrong.stderr, (script, wrong.stderr)
