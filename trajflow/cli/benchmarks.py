@@ -72,7 +72,8 @@ def bench_sandbox(
 def bench_real(
     config: ConfigOpt = DEFAULT_CONFIG,
     quick: Annotated[
-        bool, typer.Option("--quick", help="4 steps of 8 trajectories (groups of 4) per mode (about 18 min on a 2-core CPU with SmolLM2).")
+        bool,
+        typer.Option("--quick", help="4 steps of 8 trajectories (groups of 4) per mode (about 18 min on a 2-core CPU, SmolLM2)."),
     ] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
     steps: Annotated[int | None, typer.Option("--steps", min=2, help="Steps per mode (default 6; quick 4).")] = None,
