@@ -61,6 +61,9 @@ def train(
     from infra.temporal import connect
     from trajflow.client import new_run_id
 
+    if run_id and "@" in run_id:
+        typer.secho(f"--run-id {run_id!r}: a run id may not contain '@' (RUN@V names a version)", fg="red", err=True)
+        raise typer.Exit(2)
     config = _config(config_path)
     overrides = {"sync": True, "alpha": 0} if sync else {}
     if alpha is not None:
