@@ -60,7 +60,7 @@ async def train(
     )
     say(f"trainer autocast {run.trainer.autocast}: {_local_autocast(run.trainer.autocast)}")
     evaluate_now = not skip_eval and run.eval.episodes > 0
-    before = await evaluate(client, store, run, run_id, 0, say) if evaluate_now else None
+    before = await evaluate(client, store, run, say, policy=run_id, version=0) if evaluate_now else None
     t0 = time.monotonic()
     handle = await start_training(run, run_id=run_id, client=client)
     ui_host = settings.temporal_address.rsplit(":", 1)[0]
@@ -68,7 +68,7 @@ async def train(
     say(f"training workflow {run_id} started (Temporal UI: {ui})")
     result = await follow_run(handle, say)
     wall = time.monotonic() - t0
-    after = await evaluate(client, store, run, run_id, result.version, say) if evaluate_now else None
+    after = await evaluate(client, store, run, say, policy=run_id, version=result.version) if evaluate_now else None
     summary = summarise(run, run_id, result, wall, before, after)
     (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2))
     plots = write_plots(result.history, before, after, run_dir)
