@@ -1,73 +1,22 @@
 """What `trajflow train CONFIG` does: evaluate, train through the TrainingWorkflow with live progress, evaluate
-again, then write a JSON summary and plots to the run directory.
-
-Evaluation rolls out held-out seeds (`[train.eval]`, disjoint from the training seeds by validation) greedily
-(temperature 0) as ordinary trajectories pinned to a policy version; success = the episode's last env reward is
-at least 1 (a win), and the mean reward is reported beside it.
+again, then write a JSON summary and plots to the run directory. The evaluation is `commands.evaluate`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from temporalio.client import Client
 
+from commands.evaluate import Say, evaluate
 from contracts.config import RunConfig
-from contracts.records import TrajectoryRecord
 from contracts.runs import EvalResult, RunSummary
 from contracts.training import StepRecord, TrainingProgress, TrainingResult, TrainingRunConfig
-from contracts.trajectory import SamplingParams, TrajectoryStatus
 from infra.settings import Settings
 from infra.store import ObjectStore
-from trajflow.client import start_training, start_trajectory, training_progress
-
-Say = Callable[[str], None]
-
-
-async def evaluate(
-    client: Client, store: ObjectStore, run: TrainingRunConfig, policy: str, version: int, say: Say
-) -> EvalResult:
-    """Greedy rollouts of the held-out seeds with `policy` at `version` (0: the initial model)."""
-    n = run.eval.episodes
-    started = time.monotonic()
-    handles = []
-    for i in range(n):
-        task = run.tasks[i % len(run.tasks)]
-        req = task.request(
-            run.eval.first_seed + i,
-            sampling=SamplingParams(**{**task.sampling.model_dump(), "temperature": 0.0}),
-            policy=policy,
-            min_policy_version=version,
-            group=f"eval-v{version}",
-        )
-        handles.append(await start_trajectory(req, client=client, workflow_id=f"{policy or 'base'}-eval-v{version}-{i}"))
-    results = await asyncio.gather(*(h.result() for h in handles))
-    wins, rewards, lost = 0, [], 0
-    for res in results:
-        if res.status is not TrajectoryStatus.COMPLETED or res.trajectory_uri is None:
-            lost += 1
-            continue
-        record = TrajectoryRecord.model_validate(await asyncio.to_thread(store.get_json, res.trajectory_uri))
-        wins += bool(record.turns and record.turns[-1].env_reward >= 1.0)
-        rewards.append(res.reward or 0.0)
-    out = EvalResult(
-        version=version,
-        episodes=n,
-        scored=len(rewards),
-        not_completed=lost,
-        success_rate=wins / n if n else 0.0,
-        mean_reward=statistics.fmean(rewards) if rewards else 0.0,
-        seconds=round(time.monotonic() - started, 1),
-    )
-    say(
-        f"eval v{version}: success {wins}/{n} ({out.success_rate:.0%}), mean reward {out.mean_reward:.3f} "
-        f"({out.seconds:.0f}s)"
-    )
-    return out
+from trajflow.client import start_training, training_progress
 
 
 def progress_line(p: TrainingProgress, first_t: float) -> str:
@@ -111,7 +60,7 @@ async def train(
     )
     say(f"trainer autocast {run.trainer.autocast}: {_local_autocast(run.trainer.autocast)}")
     evaluate_now = not skip_eval and run.eval.episodes > 0
-    before = await evaluate(client, store, run, run_id, 0, say) if evaluate_now else None
+    before = await evaluate(client, store, run, say, policy=run_id, version=0) if evaluate_now else None
     t0 = time.monotonic()
     handle = await start_training(run, run_id=run_id, client=client)
     ui_host = settings.temporal_address.rsplit(":", 1)[0]
@@ -119,7 +68,7 @@ async def train(
     say(f"training workflow {run_id} started (Temporal UI: {ui})")
     result = await follow_run(handle, say)
     wall = time.monotonic() - t0
-    after = await evaluate(client, store, run, run_id, result.version, say) if evaluate_now else None
+    after = await evaluate(client, store, run, say, policy=run_id, version=result.version) if evaluate_now else None
     summary = summarise(run, run_id, result, wall, before, after)
     (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2))
     plots = write_plots(result.history, before, after, run_dir)

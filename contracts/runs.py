@@ -1,4 +1,5 @@
-"""What `trajflow train` writes when a run ends: the held-out evaluations and the run's `summary.json`.
+"""What `trajflow train` writes when a run ends (the held-out evaluations and the run's `summary.json`) and what
+`trajflow eval --json` writes (one `EvalResult`).
 
 Written with `model_dump_json` and read back with `model_validate_json` (scripts/plot_runs.py, tests); the JSON
 keys are the ones the README lists. Not a Temporal contract (nothing here crosses a workflow boundary), but kept
@@ -11,23 +12,53 @@ from pydantic import Field
 
 from contracts.base import Contract
 from contracts.training import LossKind, TrainingCounters
+from contracts.trajectory import TrajectoryStatus
+
+
+class EpisodeEval(Contract):
+    """One held-out seed of an evaluation: its greedy episode and, with samples, its sampled episodes."""
+
+    seed: int
+    task: str
+    """The task's name in the run config (tasks take turns over the seeds)."""
+    greedy_status: TrajectoryStatus
+    greedy_reward: float | None
+    """The greedy episode's reward; None when it was not scored (failed or infra-failed)."""
+    greedy_win: bool
+    """The greedy episode's last env reward was at least 1."""
+    sample_wins: int = 0
+    """Sampled episodes that won; one that was not scored counts as a loss."""
+    sample_rewards: list[float | None] = Field(default_factory=list)
+    """Each sampled episode's reward (None: not scored), in the order they were started."""
 
 
 class EvalResult(Contract):
-    """Greedy rollouts of the held-out seeds with one policy version."""
+    """Rollouts of the held-out seeds with one policy version: one greedy episode per seed (success rate, mean
+    reward) and, with `samples` = k > 0, k more per seed at the task's sampling temperature (pass@1..pass@k)."""
 
     version: int
     """The policy version evaluated (0: the initial model)."""
     episodes: int
     scored: int
-    """Episodes that completed and were scored."""
+    """Greedy episodes that completed and were scored."""
     not_completed: int
-    """Episodes that failed or were infra-failed: counted as losses in the success rate."""
+    """Greedy episodes that failed or were infra-failed: counted as losses in the success rate."""
     success_rate: float
-    """Episodes whose last env reward was at least 1 (a win), over all episodes."""
+    """Greedy episodes whose last env reward was at least 1 (a win), over all episodes."""
     mean_reward: float
-    """Mean reward of the scored episodes (0.0 when none was)."""
+    """Mean reward of the scored greedy episodes (0.0 when none was)."""
     seconds: float
+    policy: str = ""
+    """The training run whose weights were evaluated, pinned to `version` ("": the base model)."""
+    samples: int = 0
+    """k: sampled episodes per seed (0: greedy only)."""
+    temperature: float | None = None
+    """The sampling temperature of the samples (the first task's; each task samples at its own)."""
+    pass_at_k: dict[int, float] = Field(default_factory=dict)
+    """k -> pass@k for k = 1..samples: per seed the unbiased estimator 1 - C(n-c, k)/C(n, k) of Chen et al.
+    (2021) from its n = samples sampled episodes, c of them wins; averaged over the seeds."""
+    per_episode: list[EpisodeEval] = Field(default_factory=list)
+    """One row per held-out seed, in seed order."""
 
 
 class RunSummary(Contract):

@@ -25,6 +25,17 @@ DEFAULT_SYSTEM_PROMPT = (
 """Shows the answer format by example: without one, SmolLM2-135M-Instruct almost never writes `\\boxed{N}`."""
 
 
+def split_policy(policy: str) -> tuple[str, int | None]:
+    """A request's `policy` as (run id, pinned version): `RUN@V` (V decimal digits) pins version V of RUN, which
+    the policy store (the engines' weight source) serves instead of the newest; anything else is a run id
+    followed to its newest version (pin None). Run ids therefore never contain `@` (`trajflow.client` refuses
+    them)."""
+    run, at, version = policy.rpartition("@")
+    if at and run and version.isascii() and version.isdigit():
+        return run, int(version)
+    return policy, None
+
+
 class TrajectoryStatus(StrEnum):
     """How a trajectory ended. Only `completed` trajectories carry a reward and may be trained on."""
 
@@ -74,7 +85,8 @@ class TrajectoryRequest(Contract):
     """The training run this trajectory belongs to (empty for a standalone rollout). With `report_to` unset,
     the trajectory reports to the run's training workflow (whose workflow id is the run id)."""
     policy: WorkflowIdRef = ""
-    """Whose weights generate: a training run id (its newest published version), or empty for the initial
+    """Whose weights generate: a training run id (its newest published version), `RUN@V` for exactly version V
+    of that run (`trajflow eval` pins the version it evaluates; see `split_policy`), or empty for the initial
     model. The training workflow sets it to its run id."""
     group: WorkflowIdRef = ""
     """Group id (GRPO: samples of one prompt); free-form here."""

@@ -8,9 +8,13 @@ Layout under `runs/<run>/policy/` (keys from `infra.layout`):
 A version is published by writing its files, then its manifest, then moving the pointer, so a reader never sees
 a pointer to a half-written version. `PolicyStore` is also the `WeightSource` the engines use: `latest_version`
 reads the pointer (cached for `pointer_ttl_s`), `latest` downloads a version once into a local cache directory.
-Simulated runs (benchmarks) publish pointers without weights (`weights: false`).
+A policy pinned to a version (`RUN@V`, `contracts.trajectory.split_policy`) is served at exactly V, never the
+newest: its version is V once V's manifest exists (0 before, so a request that needs V waits for it), and its
+weights are V's (a missing V raises `ObjectNotFound` rather than serving other weights). Simulated runs
+(benchmarks) publish pointers without weights (`weights: false`).
 
-Not covered: garbage collection of a run's store objects beyond `prune` (keeping the newest few versions).
+Not covered: garbage collection of a run's store objects beyond `prune` (keeping the newest few versions; an older
+version can no longer be served, pinned or not, unless a decode worker still has it in its cache).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 import uuid
 from pathlib import Path
 
+from contracts.trajectory import split_policy
 from infra.layout import dir_file_key, manifest_key, policy_latest_key, policy_prefix, policy_version_prefix
 from infra.store import ObjectNotFound, ObjectStore
 from rl.engines.base import PolicyWeights
@@ -33,6 +38,8 @@ class PolicyStore:
         self.cache_dir = Path(cache_dir)
         self.pointer_ttl_s = pointer_ttl_s
         self._pointers: dict[str, tuple[float, int, bool]] = {}
+        self._pinned_found: set[tuple[str, int]] = set()
+        """Pinned versions seen complete in the store: a published version never changes, so they stay found."""
         self._lock = threading.Lock()
 
     # --- publishing (trainer side) ---------------------------------------------------------------------------
@@ -57,14 +64,40 @@ class PolicyStore:
 
     # --- following (decode side): the WeightSource protocol -------------------------------------------------
 
+    def versions(self, run_id: str) -> list[int]:
+        """The versions of `run_id` whose weights are in the store now (complete: their manifest exists), oldest
+        first; pruned versions are gone."""
+        found = set()
+        for uri in self.store.list(f"{policy_prefix(run_id)}/v"):
+            name, _, rest = uri.rsplit("/policy/", 1)[1].partition("/")
+            if rest == "manifest.json" and name[1:].isdigit():
+                found.add(int(name[1:]))
+        return sorted(found)
+
     def latest_version(self, policy: str, *, fresh: bool = False) -> int:
+        run, pinned = split_policy(policy)
+        if pinned is not None:
+            return pinned if self._pinned_exists(run, pinned) else 0
         return self._pointer(policy, fresh)[0]
 
     def latest(self, policy: str) -> PolicyWeights | None:
+        run, pinned = split_policy(policy)
+        if pinned is not None:
+            return PolicyWeights(policy=policy, version=pinned, path=self.fetch(run, pinned)) if pinned else None
         version, has_weights = self._pointer(policy, False)
         if version == 0 or not has_weights:
             return None
         return PolicyWeights(policy=policy, version=version, path=self.fetch(policy, version))
+
+    def _pinned_exists(self, run_id: str, version: int) -> bool:
+        if version == 0 or (run_id, version) in self._pinned_found:
+            return True
+        prefix = policy_version_prefix(run_id, version)
+        if not self.store.exists(self.store.uri_for(manifest_key(prefix))):
+            return False
+        with self._lock:
+            self._pinned_found.add((run_id, version))
+        return True
 
     def _pointer(self, policy: str, fresh: bool) -> tuple[int, bool]:
         if not policy:

@@ -89,6 +89,8 @@ async def start_training(
 ) -> WorkflowHandle[object, TrainingResult]:
     """Start a TrainingWorkflow (workflow id = run id) and return a handle to the run's newest execution, so
     queries and the result follow it through continue-as-new."""
+    if run_id and "@" in run_id:
+        raise ValueError(f"run id {run_id!r}: a run id may not contain '@' (RUN@V names version V of run RUN)")
     client = client or await connect(settings or load_settings())
     started = await client.start_workflow(
         names.TRAINING_WORKFLOW,

@@ -27,6 +27,8 @@ def test_train_smoke_config_end_to_end(cli_stack, tmp_path) -> None:  # type: ig
     for key in ("eval_before", "eval_after"):
         assert summary[key]["episodes"] == 8 and 0.0 <= summary[key]["success_rate"] <= 1.0
     assert summary["eval_before"]["version"] == 0 and summary["eval_after"]["version"] == 3
+    for key in ("eval_before", "eval_after"):  # the eval's per-seed rows are kept (trajflow eval's result)
+        assert summary[key]["policy"] == "smoke-run" and len(summary[key]["per_episode"]) == 8
     assert "step 1/3" in proc.stderr and "finished: step 3" in proc.stderr  # live progress
     assert "trainer autocast auto: precision: " in proc.stderr  # which precision, and why
     run_dir = cli_stack.state_dir / "runs" / "smoke-run"

@@ -25,7 +25,8 @@ def test_every_command_documents_itself() -> None:
     from trajflow.cli import app
 
     runner = CliRunner()
-    for cmd in (["up"], ["down"], ["status"], ["rollout"], ["demo"], ["setup"], ["worker", "decode"], ["worker", "env"]):
+    commands = (["up"], ["down"], ["status"], ["rollout"], ["demo"], ["eval"], ["setup"], ["worker", "decode"], ["worker", "env"])
+    for cmd in commands:
         result = runner.invoke(app, [*cmd, "--help"])
         assert result.exit_code == 0, (cmd, result.output)
         assert "Usage" in result.output
@@ -38,6 +39,19 @@ def test_train_rejects_contradictory_overrides_before_touching_the_stack() -> No
 
     r = CliRunner().invoke(app, ["train", "configs/smoke.toml", "--sync", "--alpha", "2"])
     assert r.exit_code == 2 and "sync mode is the alpha = 0 barrier" in r.output
+
+
+def test_eval_refuses_a_bad_policy_before_touching_the_stack(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from trajflow.cli import app
+
+    env = {"TRAJFLOW_STATE_DIR": str(tmp_path), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:1"}  # nothing listens there
+    r = CliRunner().invoke(app, ["eval", "configs/smoke.toml", "--policy", "run-a@v3"], env=env)
+    assert r.exit_code == 2 and "expected RUN or RUN@VERSION" in r.output
+    r = CliRunner().invoke(app, ["eval", "configs/smoke.toml", "--samples", "-1"], env=env)
+    assert r.exit_code == 2 and "--samples" in r.output
+    assert "[train.eval]" in CliRunner().invoke(app, ["eval", "--help"]).output
 
 
 def test_train_with_a_bad_config_exits_2() -> None:

@@ -78,3 +78,52 @@ def test_prune_keeps_the_newest_versions(tiny_model, tmp_path) -> None:  # type:
     assert latest is not None and latest.version == 3
     with pytest.raises(KeyError):
         policies.fetch("r", 1)
+
+
+def test_split_policy_reads_a_pin_only_from_run_at_digits() -> None:
+    from contracts.trajectory import split_policy
+
+    assert split_policy("run-a@3") == ("run-a", 3)
+    assert split_policy("run-a@0") == ("run-a", 0)
+    assert split_policy("run-a") == ("run-a", None)
+    assert split_policy("") == ("", None)
+    for unpinned in ("run-a@", "@3", "run-a@v3", "run-a@-1", "run-a@\u00b2"):
+        assert split_policy(unpinned) == (unpinned, None)
+
+
+async def test_engine_serves_a_pinned_version_not_the_newest(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`RUN@V` generates with exactly version V while newer versions are published; the newest still serves the
+    unpinned run; a version that is not in the store is reported as not available (0) and never served."""
+    store = LocalStore(tmp_path / "store")
+    follower = PolicyStore(store, tmp_path / "decode-cache", pointer_ttl_s=0.0)
+    publisher = PolicyStore(store, tmp_path / "trainer-cache")
+    _perturbed(tiny_model, tmp_path / "v1")
+    publisher.publish("run-a", 1, tmp_path / "v1")
+    publisher.publish("run-a", 2, tiny_model)  # v2: the initial weights again, so v1 and v2 generate differently
+    assert follower.versions("run-a") == [1, 2] and follower.versions("nobody") == []
+    engine = HFEngine(tiny_model, max_batch=4, batch_wait_ms=1, weights=follower)
+    await engine.start()
+    try:
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+        prompt = engine.tokenizer.encode("hello there")
+        expected_v1 = await _greedy(tmp_path / "v1", prompt, greedy)
+        expected_v2 = await _greedy(tiny_model, prompt, greedy)
+        assert expected_v1.token_ids != expected_v2.token_ids
+
+        assert engine.available_version("run-a") == 2 and engine.available_version("run-a@1") == 1
+        pinned = await engine.generate(prompt, greedy, policy="run-a@1")
+        newest = await engine.generate(prompt, greedy, policy="run-a")
+        assert (pinned.policy_version, pinned.token_ids) == (1, expected_v1.token_ids)
+        assert (newest.policy_version, newest.token_ids) == (2, expected_v2.token_ids)
+        initial = await engine.generate(prompt, greedy, policy="run-a@0")
+        assert (initial.policy_version, initial.token_ids) == (0, expected_v2.token_ids)
+
+        assert engine.available_version("run-a@7") == 0  # not published: a request pinned to it waits
+        with pytest.raises(KeyError):  # and a batch that tries it fails rather than serving other weights
+            await engine.generate(prompt, greedy, policy="run-a@7")
+        publisher.publish("run-a", 3, tiny_model)
+        publisher.prune("run-a", keep=2)
+        assert follower.versions("run-a") == [2, 3]
+        assert engine.available_version("run-b@1") == 0
+    finally:
+        await engine.close()

@@ -1,5 +1,6 @@
-"""The CLI's run commands: `rollout` (one trajectory), `demo` (a handful), `train` (a training run with evals)
-and `chaos` (training under injected faults, then an audit). Heavy imports happen inside each command."""
+"""The CLI's run commands: `rollout` (one trajectory), `demo` (a handful), `train` (a training run with evals),
+`eval` (held-out evaluation of a policy version) and `chaos` (training under injected faults, then an audit).
+Heavy imports happen inside each command."""
 
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def train(
     from infra.temporal import connect
     from trajflow.client import new_run_id
 
+    if run_id and "@" in run_id:
+        typer.secho(f"--run-id {run_id!r}: a run id may not contain '@' (RUN@V names a version)", fg="red", err=True)
+        raise typer.Exit(2)
     config = _config(config_path)
     overrides = {"sync": True, "alpha": 0} if sync else {}
     if alpha is not None:
@@ -89,6 +93,53 @@ def train(
         json_summary.write_text(summary.model_dump_json(indent=2))
     shown = {"eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds"}
     typer.echo(json.dumps(summary.model_dump(mode="json", include=shown), indent=2))
+    _exit(0)
+
+
+@app.command("eval")
+def eval_policy(
+    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="Run config (TOML): its tasks and \\[train.eval] seeds.")],
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            metavar="RUN[@VERSION]",
+            help="A training run's published policy, at VERSION (default: its newest); without it, the base model.",
+        ),
+    ] = None,
+    episodes: Annotated[
+        int | None, typer.Option(min=1, max=10_000, help="Held-out seeds to evaluate (default: \\[train.eval] episodes).")
+    ] = None,
+    samples: Annotated[
+        int, typer.Option(min=0, max=64, help="K: sampled episodes per seed at the task's temperature, for pass@1..K.")
+    ] = 0,
+    concurrency: Annotated[int, typer.Option(min=1, max=1024, help="Trajectories in flight at most.")] = 64,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", metavar="PATH", help="Write the result (with the per-seed table) as JSON.")
+    ] = None,
+) -> None:
+    """Evaluate a published policy version (or the base model) on the config's held-out seeds, on the running
+    stack: greedy success rate and mean reward, pass@k from K samples per seed, and a table per seed. The
+    trajectories are pinned to that version, so newer versions of the run do not leak in. Exit 2 on a run or
+    version that is not in the store (the message lists what is), 1 when the stack is not up."""
+    from commands.policy_eval import EvalError, plan_eval, report, run_eval
+    from infra.settings import load_settings
+
+    config = _config(config_path)
+    settings = load_settings()
+    try:
+        plan = plan_eval(config, settings, policy, episodes)
+    except EvalError as e:  # before any Temporal client exists: an ordinary exit
+        typer.secho(f"trajflow eval: {e}", fg="red", err=True)
+        raise typer.Exit(e.code) from None
+    try:
+        result = asyncio.run(run_eval(plan, config, config_path, settings, samples, concurrency, _say))
+    except EvalError as e:
+        typer.secho(f"trajflow eval: {e}", fg="red", err=True)
+        _exit(e.code)
+        return
+    typer.echo(report(result, json_path))
+    if json_path:
+        _say(f"json: {json_path}")
     _exit(0)
 
 
