@@ -30,7 +30,7 @@ import asyncio
 
 from temporalio import workflow
 from temporalio.common import RawValue, SearchAttributeKey
-from temporalio.exceptions import ChildWorkflowError
+from temporalio.exceptions import ApplicationError, ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -62,6 +62,14 @@ class TrainingWorkflow:
     def __init__(self, raw: RawValue = NO_INPUT) -> None:
         # a TrainingStart, decoded here so that bad input fails the workflow, not its task (workflows/inputs.py)
         start = decode_input(raw, TrainingStart)
+        if "@" in workflow.info().workflow_id and start.resume is None:
+            # the run id is the policy name its trajectories ask for, and policy RUN@V pins version V of RUN
+            raise ApplicationError(
+                f"workflow id {workflow.info().workflow_id!r}: a training run's id is its policy name and may not "
+                "contain '@' (RUN@V names version V of run RUN) — start it under another id",
+                type=names.ERR_INVALID_INPUT,
+                non_retryable=True,
+            )
         self.cfg: TrainingRunConfig = start.run
         self.s: TrainingState = start.resume or TrainingState(
             run_id=workflow.info().workflow_id, started_at=workflow.time()

@@ -389,3 +389,16 @@ async def test_an_activity_input_over_the_payload_limit_fails_the_workflow_inste
     print(f"\n{err.type}: {err.message}")
     assert err.type == names.ERR_PAYLOADS_TOO_LARGE and err.non_retryable
     assert err.message.startswith("reward.score: its input would be 2,4") and "lower max_turns" in err.message
+
+
+async def test_a_training_run_whose_id_holds_an_at_sign_fails_at_once(temporal_env) -> None:  # type: ignore[no-untyped-def]
+    """A run id is the policy name of its trajectories, and policy RUN@V pins a version: '@' in it is refused."""
+    async with orchestrator(temporal_env) as queue:
+        handle = await temporal_env.client.start_workflow(
+            names.TRAINING_WORKFLOW, {}, id=f"run@{uuid.uuid4().hex[:8]}", task_queue=queue
+        )
+        assert await closed(handle) == "FAILED"
+        err = await failure(handle)
+        assert err.type == names.ERR_INVALID_INPUT and err.non_retryable
+        assert "may not contain '@'" in err.message
+        assert await task_failures(handle) == []
