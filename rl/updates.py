@@ -126,7 +126,7 @@ def _fixed_logprobs(
         for chunk in micro_batches(indices, cfg.micro_batch):
             data = trainer.collate([samples[i] for i in chunk])
             prox = next_token_logprobs(trainer.logits(data), data.ids)[0].cpu() if want_prox else None
-            ref = next_token_logprobs(trainer.logits(data, reference), data.ids)[0].cpu() if reference else None
+            ref = next_token_logprobs(trainer.logits(data, reference), data.ids)[0].cpu() if reference is not None else None
             for row, i in enumerate(chunk):
                 n = len(samples[i].token_ids) - 1
                 if prox is not None:
