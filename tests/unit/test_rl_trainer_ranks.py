@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import spawn
 
 from contracts.training import LossConfig, TrainerConfig
 from rl.samples import TrainSample
@@ -64,7 +64,7 @@ def test_two_ranks_train_what_one_process_trains(tiny_model: Path, tmp_path: Pat
     from rl.trainer import PolicyTrainer
 
     out = tmp_path / "rank0.pt"
-    mp.start_processes(_rank, args=(free_port(), str(tiny_model), str(out)), nprocs=2, join=True, start_method="spawn")
+    spawn(_rank, args=(free_port(), str(tiny_model), str(out)), nprocs=2, join=True)
     two = torch.load(out)
     one = PolicyTrainer(tiny_model, CONFIG, seed=0, device="cpu")
     metrics = [one.train_step(batch()) for _ in range(2)]
