@@ -33,17 +33,34 @@ class LossConfig(_Model):
     kind: LossKind = "ppo_clip"
     """`ppo_clip` (GRPO's clipped surrogate against the rollout logprobs), `tis` (REINFORCE with a truncated
     importance weight), `cispo` (REINFORCE with a clipped, stop-gradient importance weight), `topr` (tapered
-    off-policy REINFORCE: plain for positive advantages, weight clipped to [0, 1] for negative ones),
-    `decoupled_ppo` (PPO-clip against the trainer's own pre-step logprobs, times a capped behaviour weight)."""
+    off-policy REINFORCE: plain for positive advantages; for negative ones the weight is the sequence's
+    importance ratio clipped to [0, 1]),
+    `decoupled_ppo` (PPO-clip against the proximal policy, the trainer's own logprobs at the start of the step,
+    times a capped behaviour weight)."""
     clip_low: Annotated[float, Field(ge=0.0, le=1.0)] = 0.2
     """PPO-clip lower bound: the ratio is clipped at 1 - clip_low (ppo_clip, decoupled_ppo, cispo)."""
     clip_high: Annotated[float, Field(ge=0.0, le=10.0)] = 0.28
     """PPO-clip upper bound: the ratio is clipped at 1 + clip_high (clip-higher, as in DAPO)."""
     tis_cap: Annotated[float, Field(gt=0.0)] = 2.0
     """TIS: the importance weight is min(ratio, tis_cap); decoupled_ppo: the cap of the behaviour weight."""
-    aggregation: Literal["token_mean", "seq_mean"] = "token_mean"
-    """`token_mean`: mean over every generated token of the batch; `seq_mean`: mean per sequence, then over
-    sequences."""
+    aggregation: Literal["token_mean", "seq_mean", "token_sum_norm"] = "token_mean"
+    """`token_mean` (DAPO's token-level): mean over every generated token of the batch; `seq_mean` (GRPO's
+    sequence-level): mean per sequence, then over sequences; `token_sum_norm` (Dr. GRPO): each sequence's token
+    losses summed and divided by the constant `norm_length`, then averaged over the batch's sequences, so no
+    sequence is weighted by its own length."""
+    norm_length: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    """`token_sum_norm`'s constant (Dr. GRPO's MAX_TOKENS): the longest generation a sample can have, in tokens,
+    e.g. max_turns x sampling.max_new_tokens of the run's longest task. No default: `token_sum_norm` needs it
+    (a run config says which value its tasks imply); the other aggregations ignore it."""
+    kl_coef: Annotated[float, Field(ge=0.0)] = 0.0
+    """Weight of the KL penalty to the frozen reference policy (the initial model), added to every generated
+    token's loss and aggregated like it. 0: off, and the trainer holds no reference."""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """Schulman's estimator of KL(policy || reference) per token, with log rho = ref - logp: `k1` = -log rho
+    (unbiased, can be negative), `k3` = rho - 1 - log rho (unbiased, never negative, lower variance; GRPO's)."""
+    entropy_coef: Annotated[float, Field(ge=0.0)] = 0.0
+    """Weight of an entropy bonus: minus entropy_coef x the per-token entropy of the policy is added to every
+    generated token's loss. 0: off (the entropy is still logged)."""
 
 
 class TrainerConfig(_Model):
@@ -54,7 +71,16 @@ class TrainerConfig(_Model):
     grad_clip: Annotated[float, Field(gt=0.0)] = 1.0
     """Global gradient-norm clip."""
     micro_batch: Annotated[int, Field(ge=1, le=1024)] = 8
-    """Sequences per forward/backward; gradients accumulate over micro-batches into one optimizer step."""
+    """Sequences per forward/backward; gradients accumulate over a mini-batch's micro-batches into one optimizer
+    update."""
+    ppo_epochs: Annotated[int, Field(ge=1, le=100)] = 1
+    """Passes over a step's batch; each pass makes one optimizer update per mini-batch."""
+    mini_batches: Annotated[int, Field(ge=1, le=1024)] = 1
+    """Mini-batches a step's batch is split into (after a seeded shuffle); at most the batch's size. A step makes
+    ppo_epochs x mini_batches optimizer updates and still publishes one policy version."""
+    seed: int = 0
+    """Seeds the shuffle of each step's batch into mini-batches, mixed with the step's version so that every
+    step shuffles differently and a rerun shuffles the same."""
     normalize_adv_std: bool = True
     """GRPO advantages (r - group mean) / group std; False keeps r - group mean (Dr. GRPO)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -135,6 +161,10 @@ class TrainSettings(_Model):
     def _consistent(self) -> TrainSettings:
         if self.batch_size % self.group_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})")
+        if self.trainer.mini_batches > self.batch_size:
+            raise ValueError(
+                f"trainer.mini_batches ({self.trainer.mini_batches}) must not exceed batch_size ({self.batch_size})"
+            )
         if self.sync and self.alpha != 0:
             raise ValueError(f"sync mode is the alpha = 0 barrier; got alpha = {self.alpha}")
         groups_needed = (self.steps + self.alpha + 1) * self.batch_size // self.group_size * (1 + self.max_group_restarts)
@@ -180,6 +210,18 @@ class TrainingRunConfig(TrainSettings):
 
     tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
     """What to roll out; groups are drawn from the tasks in proportion to their weights."""
+
+    @model_validator(mode="after")
+    def _norm_length_given(self) -> TrainingRunConfig:
+        loss = self.trainer.loss
+        if loss.aggregation == "token_sum_norm" and loss.norm_length is None:
+            longest = max(t.max_turns * t.sampling.max_new_tokens for t in self.tasks)
+            raise ValueError(
+                "trainer.loss.aggregation token_sum_norm divides each sequence's summed loss by the constant "
+                f"trainer.loss.norm_length, which is not set; this config's tasks generate at most {longest} tokens "
+                "a sample (max_turns x sampling.max_new_tokens): set norm_length to that"
+            )
+        return self
 
 
 class GroupState(_Model):

@@ -1,35 +1,42 @@
-"""The policy trainer: one optimizer step on a batch of training samples (`rl.samples`).
+"""The policy trainer: one train step on a batch of training samples (`rl.samples`), publishing one version.
 
-`PolicyTrainer.train_step` takes exactly one optimizer step on `TrainSample`s:
+`PolicyTrainer.train_step` takes `ppo_epochs` x `mini_batches` optimizer updates on `TrainSample`s and
+increments `version` (the policy version) by one, whatever the number of updates:
 
-- samples are sharded over processes (`samples[process_index::num_processes]`) and split into right-padded
-  micro-batches of `micro_batch` sequences;
+- the batch is shuffled and split into mini-batches (`rl.updates`: seeded by the config's `seed` and the
+  version); every mini-batch is sharded over processes and split into right-padded micro-batches of
+  `micro_batch` sequences;
 - a teacher-forced forward pass gives the logprob of token t from the logits at t - 1, divided by the
   sample's sampling temperature and normalised in float32 (the first token has no logprob and must have loss
-  mask 0);
-- each micro-batch's loss is divided by the whole batch's token (token_mean) or non-empty sequence (seq_mean)
-  count, times the process count that data-parallel gradient averaging divides by again, so the accumulated
-  gradient is exactly the gradient of the full batch's aggregated loss, whatever `micro_batch` is;
-- `prox_logprobs` (decoupled_ppo) are the same forward pass, detached: with one optimizer step per batch the
-  proximal policy is the current one, so r' = 1 and decoupled_ppo's gradient equals a capped-IS REINFORCE;
-- the gradient norm is clipped, AdamW steps, `version` (completed optimizer steps) increments.
+  mask 0), and the entropy of that distribution at every generated token (from the same logits);
+- each micro-batch's loss is divided by its mini-batch's token (token_mean) or non-empty sequence (seq_mean,
+  token_sum_norm) count, times the process count that data-parallel gradient averaging divides by again, so
+  the accumulated gradient of an update is exactly the gradient of its mini-batch's aggregated loss, whatever
+  `micro_batch` is;
+- `prox_logprobs` (decoupled_ppo) are the policy at the start of the step: with more than one update they are
+  computed once, by a no-grad forward pass over the batch before the first update, and every update of the
+  step uses them (AReaL's proximal policy); with one update that pass is skipped, because the update's own
+  forward pass, detached, is the same policy (r' = 1);
+- with `kl_coef > 0` the frozen reference's logprobs (`rl.reference`, the initial model) are computed in that
+  same no-grad pass, once per step, and the KL penalty joins the loss (`rl.losses`);
+- per update: the gradient norm is clipped and AdamW steps. Metrics are merged over every update (token-weighted;
+  `loss` and `grad_norm` are means over updates), with `updates` the count.
 
 Checkpoints and weight export (`save_checkpoint`, `load_checkpoint`, `export_weights`) are `rl.checkpoint`'s;
 the methods here delegate to it.
 
-Limits: one optimizer step per batch (no PPO epochs or mini-batches); constant learning rate; pure bf16 when
-`dtype` is bfloat16 (no fp32 master weights); no sequence packing, so padding costs compute. Multi-GPU is
-plain data parallelism through `accelerate launch` of code that uses PolicyTrainer (DDP-style replicated
-weights; FSDP/DeepSpeed state dicts are not handled); `rl.distributed` runs it for the trainer worker, tested
-with two CPU processes (gloo), not on GPUs. On a GPU, batches are built on the CPU and moved to the device;
-metrics come back as floats, and checkpoints and exported weights are written from CPU copies. The
-float32 logits of a whole micro-batch are kept for backward: `micro_batch` x length x vocabulary floats.
+Limits: constant learning rate; pure bf16 when `dtype` is bfloat16 (no fp32 master weights); no sequence
+packing, so padding costs compute. Multi-GPU is plain data parallelism through `accelerate launch` of code that
+uses PolicyTrainer (DDP-style replicated weights; FSDP/DeepSpeed state dicts are not handled); `rl.distributed`
+runs it for the trainer worker, tested with two CPU processes (gloo), not on GPUs. On a GPU, batches are built
+on the CPU and moved to the device; metrics come back as floats, and checkpoints and exported weights are
+written from CPU copies. The float32 logits of a whole micro-batch are kept for backward: `micro_batch` x length
+x vocabulary floats (twice that with an entropy bonus, whose softmax is kept too). With kl_coef > 0 the trainer
+holds a copy of the initial trainable parameters (`rl.reference`: the top k blocks with train_last_layers = k).
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +45,10 @@ from typing import Any
 import torch
 
 from contracts.training import TrainerConfig
-from rl import checkpoint
+from rl import checkpoint, updates
 from rl.devices import resolve_device, use_device
-from rl.losses import merge_metrics, policy_loss
 from rl.precision import CpuInfo, Precision, autocast_precision
+from rl.reference import FrozenReference
 from rl.samples import TrainSample
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -73,13 +80,10 @@ def _trainable_parameters(model: torch.nn.Module, last_layers: int) -> list[torc
     return [p for m in trainable for p in m.parameters()]
 
 
-def _micro_batches(samples: Sequence[TrainSample], size: int) -> list[list[TrainSample]]:
-    return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
-
-
 @dataclass
-class _Collated:
-    """A right-padded micro-batch, on the training device."""
+class Collated:
+    """A right-padded micro-batch, on the training device. `prox` and `ref` ([B, L - 1], aligned with the token
+    logprobs) are the step's fixed proximal and reference logprobs, where the step computed them."""
 
     ids: torch.Tensor
     attention: torch.Tensor
@@ -87,6 +91,15 @@ class _Collated:
     mask: torch.Tensor
     advantages: torch.Tensor
     temperatures: torch.Tensor
+    prox: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+
+
+def _padded(rows: list[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for row, values in enumerate(rows):
+        out[row, : len(values)] = values.cpu()
+    return out.to(device)
 
 
 class PolicyTrainer:
@@ -133,12 +146,24 @@ class PolicyTrainer:
         """bfloat16: forward and backward under bf16 autocast; float32: autocast off. With the reason."""
         pad = self.tokenizer.pad_token_id
         self._pad_id = int(pad) if pad is not None else 0
+        self.reference = FrozenReference(self.unwrapped_model) if config.loss.kl_coef > 0 else None
+        """The initial policy for the KL penalty (`rl.reference`), only when built with kl_coef > 0."""
 
     @property
     def unwrapped_model(self) -> Any:
         return self.accelerator.unwrap_model(self.model)
 
-    def _collate(self, batch: Sequence[TrainSample]) -> _Collated:
+    @property
+    def pad_id(self) -> int:
+        """The token id that right-pads a batch."""
+        return self._pad_id
+
+    def collate(
+        self,
+        batch: Sequence[TrainSample],
+        prox: list[torch.Tensor] | None = None,
+        ref: list[torch.Tensor] | None = None,
+    ) -> Collated:
         width = max(len(s.token_ids) for s in batch)
         ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
         attention = torch.zeros((len(batch), width), dtype=torch.long)
@@ -153,23 +178,26 @@ class PolicyTrainer:
         advantages = torch.tensor([s.advantage for s in batch], dtype=torch.float32)
         temperatures = torch.tensor([s.temperature for s in batch], dtype=torch.float32)
         device = self.accelerator.device
-        return _Collated(*(t.to(device) for t in (ids, attention, behaviour, mask, advantages, temperatures)))
+        tensors = (t.to(device) for t in (ids, attention, behaviour, mask, advantages, temperatures))
+        fixed = (_padded(rows, width - 1, device) if rows is not None else None for rows in (prox, ref))
+        return Collated(*tensors, *fixed)
 
-    def _token_logprobs(self, batch: _Collated) -> torch.Tensor:
-        """[B, L - 1]: column t - 1 is the logprob of token t given tokens < t (float32, at each row's temperature)."""
+    def logits(self, batch: Collated, reference: FrozenReference | None = None) -> torch.Tensor:
+        """[B, L - 1, V]: float32 logits predicting tokens 1.. at each row's temperature; with `reference`, of the
+        frozen reference policy (no gradient)."""
         device_type = self.accelerator.device.type
+        inputs = {"input_ids": batch.ids, "attention_mask": batch.attention, "use_cache": False}
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.autocast.bf16):
-            logits = self.model(input_ids=batch.ids, attention_mask=batch.attention, use_cache=False).logits
-        logits = logits[:, :-1].float() / batch.temperatures[:, None, None]
-        chosen = logits.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
-        return chosen - torch.logsumexp(logits, dim=-1)
+            out = self.model(**inputs) if reference is None else reference.forward(self.unwrapped_model, **inputs)
+        return out.logits[:, :-1].float() / batch.temperatures[:, None, None]
 
     def logprobs(self, samples: Sequence[TrainSample], micro_batch: int | None = None) -> list[list[float]]:
         """The current policy's teacher-forced logprob of every token (0.0 for the first), aligned with token_ids."""
         out: list[list[float]] = []
         with torch.no_grad():
-            for batch in _micro_batches(samples, micro_batch or self.config.micro_batch):
-                values = self._token_logprobs(self._collate(batch)).cpu()
+            for batch in updates.micro_batches(samples, micro_batch or self.config.micro_batch):
+                data = self.collate(batch)
+                values = updates.next_token_logprobs(self.logits(data), data.ids)[0].cpu()
                 out += [[0.0, *values[row, : len(s.token_ids) - 1].tolist()] for row, s in enumerate(batch)]
         return out
 
@@ -178,6 +206,11 @@ class PolicyTrainer:
             raise ValueError(f"the trainer holds {self.config.dtype} weights; a step cannot switch to {cfg.dtype}")
         if cfg.train_last_layers != self.config.train_last_layers:
             raise ValueError("train_last_layers is fixed when the trainer is built; a step cannot change it")
+        if cfg.loss.kl_coef > 0 and self.reference is None:
+            raise ValueError(
+                "kl_coef > 0 needs the frozen reference policy, which the trainer keeps only when it is built with "
+                "kl_coef > 0 (its initial weights are gone afterwards); a step cannot switch the KL penalty on"
+            )
         if cfg.autocast != self.config.autocast:
             self.autocast = autocast_precision(cfg.autocast, self.accelerator.device.type, cpu=self._cpu)
         self.config = cfg
@@ -185,75 +218,18 @@ class PolicyTrainer:
             group["lr"] = cfg.lr
             group["weight_decay"] = cfg.weight_decay
 
-    def _micro_step(
-        self, batch: Sequence[TrainSample], cfg: TrainerConfig, denominator: float
-    ) -> tuple[float, float, dict[str, float]]:
-        """Forward and backward of one micro-batch; returns (its loss share, its masked tokens, its metrics)."""
-        data = self._collate(batch)
-        logp = self._token_logprobs(data)
-        mask = data.mask[:, 1:]
-        loss, metrics = policy_loss(
-            cfg.loss, logp, data.behaviour[:, 1:], data.advantages, mask, logp.detach(), denominator=denominator
-        )
-        self.accelerator.backward(loss)
-        return float(loss.detach().item()), float(mask.sum().item()), metrics
-
-    def _global_metrics(self, loss: float, parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
-        """This process's loss share and metrics combined with every other process's."""
-        local = merge_metrics(parts)
-        names = sorted(local)
-        tokens = sum(t for t, _ in parts)
-        row = torch.tensor(
-            [loss, tokens, *(local[n] for n in names)], dtype=torch.float64, device=self.accelerator.device
-        )
-        gathered = self.accelerator.gather(row[None])
-        assert isinstance(gathered, torch.Tensor)  # gather returns the type it was given; its stubs say any nesting
-        rows = gathered.reshape(-1, len(row)).cpu().tolist()
-        merged = merge_metrics([(r[1], dict(zip(names, r[2:], strict=True))) for r in rows])
-        return {"loss": sum(r[0] for r in rows) / len(rows), **merged}
-
     def train_step(self, samples: Sequence[TrainSample], config: TrainerConfig | None = None) -> dict[str, float]:
-        """One optimizer step on `samples` (the whole batch, every process passes the same list); see the module
-        docstring. Returns loss, grad_norm, the loss metrics, tokens, sequences, autocast_bf16 (1.0 when the step
-        ran under bf16 autocast), seconds."""
+        """One train step on `samples` (the whole batch, every process passes the same list): ppo_epochs x
+        mini_batches optimizer updates, one new version; see the module docstring and `rl.updates`. Returns loss
+        and grad_norm (means over updates), the loss metrics (merged over updates), updates, tokens, sequences,
+        autocast_bf16 (1.0 when the step ran under bf16 autocast), seconds."""
         if not samples:
             raise ValueError("train_step needs at least one sample")
         cfg = config or self.config
         self._apply_hyperparameters(cfg)
-        started = time.perf_counter()
-        acc = self.accelerator
-        masks = [s.loss_mask for s in samples]
-        full = sum(map(sum, masks)) if cfg.loss.aggregation == "token_mean" else sum(1 for m in masks if any(m))
-        # Data-parallel backward averages gradients over processes; multiplying back by their count keeps the
-        # sum of every process's micro-batch losses equal to the full batch's loss.
-        denominator = full / acc.num_processes
-        local = list(samples[acc.process_index :: acc.num_processes])
-        # A process without samples still joins the gradient all-reduce, with a zero loss.
-        local = local or [TrainSample([self._pad_id], [0.0], [0], 0.0)]
-        micro = _micro_batches(local, cfg.micro_batch)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_share = 0.0
-        parts: list[tuple[float, dict[str, float]]] = []
-        for index, batch in enumerate(micro):
-            last = index == len(micro) - 1
-            with contextlib.nullcontext() if last else acc.no_sync(self.model):
-                share, tokens, metrics = self._micro_step(batch, cfg, denominator)
-            loss_share += share
-            parts.append((tokens, metrics))
-        grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        assert grad_norm is not None  # accelerate gives None only under DeepSpeed, which this trainer does not support
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        metrics = updates.run_step(self, samples, cfg)
         self.version += 1
-        result = self._global_metrics(loss_share, parts)
-        return {
-            **result,
-            "grad_norm": float(grad_norm),
-            "tokens": float(sum(map(sum, masks))),
-            "sequences": float(len(samples)),
-            "autocast_bf16": 1.0 if self.autocast.bf16 else 0.0,
-            "seconds": time.perf_counter() - started,
-        }
+        return metrics
 
     def save_checkpoint(self, directory: Path) -> None:
         """Weights, AdamW state, version and RNG state into `directory` (replaced whole, via a temp dir)."""

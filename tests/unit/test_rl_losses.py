@@ -1,5 +1,6 @@
 """rl.losses: each loss's value and gradient on a 2 x 3 example worked out by hand, with and without clipping;
-aggregation modes, empty masks, micro-batch denominators and the metrics.
+aggregation modes, empty masks, micro-batch denominators and the metrics (the KL, entropy and Dr. GRPO terms:
+test_rl_losses_terms.py, on the same example).
 
 The example (row 0 has its last token masked out, with a logprob far from the behaviour's so a masking bug shows):
     logp      = [[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.7]]
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from contracts.training import LossConfig
-from rl.losses import loss_denominator, merge_metrics, policy_loss
+from rl.losses import batch_denominator, loss_denominator, merge_metrics, policy_loss
 
 E = math.exp
 LOGP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.7]]
@@ -135,15 +136,29 @@ def test_cispo_inside_the_bounds_weights_by_the_ratio() -> None:
     )
 
 
-def test_topr_truncates_negative_advantages_only() -> None:
-    # row 0 (A = 1): plain REINFORCE, w = 1 although r(0,0) = e^.2 > 1. Row 1 (A = -2): w = clip(r, 0, 1) =
-    # [1, e^-.2, 1]; (1,2) is truncated.
+def test_topr_weighs_by_the_sequence_ratio_not_the_token_ratios() -> None:
+    # row 0 (A = 1): plain REINFORCE, w = 1 although r(0,0) = e^.2 > 1. Row 1 (A = -2): its token ratios are
+    # [1, e^-.2, e^.2] but the sequence ratio is their product, e^(0 - .2 + .2) = 1, so w = clip(1, 0, 1) = 1 on
+    # every token: nothing is truncated (a per-token TOPR would weigh (1,1) by e^-.2 and truncate (1,2)).
     check(
         LossConfig(kind="topr"),
-        per_token=[1.0, 0.5, 2 * -0.3, 2 * E(-0.2) * -1.2, 2 * 1.0 * -0.7],
-        grads=[-1.0, -1.0, 2.0, 2 * E(-0.2), 2.0],
-        clip_frac=1 / 5,
+        per_token=[1.0, 0.5, 2 * -0.3, 2 * -1.2, 2 * -0.7],
+        grads=[-1.0, -1.0, 2.0, 2.0, 2.0],
+        clip_frac=0.0,
     )
+
+
+def test_topr_clips_each_negative_sequence_ratio_to_one() -> None:
+    # advantages [-1, -2], the last token of both rows masked out. Row 0: log R = .2 + 0 = .2 (the masked (0,2),
+    # whose log-ratio is -1, must not count), R = e^.2 -> w = 1, truncated. Row 1: log R = 0 - .2, w = e^-.2.
+    # loss -w A logp; gradient -w A; token_mean over the four masked tokens.
+    w = [1.0, 1.0, E(-0.2), E(-0.2)]
+    mask = [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]
+    loss, grad, metrics = run(LossConfig(kind="topr"), adv=[-1.0, -2.0], mask=mask)
+    assert loss == pytest.approx((-1.0 - 0.5 - 0.6 * w[2] - 2.4 * w[3]) / 4, abs=1e-12)
+    assert grad == [pytest.approx([0.25, 0.25, 0.0]), pytest.approx([2 * w[2] / 4, 2 * w[3] / 4, 0.0])]
+    assert metrics["clip_frac"] == pytest.approx(2 / 4)
+    assert metrics["is_weight_mean"] == pytest.approx(sum(w) / 4)
 
 
 def test_topr_with_positive_advantages_is_plain_reinforce() -> None:
@@ -211,10 +226,11 @@ def test_seq_mean_skips_sequences_without_generated_tokens() -> None:
 
 
 @pytest.mark.parametrize("kind", ["ppo_clip", "tis", "cispo", "topr", "decoupled_ppo"])
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean", "token_sum_norm"])
 def test_an_all_empty_mask_gives_a_zero_loss_that_backpropagates(kind: str, aggregation: str) -> None:
     empty = [[0.0] * 3, [0.0] * 3]
-    loss, grad, metrics = run(LossConfig(kind=kind, aggregation=aggregation), prox=PROX, mask=empty)  # type: ignore[arg-type]
+    cfg = LossConfig(kind=kind, aggregation=aggregation, norm_length=4)  # type: ignore[arg-type]
+    loss, grad, metrics = run(cfg, prox=PROX, mask=empty)
     assert loss == 0.0
     assert grad == [[0.0] * 3, [0.0] * 3]
     assert set(metrics.values()) == {0.0}
@@ -233,12 +249,13 @@ def test_metrics_cover_masked_tokens_only() -> None:
     assert m["logprob_abs_diff_mean"] == pytest.approx(0.6 / 5)
 
 
-@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean", "token_sum_norm"])
 def test_micro_batches_with_the_whole_batch_denominator_sum_to_the_whole(aggregation: str) -> None:
-    cfg = LossConfig(kind="ppo_clip", clip_low=0.1, clip_high=0.1, aggregation=aggregation)  # type: ignore[arg-type]
+    cfg = LossConfig(kind="ppo_clip", clip_low=0.1, clip_high=0.1, aggregation=aggregation, norm_length=4)  # type: ignore[arg-type]
     full, full_grad, _ = run(cfg)
     denominator = loss_denominator(torch.tensor(MASK), aggregation)
     assert denominator == (5.0 if aggregation == "token_mean" else 2.0)
+    assert batch_denominator([[int(m) for m in row] for row in MASK], aggregation) == denominator
     logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
     total = torch.zeros((), dtype=torch.float64)
     for row in (0, 1):

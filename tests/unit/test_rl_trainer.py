@@ -95,7 +95,13 @@ def test_all_zero_advantages_count_but_change_nothing(tiny_model: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "loss", [LossConfig(kind="ppo_clip", clip_low=0.02, clip_high=0.02), LossConfig(kind="tis", aggregation="seq_mean")]
+    "loss",
+    [
+        LossConfig(kind="ppo_clip", clip_low=0.02, clip_high=0.02),
+        LossConfig(kind="tis", aggregation="seq_mean"),
+        LossConfig(kind="topr", aggregation="token_sum_norm", norm_length=64, kl_coef=0.1, entropy_coef=0.01),
+    ],
+    ids=["ppo_clip", "tis-seq_mean", "topr-token_sum_norm-kl-entropy"],
 )
 def test_micro_batching_does_not_change_the_step(tiny_model: Path, loss: LossConfig) -> None:
     whole = make_trainer(tiny_model, CONFIG.model_copy(update={"loss": loss, "micro_batch": 4}))
@@ -109,7 +115,7 @@ def test_micro_batching_does_not_change_the_step(tiny_model: Path, loss: LossCon
         rtol=0,
     )
     a, b = whole.train_step(samples), split.train_step(samples)
-    for key in ("loss", "grad_norm", "clip_frac", "kl_rollout_trainer", "ratio_max", "tokens"):
+    for key in ("loss", "grad_norm", "clip_frac", "kl_rollout_trainer", "ratio_max", "tokens", "entropy"):
         assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
     assert 0 < a["clip_frac"] < 1 or loss.kind != "ppo_clip"
     # Adam's first step is lr * g / (|g| + eps): a gradient element that is ~0 turns float32 summation-order
