@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field, model_validator
 from contracts.base import Contract
 from contracts.limits import PoolName
 from contracts.tasks import TaskConfig
-from contracts.trajectory import TrajectoryResult
+from contracts.trajectory import TrajectoryResult, derive_seed
 
 
 class _Model(Contract):
@@ -75,6 +75,9 @@ class TrainerConfig(_Model):
             data.setdefault("autocast", "bf16" if legacy else "off")
         return data
 
+    seed: int = 0
+    """Seeds the trainer's randomness (the order of mini-batches). A training run sets it from `[train] seed` in
+    every step's input (so in a run config leave it out, or equal to that)."""
     train_last_layers: Annotated[int, Field(ge=0, le=1000)] = 0
     """0 trains every parameter. k > 0 trains only the last k transformer blocks and the final norm (embeddings
     and everything below frozen), so the backward pass stops at block L - k: much cheaper on CPU."""
@@ -114,6 +117,11 @@ class TrainSettings(_Model):
     measured against."""
     first_seed: int = 0
     """Group k rolls out env seed first_seed + k."""
+    seed: int = 0
+    """The run's seed: each trajectory samples with a seed derived from it, its group's env seed and its index
+    in the group (`Book.member_seed`; each turn then from that and the turn index), and the trainer's shuffling
+    is seeded by it (`trainer.seed` follows it). Same seed, same config, `sync` without redundancy: the same
+    rewards per step (README "Reproducible runs" says what async and redundancy leave to timing)."""
     max_group_restarts: Annotated[int, Field(ge=0, le=1000)] = 4
     """Replacement samples started for a group whose members failed before it has n completed; past it the
     group is abandoned (counted)."""
@@ -137,6 +145,11 @@ class TrainSettings(_Model):
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})")
         if self.sync and self.alpha != 0:
             raise ValueError(f"sync mode is the alpha = 0 barrier; got alpha = {self.alpha}")
+        if self.trainer.seed not in (0, self.seed):
+            raise ValueError(
+                f"trainer.seed ({self.trainer.seed}) differs from the run's seed ({self.seed}); set [train] seed "
+                "alone: every step's trainer seed follows it"
+            )
         groups_needed = (self.steps + self.alpha + 1) * self.batch_size // self.group_size * (1 + self.max_group_restarts)
         if self.first_seed <= self.eval.first_seed < self.first_seed + groups_needed:
             raise ValueError(
@@ -144,6 +157,11 @@ class TrainSettings(_Model):
                 f"eval.first_seed ({self.eval.first_seed}) must lie outside them (held-out seeds)"
             )
         return self
+
+    def member_seed(self, group_seed: int, member: int) -> int:
+        """The sampling seed of the `member`-th trajectory started for the group of env seed `group_seed`: fixed
+        by the run's seed whatever the timing, and different for each member of a group."""
+        return derive_seed(self.seed, group_seed, member)
 
 
 class TrainRef(_Model):
