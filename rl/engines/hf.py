@@ -7,10 +7,10 @@ for the seed: the oldest waiting request picks the params of the next batch and 
 params join it (FIFO within a group, so no group starves).
 
 Sampling (`temperature > 0`) is ours, not transformers': `rl.engines.sampling.SeededSampler` applies temperature
-and top-p and adds Gumbel noise from a generator per row, seeded by the request's `SamplingParams.seed` (unseeded
-requests draw from torch's global RNG), and `generate` takes the argmax: an exact draw from softmax(logits / T)
-over the top-p nucleus. So a seeded request draws the same tokens alone or batched with any others (up to float
-ties, see that module).
+and top-p and draws each row's token from softmax(logits / T) over the top-p nucleus with one uniform number from
+a generator per row, seeded by the request's `SamplingParams.seed` (unseeded requests draw from torch's global
+RNG), and leaves only that token for `generate`'s greedy step. So a seeded request draws the same tokens alone or
+batched with any others (up to float ties, see that module).
 
 Logprobs: each sampled token's logprob under `log_softmax(logits / temperature)` of the step it was sampled at,
 computed on the fly by a logits processor (no vocabulary-sized tensor is kept per step). The processor sees the

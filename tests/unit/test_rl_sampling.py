@@ -1,4 +1,4 @@
-"""rl.engines.sampling and the HF engine's seeded sampling: the Gumbel-max sampler draws exactly from
+"""rl.engines.sampling and the HF engine's seeded sampling: the inverse-CDF sampler draws exactly from
 softmax(logits / T) over the top-p nucleus, a row's draws depend only on its seed, and a seeded request gets the same
 tokens alone and batched with others, with logprobs that still match a teacher-forced pass (tiny model, float32)."""
 
@@ -74,14 +74,17 @@ def test_top_p_keeps_the_smallest_set_that_reaches_the_mass() -> None:
 
 
 def test_a_rows_draws_depend_on_its_seed_only() -> None:
-    vocab, steps = 50, 5
-    alone = SeededSampler([8], 1.0, 1.0)
-    crowd = SeededSampler([None, 7, 8, 123], 1.0, 1.0)
-    for _ in range(steps):  # one draw per step from each row's own stream
-        a = alone.gumbel(vocab, torch.device("cpu"))[0]
-        c = crowd.gumbel(vocab, torch.device("cpu"))
-        assert torch.equal(a, c[2])
-        assert not torch.equal(c[1], c[2])
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    alone = SeededSampler([8], 1.0, 0.9)
+    crowd = SeededSampler([None, 7, 8, 123], 1.0, 0.9)
+    drawn_alone, drawn_in_crowd = [], []
+    for _ in range(20):  # one draw per step from each row's own stream
+        drawn_alone.append(alone.draw(logits[2:3]).item())
+        drawn_in_crowd.append(crowd.draw(logits)[2].item())
+    assert drawn_alone == drawn_in_crowd
+    assert len(set(drawn_alone)) > 1
+    u = crowd.uniforms(torch.device("cpu"))
+    assert u.shape == (4, 1) and len(set(u.flatten().tolist())) == 4
 
 
 def test_the_sampler_refuses_greedy_and_a_wrong_batch() -> None:
