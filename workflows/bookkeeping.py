@@ -212,9 +212,9 @@ class Book:
         if len(ready) < self.groups_per_step() or (cfg.sync and self.members_running()):
             return None
         groups = ready[: self.groups_per_step()]
-        # each group's samples in member order, not in the order they happened to finish: the same batch reaches
-        # the trainer in the same order in every run of the same seed
-        refs = [r for g in groups for r in sorted(g.completed[: cfg.group_size], key=lambda r: r.workflow_id)]
+        # each group's samples in member order, not in the order they happened to finish, so the same batch reaches
+        # the trainer in the same order in every run of a seed (a group's ids differ in their index only)
+        refs = [r for g in groups for r in sorted(g.completed[: cfg.group_size], key=_member_order)]
         for g in groups:
             self.close_group(g)
         s.counters.consumed += len(refs)
@@ -385,6 +385,10 @@ class Book:
             return g
         self.replacements[g.group] = missing
         return None
+
+
+def _member_order(ref: TrainRef) -> tuple[int, str]:
+    return len(ref.workflow_id), ref.workflow_id
 
 
 def _digest(group: str) -> str:

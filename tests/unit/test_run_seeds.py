@@ -67,3 +67,13 @@ def test_a_step_trains_its_groups_in_member_order_with_the_run_seed() -> None:
     assert step is not None
     assert [r.workflow_id for r in step.refs] == [*groups[0], *groups[1]]
     assert step.trainer.seed == 9 and b.cfg.trainer.seed == 0  # the step's input carries it; the config is as given
+
+
+def test_member_order_is_by_index_past_ten_members() -> None:
+    b = Book(TrainingRunConfig(steps=1, batch_size=12, group_size=12, alpha=0, sync=True, tasks=[TaskConfig()]),
+             TrainingState(run_id="run"))  # fmt: skip
+    (members,) = admit(b)
+    for wid in reversed(members):
+        b.report(report(wid))
+    step = b.take_batch()
+    assert step is not None and [r.workflow_id for r in step.refs] == members  # run-g000000-2 before ...-10
