@@ -11,7 +11,9 @@ an exact draw from softmax(logits / T) renormalised over the nucleus (the CDF is
 returns -inf for every other token, so `generate`'s greedy decoding (`do_sample=False`) takes exactly the drawn one.
 Each row draws one number per step from its own generator, so its draws are the same whatever its position in the
 batch, the batch's size or the other rows' seeds. (The Gumbel-max trick gives the same guarantee but draws a
-vocabulary-sized noise vector per row and step: ~10x the time of this at SmolLM2's 49k tokens on a CPU.)
+vocabulary-sized noise vector per row and step.) Measured on one core of the 2-core AVX2 EPYC at SmolLM2's 49,152
+tokens, per decode step: 0.5 / 14 / 27 ms at 1 / 16 / 32 rows, against 0.7 / 19 / 33 ms for Gumbel-max and
+2.3 / 29 / 67 ms for the softmax + multinomial that transformers' own sampling does.
 
 Temperature and top-p are applied here, not by transformers (which would do them after every custom processor), so
 an engine passes the raw logits' processors first (e.g. `HFEngine`'s logprob recorder, which records
