@@ -1,5 +1,6 @@
 """What `trajflow train CONFIG` does: evaluate, train through the TrainingWorkflow with live progress, evaluate
-again, then write a JSON summary and plots to the run directory. The evaluation is `commands.evaluate`'s.
+again, then write a JSON summary and plots to the run directory, beside the resolved run config (`config.json`: the
+whole `RunConfig`, loadable with `RunConfig.model_validate_json`). The evaluation is `commands.evaluate`'s.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ async def train(
 ) -> RunSummary:
     run = config.training_run()
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(run.model_dump_json(indent=2))
+    # the whole run config as it ran (command-line overrides applied, every default filled in): the record of a run
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
     say(
         f"run {run_id}: {run.steps} steps of B={run.batch_size} (groups of {run.group_size}+{run.redundancy}), "
         f"alpha={run.alpha}{' sync' if run.sync else ''}, loss {run.trainer.loss.kind}, lr {run.trainer.lr:g}"

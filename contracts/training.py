@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field, model_validator
 from contracts.base import Contract
 from contracts.limits import PoolName
 from contracts.tasks import TaskConfig
-from contracts.trajectory import TrajectoryResult
+from contracts.trajectory import TrajectoryResult, derive_seed
 
 
 class _Model(Contract):
@@ -80,7 +80,8 @@ class TrainerConfig(_Model):
     ppo_epochs x mini_batches optimizer updates and still publishes one policy version."""
     seed: int = 0
     """Seeds the shuffle of each step's batch into mini-batches, mixed with the step's version so that every
-    step shuffles differently and a rerun shuffles the same."""
+    step shuffles differently and a rerun shuffles the same. A training run sets it from `[train] seed` in every
+    step's input (so in a run config leave it out, or equal to that)."""
     normalize_adv_std: bool = True
     """GRPO advantages (r - group mean) / group std; False keeps r - group mean (Dr. GRPO)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -140,6 +141,11 @@ class TrainSettings(_Model):
     measured against."""
     first_seed: int = 0
     """Group k rolls out env seed first_seed + k."""
+    seed: int = 0
+    """The run's seed: each trajectory samples with a seed derived from it, its group's env seed and its index
+    in the group (`member_seed`; each turn then from that and the turn index), and the trainer's shuffling
+    is seeded by it (`trainer.seed` follows it). Same seed, same config, `sync` without redundancy: the same
+    rewards per step (README "Reproducible runs" says what async and redundancy leave to timing)."""
     max_group_restarts: Annotated[int, Field(ge=0, le=1000)] = 4
     """Replacement samples started for a group whose members failed before it has n completed; past it the
     group is abandoned (counted)."""
@@ -167,6 +173,11 @@ class TrainSettings(_Model):
             )
         if self.sync and self.alpha != 0:
             raise ValueError(f"sync mode is the alpha = 0 barrier; got alpha = {self.alpha}")
+        if self.trainer.seed not in (0, self.seed):
+            raise ValueError(
+                f"trainer.seed ({self.trainer.seed}) differs from the run's seed ({self.seed}); set [train] seed "
+                "alone: every step's trainer seed follows it"
+            )
         groups_needed = (self.steps + self.alpha + 1) * self.batch_size // self.group_size * (1 + self.max_group_restarts)
         if self.first_seed <= self.eval.first_seed < self.first_seed + groups_needed:
             raise ValueError(
@@ -174,6 +185,11 @@ class TrainSettings(_Model):
                 f"eval.first_seed ({self.eval.first_seed}) must lie outside them (held-out seeds)"
             )
         return self
+
+    def member_seed(self, group_seed: int, member: int) -> int:
+        """The sampling seed of the `member`-th trajectory started for the group of env seed `group_seed`: fixed
+        by the run's seed whatever the timing, and different for each member of a group."""
+        return derive_seed(self.seed, group_seed, member)
 
 
 class TrainRef(_Model):

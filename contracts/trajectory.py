@@ -6,6 +6,7 @@ logprobs and whole transcripts live in the store (see `contracts.records`), neve
 
 from __future__ import annotations
 
+import hashlib
 from enum import StrEnum
 from typing import Annotated
 
@@ -47,6 +48,18 @@ class TrajectoryStatus(StrEnum):
     """Sandboxes or workers kept failing past the recovery budget; never scored, never trained on."""
 
 
+SEED_BITS = 53
+"""Derived seeds are below 2**53: exact as JSON numbers in the Temporal UI (JavaScript doubles)."""
+
+
+def derive_seed(*parts: int) -> int:
+    """A seed in [0, 2**53) from integers (a run seed, a group's env seed, a member index, a turn): the same
+    parts give the same seed in every process and Python version (blake2b, not the salted `hash`), and
+    different parts give unrelated seeds."""
+    digest = hashlib.blake2b(",".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> (64 - SEED_BITS)
+
+
 class SamplingParams(Contract):
     temperature: Annotated[float, Field(ge=0.0, le=5.0)] = 1.0
     """Softmax temperature; 0 means greedy decoding."""
@@ -54,6 +67,19 @@ class SamplingParams(Contract):
     """Nucleus sampling mass."""
     max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 48
     """Token budget of one turn's completion."""
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    """Seeds the sampling of one request: the same seed, prompt and weights draw the same tokens, whichever other
+    requests share its batch. None: unseeded (the engine's own RNG). In a `TrajectoryRequest` it is the
+    trajectory's seed and each turn samples with `derive_seed(seed, turn)` (`for_turn`); a training run sets it
+    per member from `[train] seed`."""
+
+    def for_turn(self, turn: int) -> SamplingParams:
+        """The params of one turn of a trajectory: its own seed, from the trajectory's and the turn index."""
+        return self if self.seed is None else self.model_copy(update={"seed": derive_seed(self.seed, turn)})
+
+    def unseeded(self) -> SamplingParams:
+        """The same params without the seed: what requests must share to be sampled in one batch."""
+        return self if self.seed is None else self.model_copy(update={"seed": None})
 
 
 class StagePools(Contract):
@@ -110,14 +136,14 @@ class TrajectoryRequest(Contract):
 
     def generate_input(self, trajectory_id: str, turn: int, context_uri: str | None, observation: str) -> GenerateInput:
         """The LLM step of `turn`: the new observation on top of the stored context, with this request's
-        prompt, sampling and policy."""
+        prompt, sampling (seeded per turn when the request is) and policy."""
         return GenerateInput(
             trajectory_id=trajectory_id,
             turn=turn,
             context_uri=context_uri,
             user_message=observation,
             system_prompt=self.system_prompt,
-            sampling=self.sampling,
+            sampling=self.sampling.for_turn(turn),
             min_policy_version=self.min_policy_version,
             policy=self.policy,
         )

@@ -212,11 +212,14 @@ class Book:
         if len(ready) < self.groups_per_step() or (cfg.sync and self.members_running()):
             return None
         groups = ready[: self.groups_per_step()]
-        refs = [r for g in groups for r in g.completed[: cfg.group_size]]
+        # each group's samples in member order, not in the order they happened to finish, so the same batch reaches
+        # the trainer in the same order in every run of a seed (a group's ids differ in their index only)
+        refs = [r for g in groups for r in sorted(g.completed[: cfg.group_size], key=_member_order)]
         for g in groups:
             self.close_group(g)
         s.counters.consumed += len(refs)
-        s.step = TrainStepInput(run_id=s.run_id, version=s.version, refs=refs, trainer=cfg.trainer)
+        trainer = cfg.trainer.model_copy(update={"seed": cfg.seed})
+        s.step = TrainStepInput(run_id=s.run_id, version=s.version, refs=refs, trainer=trainer)
         return s.step
 
     def finish_step(self, step: TrainStepInput, res: TrainStepResult, time_s: float) -> StepRecord:
@@ -382,6 +385,10 @@ class Book:
             return g
         self.replacements[g.group] = missing
         return None
+
+
+def _member_order(ref: TrainRef) -> tuple[int, str]:
+    return len(ref.workflow_id), ref.workflow_id
 
 
 def _digest(group: str) -> str:

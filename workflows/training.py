@@ -138,8 +138,10 @@ class TrainingWorkflow:
     async def _start_member(self, group: GroupState) -> None:
         task = self.cfg.tasks[group.task]
         wid = self.book.new_member(group)
+        seed = self.cfg.member_seed(group.seed, group.members_started - 1)  # new_member counted this one
         req = task.request(
             group.seed,
+            sampling=task.sampling.model_copy(update={"seed": seed}),
             run_id=self.s.run_id,
             policy=self.s.run_id,
             group=group.group,

@@ -2,19 +2,25 @@
 
 A background asyncio task collects concurrent requests into batches (up to `max_batch`; once one request waits,
 it waits at most `batch_wait_ms` for more) and runs each batch as ONE `model.generate` (left padding + attention
-mask) in a worker thread, so the event loop stays free. Requests are grouped by identical `SamplingParams`: the
-oldest waiting request picks the params of the next batch and later requests with the same params join it (FIFO
-within a group, so no group starves).
+mask) in a worker thread, so the event loop stays free. Requests are grouped by identical `SamplingParams` but
+for the seed: the oldest waiting request picks the params of the next batch and later requests with the same
+params join it (FIFO within a group, so no group starves).
+
+Sampling (`temperature > 0`) is ours, not transformers': `rl.engines.sampling.SeededSampler` applies temperature
+and top-p and draws each row's token from softmax(logits / T) over the top-p nucleus with one uniform number from
+a generator per row, seeded by the request's `SamplingParams.seed` (unseeded requests draw from torch's global
+RNG), and leaves only that token for `generate`'s greedy step. So a seeded request draws the same tokens alone or
+batched with any others (up to float ties, see that module).
 
 Logprobs: each sampled token's logprob under `log_softmax(logits / temperature)` of the step it was sampled at,
 computed on the fly by a logits processor (no vocabulary-sized tensor is kept per step). The processor sees the
 logits after transformers' built-in processors (e.g. a repetition penalty a foreign checkpoint's generation config
-asks for; our checkpoints ask for none) and before temperature and top-p, which transformers applies after custom
-processors. With `top_p < 1` the value is the untruncated distribution's. Greedy (`temperature == 0`) reports
-the T=1 logprob. Precision follows the weights: float32 matches a teacher-forced forward pass to ~1e-6; with
-bfloat16 weights (SmolLM2's checkpoint dtype; faster only where the hardware has native bf16, see `rl.precision`)
-the batched, left-padded, KV-cached decode and a teacher-forced pass differed by up to ~0.2 nats per token (mean
-~0.04) when measured; pass `dtype=torch.float32` where that matters. `rl.engines.load` picks the dtype.
+asks for; our checkpoints ask for none) and before the sampler's temperature, top-p and noise. With `top_p < 1`
+the value is the untruncated distribution's. Greedy (`temperature == 0`) reports the T=1 logprob. Precision
+follows the weights: float32 matches a teacher-forced forward pass to ~1e-6; with bfloat16 weights (SmolLM2's
+checkpoint dtype; faster only where the hardware has native bf16, see `rl.precision`) the batched, left-padded,
+KV-cached decode and a teacher-forced pass differed by up to ~0.2 nats per token (mean ~0.04) when measured; pass
+`dtype=torch.float32` where that matters. `rl.engines.load` picks the dtype.
 
 Completions keep the EOS token when one was sampled (finish_reason "stop"; training must see the model stop)
 and drop everything after it; "length" when `max_new_tokens` ran out. `text` is decoded without special tokens.
@@ -23,8 +29,8 @@ Devices: the model and each batch's inputs live on `device` (a GPU or the CPU); 
 as CPU lists.
 
 Limits: one batch runs at a time per engine; a request already inside a running batch cannot be interrupted
-(cancelling it only discards its result); sampling is seeded by torch's global RNG, so sampled outputs are not
-reproducible across runs.
+(cancelling it only discards its result); unseeded requests draw from torch's global RNG, so their outputs are
+not reproducible across runs (seeded ones are, on the same weights and the same kind of device).
 
 Weights: with a `WeightSource`, each request names a policy (a training run id; "" is the initial model).
 Batches never mix policies. Right before a batch runs, in the same worker thread that runs batches (so never
@@ -49,6 +55,7 @@ import torch
 
 from contracts.trajectory import SamplingParams
 from rl.engines.base import Completion, WeightSource, eos_ids, trim_at_eos
+from rl.engines.sampling import SeededSampler
 
 
 @dataclass
@@ -75,8 +82,8 @@ class _Stats:
 class _LogprobRecorder:
     """A logits processor that records each sampled token's logprob without keeping per-step distributions.
 
-    Called with the raw logits of step s (before temperature/top-p, which transformers appends after custom
-    processors), it keeps log_softmax(logits / T) until step s+1 reveals the token sampled from it.
+    Called with the raw logits of step s (before the sampler's temperature, top-p and noise, which come after it
+    in the processor list), it keeps log_softmax(logits / T) until step s+1 reveals the token sampled from it.
     """
 
     def __init__(self, prompt_len: int, temperature: float) -> None:
@@ -231,7 +238,12 @@ class HFEngine:
             self._running = batch
             try:
                 results = await loop.run_in_executor(
-                    self._executor, self._run_batch, [r.prompt_ids for r in batch], batch[0].params, batch[0].policy
+                    self._executor,
+                    self._run_batch,
+                    [r.prompt_ids for r in batch],
+                    batch[0].params.unseeded(),
+                    batch[0].policy,
+                    [r.params.seed for r in batch],
                 )
             except Exception as error:  # a failed batch fails its requests, never the loop
                 for request in batch:
@@ -260,8 +272,8 @@ class HFEngine:
         if not live:
             self._pending.clear()
             return []
-        params, policy = live[0].params, live[0].policy
-        batch = [r for r in live if r.params == params and r.policy == policy][: self.max_batch]
+        params, policy = live[0].params.unseeded(), live[0].policy
+        batch = [r for r in live if r.params.unseeded() == params and r.policy == policy][: self.max_batch]
         taken = {id(r) for r in batch}
         self._pending = [r for r in live if id(r) not in taken]
         return batch
@@ -289,8 +301,14 @@ class HFEngine:
         self.policy, self.version = want
         self._stats.weight_loads += 1
 
-    def _run_batch(self, prompts: Sequence[list[int]], params: SamplingParams, policy: str = "") -> list[Completion]:
-        """One batched `model.generate` (runs in the worker thread)."""
+    def _run_batch(
+        self,
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        policy: str = "",
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[Completion]:
+        """One batched `model.generate` (runs in the worker thread); `seeds` one per prompt (None: unseeded)."""
         self._use_policy(policy)
         version = self.version
         width = max(len(p) for p in prompts)
@@ -300,18 +318,20 @@ class HFEngine:
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention[row, width - len(prompt) :] = 1
         recorder = _LogprobRecorder(prompt_len=width, temperature=params.temperature)
-        sampling: dict[str, Any] = {"do_sample": False}
-        if params.temperature > 0.0:  # top_k=0: no top-k cut (transformers' default would be 50)
-            sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
+        processors: list[Any] = [recorder]
+        if params.temperature > 0.0:  # after the recorder: it must see the logits before temperature and noise
+            row_seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+            processors.append(SeededSampler(row_seeds, params.temperature, params.top_p, self.device))
         with torch.inference_mode():
+            # greedy: the argmax of the sampler's perturbed scores when sampling, of the logits otherwise
             output = self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention.to(self.device),
-                logits_processor=[recorder],
+                logits_processor=processors,
                 max_new_tokens=params.max_new_tokens,
                 eos_token_id=self._eos,
                 pad_token_id=self._pad_id,
-                **sampling,
+                do_sample=False,
             )
         # the logprobs are gathered on the model's device; both come back to CPU lists
         logprobs = recorder.finish(output[:, width:]).cpu()

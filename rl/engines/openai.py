@@ -29,7 +29,8 @@ asked for `EngineMisconfigured`.
 
 At most `max_in_flight` requests are sent at once (the server batches them); more wait for a slot, and the
 deadline starts when one is sent. Limits: one completion per request (`n = 1`); no streaming, so a cancelled
-request is cancelled by closing its connection (vLLM then aborts it); sampling is not seeded.
+request is cancelled by closing its connection (vLLM then aborts it). `SamplingParams.seed` is sent as the API's
+`seed` (vLLM seeds that request's own generator with it); what it guarantees is the server's.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ class OpenAIEngine:
         async with self._slots:
             self._enter()
             try:
-                ids, logprobs = await self._complete(list(prompt_ids), params.max_new_tokens, params.temperature, params.top_p)
+                ids, logprobs = await self._complete(list(prompt_ids), params)
             except BaseException:
                 self._stats.failures += 1
                 raise
@@ -196,16 +197,15 @@ class OpenAIEngine:
         text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
         return Completion(ids, logprobs, text, reason, self.version)
 
-    async def _complete(
-        self, prompt_ids: list[int], max_tokens: int, temperature: float, top_p: float
-    ) -> tuple[list[int], list[float]]:
+    async def _complete(self, prompt_ids: list[int], params: SamplingParams) -> tuple[list[int], list[float]]:
         """The sampled token ids and their logprobs; raises an `EngineError` for anything else."""
         body = {
             "model": self.name,
             "prompt": prompt_ids,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            **({"seed": params.seed} if params.seed is not None else {}),
             **_NEUTRAL,
             "n": 1,
             "stream": False,
@@ -215,7 +215,7 @@ class OpenAIEngine:
             "return_token_ids": True,
         }
         answer = await self._request("POST", "/completions", body)
-        return self._parse(answer, max_tokens)
+        return self._parse(answer, params.max_new_tokens)
 
     def _parse(self, answer: Any, max_tokens: int) -> tuple[list[int], list[float]]:
         def bad(why: str) -> EngineMisconfigured:

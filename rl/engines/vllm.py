@@ -39,9 +39,11 @@ float32 teacher-forced HF pass: float32 within 3e-5 (1e-6 on the tiny test model
 (mean 0.035), as with `HFEngine`.
 
 Limits: switching between two policies drains and reloads every time (one engine serves one run at a time
-well); a cancelled request is aborted inside vLLM; with `seed=None` a random engine seed is drawn, so sampled
-outputs are not reproducible across runs. CPU threads are bound by vLLM itself; set the process environment
-(`VLLM_CPU_OMP_THREADS_BIND`, e.g. "0" or "0-3") before `start()` to choose the cores.
+well); a cancelled request is aborted inside vLLM. A request with `SamplingParams.seed` samples from its own
+generator seeded by it (vLLM's per-request seed), so it draws the same tokens whatever else is in flight, as in
+`HFEngine` (the streams differ between the two engines); an unseeded one draws from the engine's generator (with
+`seed=None` a random engine seed), so it is not reproducible across runs. CPU threads are bound by vLLM itself;
+set the process environment (`VLLM_CPU_OMP_THREADS_BIND`, e.g. "0" or "0-3") before `start()` to choose the cores.
 """
 
 from __future__ import annotations
@@ -291,6 +293,7 @@ class VLLMEngine:
             temperature=params.temperature,
             top_p=params.top_p,
             max_tokens=params.max_new_tokens,
+            seed=params.seed,  # None: the engine's generator
             stop_token_ids=self._eos,
             logprobs=0,  # the sampled token's logprob only
             detokenize=False,  # decoded here, by the HF tokenizer, as HFEngine does

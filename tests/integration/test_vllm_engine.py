@@ -196,3 +196,14 @@ async def test_concurrent_requests_are_served_together(engine: VLLMEngine) -> No
         check_completion(engine, completion, params.max_new_tokens)
     assert engine.stats()["max_in_flight"] >= len(prompts)
     assert concurrent_rate > 2 * sequential_rate, (concurrent_rate, sequential_rate)
+
+
+async def test_a_seeded_request_draws_the_same_tokens_alone_and_among_others(engine: VLLMEngine) -> None:
+    """`SamplingParams.seed` becomes vLLM's per-request seed: the request's own generator, whatever else runs."""
+    mine = SamplingParams(temperature=1.0, max_new_tokens=32, seed=1234)
+    alone = await engine.generate(PROMPTS[0], mine)
+    others = [engine.generate([10 + i, 20 + i, 30 + i], mine.model_copy(update={"seed": 7 + i})) for i in range(6)]
+    *_, among = await asyncio.gather(*others, engine.generate(PROMPTS[0], mine))
+    assert among.token_ids == alone.token_ids
+    other_seed = await engine.generate(PROMPTS[0], mine.model_copy(update={"seed": 1235}))
+    assert other_seed.token_ids != alone.token_ids

@@ -46,7 +46,7 @@ def test_the_message_names_each_bad_field_what_it_expects_and_what_to_fix() -> N
     assert text.startswith("TrajectoryRequest: ") and text.endswith(" — fix the workflow input")
     assert "seed: Input should be a valid integer, unable to parse string as an integer (got 'abc')" in text
     assert "sampling.top_p: Input should be less than or equal to 1 (got 2)" in text
-    assert "sampling.bogus: not a field (known fields: max_new_tokens, temperature, top_p)" in text
+    assert "sampling.bogus: not a field (known fields: max_new_tokens, seed, temperature, top_p)" in text
 
 
 def test_the_message_of_a_huge_input_is_bounded_and_never_echoes_it() -> None:

@@ -90,6 +90,20 @@ async def test_a_completion_is_parsed_and_sent_as_token_ids(tiny_model: Path) ->
         [7, 8, EOS], [-1.5] * 3, "stop", 2,
     )  # fmt: skip
     assert engine.available_version("run-x") == 2
+    assert "seed" not in body  # unseeded: the server's own generator
+
+
+async def test_a_seeded_request_sends_its_seed(tiny_model: Path) -> None:
+    sent: list[dict[str, Any]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json=completion([7]))
+
+    engine = scripted(tiny_model, answer)
+    await engine.generate([5, 6], SamplingParams(max_new_tokens=1, seed=2**53 - 1))
+    await engine.close()
+    assert sent[0]["seed"] == 2**53 - 1
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,9 @@ def train(
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the held-out evaluation before and after.")] = False,
     sync: Annotated[bool, typer.Option("--sync", help="The synchronous baseline: alpha = 0 with the batch barrier.")] = False,
     alpha: Annotated[int | None, typer.Option(help="Override the config's train.alpha.")] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Override the config's train.seed (each trajectory's sampling, the trainer's).")
+    ] = None,
 ) -> None:
     """Train on the running stack: eval, the TrainingWorkflow with live progress, eval; summary + plots."""
     from commands.train import train as run_training
@@ -69,6 +72,8 @@ def train(
     overrides = {"sync": True, "alpha": 0} if sync else {}
     if alpha is not None:
         overrides["alpha"] = alpha
+    if seed is not None:
+        overrides["seed"] = seed
     if overrides:
         from contracts.training import TrainSettings
 
