@@ -14,6 +14,9 @@
   proximal policy is the current one, so r' = 1 and decoupled_ppo's gradient equals a capped-IS REINFORCE;
 - the gradient norm is clipped, AdamW steps, `version` (completed optimizer steps) increments.
 
+With `config.lora` the model is wrapped with `peft` adapters (`rl.lora`): AdamW steps the adapters only, and
+`unwrapped_model` is the `peft.PeftModel`.
+
 Checkpoints and weight export (`save_checkpoint`, `load_checkpoint`, `export_weights`) are `rl.checkpoint`'s;
 the methods here delegate to it.
 
@@ -38,7 +41,7 @@ from typing import Any
 import torch
 
 from contracts.training import TrainerConfig
-from rl import checkpoint
+from rl import checkpoint, lora
 from rl.devices import resolve_device, use_device
 from rl.losses import merge_metrics, policy_loss
 from rl.precision import CpuInfo, Precision, autocast_precision
@@ -55,11 +58,19 @@ def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def _trainable_parameters(model: torch.nn.Module, last_layers: int) -> list[torch.nn.Parameter]:
-    """Every parameter (last_layers = 0), or only those of the last `last_layers` decoder blocks and the final
-    norm, the rest frozen (requires_grad False, so autograd never goes below the lowest trainable block)."""
+def _trainable_parameters(model: torch.nn.Module, config: TrainerConfig) -> tuple[torch.nn.Module, list[torch.nn.Parameter]]:
+    """The model to train and the parameters AdamW steps:
+
+    - `config.lora` set: the model wrapped with adapters (`rl.lora.wrap`), and the adapters' parameters;
+    - `train_last_layers` = k > 0: only the last k decoder blocks and the final norm, the rest frozen
+      (requires_grad False, so autograd never goes below the lowest trainable block);
+    - otherwise every parameter."""
+    if config.lora is not None:
+        wrapped = lora.wrap(model, config.lora)
+        return wrapped, lora.adapter_parameters(wrapped)
+    last_layers = config.train_last_layers
     if last_layers == 0:
-        return list(model.parameters())
+        return model, list(model.parameters())
     base = getattr(model, "model", None)
     layers = getattr(base, "layers", None)
     if base is None or layers is None or not hasattr(base, "norm"):
@@ -70,7 +81,7 @@ def _trainable_parameters(model: torch.nn.Module, last_layers: int) -> list[torc
     trainable = [*layers[-last_layers:], base.norm]
     for module in trainable:
         module.requires_grad_(True)
-    return [p for m in trainable for p in m.parameters()]
+    return model, [p for m in trainable for p in m.parameters()]
 
 
 def _micro_batches(samples: Sequence[TrainSample], size: int) -> list[list[TrainSample]]:
@@ -125,7 +136,7 @@ class PolicyTrainer:
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_as_dtype(config.dtype))
         # Eval mode: no dropout, so the policy being trained is the policy that was sampled. Gradients still flow.
         model.eval()
-        trainable = _trainable_parameters(model, config.train_last_layers)
+        model, trainable = _trainable_parameters(model, config)
         optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self._cpu = cpu
@@ -136,6 +147,7 @@ class PolicyTrainer:
 
     @property
     def unwrapped_model(self) -> Any:
+        """The model without accelerate's wrapper (DDP): the Hugging Face model, or with LoRA its `peft.PeftModel`."""
         return self.accelerator.unwrap_model(self.model)
 
     def _collate(self, batch: Sequence[TrainSample]) -> _Collated:
@@ -178,6 +190,8 @@ class PolicyTrainer:
             raise ValueError(f"the trainer holds {self.config.dtype} weights; a step cannot switch to {cfg.dtype}")
         if cfg.train_last_layers != self.config.train_last_layers:
             raise ValueError("train_last_layers is fixed when the trainer is built; a step cannot change it")
+        if cfg.lora != self.config.lora:
+            raise ValueError("lora is fixed when the trainer is built; a step cannot change it")
         if cfg.autocast != self.config.autocast:
             self.autocast = autocast_precision(cfg.autocast, self.accelerator.device.type, cpu=self._cpu)
         self.config = cfg
