@@ -57,7 +57,7 @@ class LoraConfig(_Model):
 
     rank: Annotated[int, Field(ge=1, le=4096)] = 16
     """r: the inner dimension of B (out x r) and A (r x in)."""
-    alpha: Annotated[float, Field(gt=0.0)] = 32.0
+    alpha: Annotated[int, Field(ge=1, le=1_000_000)] = 32
     """The update is scaled by alpha / rank."""
     target_modules: Annotated[list[str], Field(min_length=1)] = Field(default_factory=lambda: list(LLAMA_PROJECTIONS))
     """Names (last path component) of the linear layers that get adapters, in every block. The default is every

@@ -74,14 +74,15 @@ def is_wrapped(model: torch.nn.Module) -> bool:
 
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """The base model's state dict (the unwrapped Hugging Face names), each adapted weight merged as W + scale B A
-    into a new tensor in W's dtype on W's device (the sum computed in float32). Tensors that share storage in the base model (tied embeddings) still share it."""
-    from peft.tuners.lora import LoraLayer
+    into a new tensor in W's dtype on W's device (the sum computed in float32). Tensors that share storage in the
+    base model (tied embeddings) still share it."""
+    from peft.tuners.lora import Linear as LoraLinear
 
     base = model.get_base_model()
     deltas: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, module in base.named_modules():
-            if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
+            if isinstance(module, LoraLinear) and ADAPTER in module.lora_A:
                 deltas[f"{name}.weight"] = module.get_delta_weight(ADAPTER)
         merged: dict[str, torch.Tensor] = {}
         for name, tensor in base.state_dict().items():
