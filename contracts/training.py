@@ -63,6 +63,26 @@ class LossConfig(_Model):
     generated token's loss. 0: off (the entropy is still logged)."""
 
 
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The attention and MLP projections of a Llama-style decoder block (Llama, Qwen2, SmolLM2, Mistral)."""
+
+
+class LoraConfig(_Model):
+    """Low-rank adapters (LoRA, through `peft`): the base weights stay frozen and each targeted linear layer W
+    gains a trained update (alpha / rank) * B A. Decode workers receive the merged weights W + (alpha / rank) B A
+    as an ordinary checkpoint (`rl.lora`)."""
+
+    rank: Annotated[int, Field(ge=1, le=4096)] = 16
+    """r: the inner dimension of B (out x r) and A (r x in)."""
+    alpha: Annotated[int, Field(ge=1, le=1_000_000)] = 32
+    """The update is scaled by alpha / rank."""
+    target_modules: Annotated[list[str], Field(min_length=1)] = Field(default_factory=lambda: list(LLAMA_PROJECTIONS))
+    """Names (last path component) of the linear layers that get adapters, in every block. The default is every
+    attention and MLP projection of a Llama-style block; other architectures name theirs differently."""
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    """Dropout on the adapters' input during the trainer's forward passes (the base model keeps no dropout)."""
+
+
 class TrainerConfig(_Model):
     loss: LossConfig = LossConfig()
     lr: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-5
@@ -105,6 +125,18 @@ class TrainerConfig(_Model):
     train_last_layers: Annotated[int, Field(ge=0, le=1000)] = 0
     """0 trains every parameter. k > 0 trains only the last k transformer blocks and the final norm (embeddings
     and everything below frozen), so the backward pass stops at block L - k: much cheaper on CPU."""
+    lora: LoraConfig | None = None
+    """Set: train low-rank adapters only (every base weight frozen) instead of the weights themselves; excludes
+    `train_last_layers`. See `LoraConfig`."""
+
+    @model_validator(mode="after")
+    def _one_way_to_freeze(self) -> TrainerConfig:
+        if self.lora is not None and self.train_last_layers:
+            raise ValueError(
+                f"trainer.lora and trainer.train_last_layers ({self.train_last_layers}) are two ways to train part of "
+                "the model; set one of them (train_last_layers = 0 with lora)"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

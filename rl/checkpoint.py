@@ -1,10 +1,11 @@
 """Trainer checkpoints and weight export, on disk.
 
 - `save_checkpoint` / `load_checkpoint`: the weights (safetensors; with frozen lower blocks only the trained
-  parameters), AdamW state, version and each process's RNG state, written to a temp dir beside the target and
-  renamed, so a reader sees an old or a new checkpoint, whole.
+  parameters; with LoRA only the adapter, in peft's format), AdamW state, version and each process's RNG state,
+  written to a temp dir beside the target and renamed, so a reader sees an old or a new checkpoint, whole.
 - `export_weights`: a Hugging Face checkpoint (config, safetensors, tokenizer) in a given dtype, for decode
-  workers; `rl.weights.apply_weights` copies such a checkpoint into an existing model in place.
+  workers; with LoRA the adapters merged into the base weights (`rl.lora.merged_state_dict`), so a decode worker
+  needs no peft. `rl.weights.apply_weights` copies such a checkpoint into an existing model in place.
 
 Tensors are written from CPU copies (a trainer on a GPU writes checkpoints any host can read) and loaded onto
 the model's own device.
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rl import lora
 from rl.weights import apply_weights
 
 if TYPE_CHECKING:
@@ -53,13 +55,14 @@ def _fresh_tmp(target: Path) -> Path:
     return tmp
 
 
-def _save_in_dtype(model: Any, out: Path, dtype: torch.dtype) -> None:
-    """`save_pretrained` with every tensor cast to `dtype` (tied tensors stay tied) and the config saying so."""
+def _save_in_dtype(model: Any, out: Path, dtype: torch.dtype, weights: dict[str, torch.Tensor] | None = None) -> None:
+    """`save_pretrained` of `weights` (None: the model's state dict) with every tensor cast to `dtype` (tied tensors
+    stay tied) and the config saying so."""
     import copy
 
     cast: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}
     state: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in (model.state_dict() if weights is None else weights).items():
         key = (tensor.data_ptr(), tuple(tensor.shape))
         if key not in cast:
             cast[key] = tensor.detach().to(device="cpu", dtype=dtype)
@@ -104,7 +107,9 @@ def save_checkpoint(trainer: PolicyTrainer, directory: Path) -> None:
     if acc.is_main_process:
         directory.parent.mkdir(parents=True, exist_ok=True)
         tmp = _fresh_tmp(directory)
-        if trainer.config.train_last_layers:
+        if trainer.config.lora is not None:
+            lora.save_adapter(trainer.unwrapped_model, tmp)
+        elif trainer.config.train_last_layers:
             # frozen parameters equal the initial model's: keep only what training changes
             from safetensors.torch import save_file
 
@@ -129,7 +134,13 @@ def load_checkpoint(trainer: PolicyTrainer, directory: Path) -> None:
     """Resume from `save_checkpoint`'s directory: weights, AdamW state, version and (this rank's) RNG."""
     directory = Path(directory)
     state = json.loads((directory / _STATE_FILE).read_text())
-    if (directory / _TRAINABLE_FILE).exists():  # frozen blocks are the initial model's, already loaded
+    saved_lora = state.get("config", {}).get("lora")
+    ours = trainer.config.lora.model_dump() if trainer.config.lora is not None else None
+    if saved_lora != ours:
+        raise ValueError(f"{directory} was trained with lora = {saved_lora}; this trainer has lora = {ours}")
+    if ours is not None:
+        lora.load_adapter(trainer.unwrapped_model, directory)
+    elif (directory / _TRAINABLE_FILE).exists():  # frozen blocks are the initial model's, already loaded
         from safetensors.torch import load_file
 
         saved = load_file(str(directory / _TRAINABLE_FILE))
@@ -158,7 +169,11 @@ def export_weights(trainer: PolicyTrainer, directory: Path, dtype: torch.dtype) 
         target = Path(directory)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = _fresh_tmp(target)
-        _save_in_dtype(trainer.unwrapped_model, tmp, dtype)
+        model = trainer.unwrapped_model
+        if lora.is_wrapped(model):  # decode workers get W + scale B A under the base model's names
+            _save_in_dtype(model.get_base_model(), tmp, dtype, lora.merged_state_dict(model))
+        else:
+            _save_in_dtype(model, tmp, dtype)
         trainer.tokenizer.save_pretrained(tmp)
         _replace_dir(tmp, target)
     acc.wait_for_everyone()

@@ -22,6 +22,9 @@ increments `version` (the policy version) by one, whatever the number of updates
 - per update: the gradient norm is clipped and AdamW steps. Metrics are merged over every update (token-weighted;
   `loss` and `grad_norm` are means over updates), with `updates` the count.
 
+With `config.lora` the model is wrapped with `peft` adapters (`rl.lora`): AdamW steps the adapters only, and
+`unwrapped_model` is the `peft.PeftModel`.
+
 Checkpoints and weight export (`save_checkpoint`, `load_checkpoint`, `export_weights`) are `rl.checkpoint`'s;
 the methods here delegate to it.
 
@@ -45,7 +48,7 @@ from typing import Any
 import torch
 
 from contracts.training import TrainerConfig
-from rl import checkpoint, updates
+from rl import checkpoint, lora, updates
 from rl.devices import resolve_device, use_device
 from rl.precision import CpuInfo, Precision, autocast_precision
 from rl.reference import FrozenReference
@@ -62,11 +65,19 @@ def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def _trainable_parameters(model: torch.nn.Module, last_layers: int) -> list[torch.nn.Parameter]:
-    """Every parameter (last_layers = 0), or only those of the last `last_layers` decoder blocks and the final
-    norm, the rest frozen (requires_grad False, so autograd never goes below the lowest trainable block)."""
+def _trainable_parameters(model: torch.nn.Module, config: TrainerConfig) -> tuple[torch.nn.Module, list[torch.nn.Parameter]]:
+    """The model to train and the parameters AdamW steps:
+
+    - `config.lora` set: the model wrapped with adapters (`rl.lora.wrap`), and the adapters' parameters;
+    - `train_last_layers` = k > 0: only the last k decoder blocks and the final norm, the rest frozen
+      (requires_grad False, so autograd never goes below the lowest trainable block);
+    - otherwise every parameter."""
+    if config.lora is not None:
+        wrapped = lora.wrap(model, config.lora)
+        return wrapped, lora.adapter_parameters(wrapped)
+    last_layers = config.train_last_layers
     if last_layers == 0:
-        return list(model.parameters())
+        return model, list(model.parameters())
     base = getattr(model, "model", None)
     layers = getattr(base, "layers", None)
     if base is None or layers is None or not hasattr(base, "norm"):
@@ -77,7 +88,7 @@ def _trainable_parameters(model: torch.nn.Module, last_layers: int) -> list[torc
     trainable = [*layers[-last_layers:], base.norm]
     for module in trainable:
         module.requires_grad_(True)
-    return [p for m in trainable for p in m.parameters()]
+    return model, [p for m in trainable for p in m.parameters()]
 
 
 @dataclass
@@ -138,7 +149,7 @@ class PolicyTrainer:
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_as_dtype(config.dtype))
         # Eval mode: no dropout, so the policy being trained is the policy that was sampled. Gradients still flow.
         model.eval()
-        trainable = _trainable_parameters(model, config.train_last_layers)
+        model, trainable = _trainable_parameters(model, config)
         optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self._cpu = cpu
@@ -151,6 +162,7 @@ class PolicyTrainer:
 
     @property
     def unwrapped_model(self) -> Any:
+        """The model without accelerate's wrapper (DDP): the Hugging Face model, or with LoRA its `peft.PeftModel`."""
         return self.accelerator.unwrap_model(self.model)
 
     @property
@@ -211,6 +223,8 @@ class PolicyTrainer:
                 "kl_coef > 0 needs the frozen reference policy, which the trainer keeps only when it is built with "
                 "kl_coef > 0 (its initial weights are gone afterwards); a step cannot switch the KL penalty on"
             )
+        if cfg.lora != self.config.lora:
+            raise ValueError("lora is fixed when the trainer is built; a step cannot change it")
         if cfg.autocast != self.config.autocast:
             self.autocast = autocast_precision(cfg.autocast, self.accelerator.device.type, cpu=self._cpu)
         self.config = cfg

@@ -26,7 +26,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from contracts import names
 from contracts.records import TrajectoryRecord, TurnContext
-from contracts.training import LossConfig, TrainerConfig, TrainRef, TrainStepInput, TrainStepResult
+from contracts.training import LoraConfig, LossConfig, TrainerConfig, TrainRef, TrainStepInput, TrainStepResult
 from contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryStatus
 from infra.layout import policy_version_prefix
 from infra.policies import get_dir
@@ -86,16 +86,21 @@ def records(rng: random.Random, count: int, vocab: int) -> list[TrajectoryRecord
 
 
 def single_process(tiny_model: Path, batches: list[list[TrajectoryRecord]], steps: list[TrainStepInput]):  # type: ignore[no-untyped-def]
-    """What one process makes of the same steps: (weights after the last step, the steps' metrics)."""
+    """What one process makes of the same steps: (the weights it would publish after the last step, the steps'
+    metrics)."""
+    from rl import lora
     from rl.samples import samples_from_records
     from rl.trainer import PolicyTrainer
 
-    trainer = PolicyTrainer(tiny_model, CONFIG, seed=0)
+    config = steps[0].trainer
+    trainer = PolicyTrainer(tiny_model, config, seed=0)
     metrics = []
     for recs, step in zip(batches, steps, strict=True):
-        samples = samples_from_records(recs, normalize_std=CONFIG.normalize_adv_std, refs=step.refs)
-        metrics.append(trainer.train_step(samples, CONFIG))
-    weights = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
+        samples = samples_from_records(recs, normalize_std=config.normalize_adv_std, refs=step.refs)
+        metrics.append(trainer.train_step(samples, config))
+    model = trainer.unwrapped_model
+    published = lora.merged_state_dict(model) if config.lora is not None else model.state_dict()
+    weights = {k: v.detach().clone() for k, v in published.items()}
     return weights, metrics
 
 
@@ -134,8 +139,15 @@ async def launched_steps(
     return results, log
 
 
-async def test_two_ranks_publish_what_one_process_trains(temporal_env, tiny_model: Path, tmp_path: Path) -> None:
-    """Steps v0 and v1 on one launch, stopped; v2 on a second launch, which resumes both ranks from the store."""
+LORA_CONFIG = CONFIG.model_copy(update={"lora": LoraConfig(rank=4, alpha=8)})
+
+
+@pytest.mark.parametrize("config", [CONFIG, LORA_CONFIG], ids=["full", "lora"])
+async def test_two_ranks_publish_what_one_process_trains(
+    temporal_env, tiny_model: Path, tmp_path: Path, config: TrainerConfig
+) -> None:  # type: ignore[no-untyped-def]
+    """Steps v0 and v1 on one launch, stopped; v2 on a second launch, which resumes both ranks from the store. With
+    LoRA, the ranks train adapters (DDP over the adapters only), checkpoint the adapter and publish merged weights."""
     from transformers import AutoConfig
 
     store = LocalStore(tmp_path / "store")
@@ -153,7 +165,7 @@ async def test_two_ranks_publish_what_one_process_trains(temporal_env, tiny_mode
                 workflow_id=r.workflow_id, trajectory_uri=uri, group=r.request.group, reward=r.reward, policy_version=0
             )
             refs.append(ref)
-        steps.append(TrainStepInput(run_id=run_id, version=version, refs=refs, trainer=CONFIG))
+        steps.append(TrainStepInput(run_id=run_id, version=version, refs=refs, trainer=config))
 
     first, _ = await launched_steps(temporal_env, tmp_path, "first", tiny_model, steps[:2])
     resumed, log = await launched_steps(temporal_env, tmp_path, "resumed", tiny_model, steps[2:])

@@ -1,5 +1,5 @@
-"""The CLI's `bench pipeline`, `bench sandbox`, `bench real`, `bench gpu` and `bench contention` commands: parse
-the options, then hand over to `bench/`."""
+"""The CLI's `bench pipeline`, `bench sandbox`, `bench real`, `bench gpu`, `bench contention` and `bench lora`
+commands: parse the options, then hand over to `bench/`."""
 
 from __future__ import annotations
 
@@ -127,3 +127,18 @@ def bench_contention(
     from infra.settings import load_settings
 
     _exit(contention_main(quick, json_path, load_settings().cache_dir / "models"))
+
+
+@bench_app.command("lora")
+def bench_lora(
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per option, after one warm-up step.")] = 3,
+    rank: Annotated[int, typer.Option("--rank", min=1, help="LoRA rank (alpha = 2 x rank).")] = 16,
+    quick: Annotated[bool, typer.Option("--quick", help="The tiny model: a smoke test, not a measurement.")] = False,
+) -> None:
+    """Trainer step time, peak memory, checkpoint and export of LoRA (every projection) against the last-8-blocks
+    option, on the default config's shape (SmolLM2-135M, 32 episodes, micro_batch 8), each in a fresh process."""
+    from bench.lora import main as lora_main
+    from infra.settings import load_settings
+
+    _exit(lora_main(quick, json_path, load_settings().cache_dir / "models", steps, rank))
