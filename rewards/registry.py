@@ -8,6 +8,9 @@ Built-ins:
 - `env_outcome` (the default): the sum of the env's rewards, i.e. the env's own outcome of the episode.
 - `env_final`: the last env reward (0.0 when the env gave none).
 - `success`: 1.0 if the last env reward is ≥ 1.0, else 0.0.
+- `success_or_penalty`: 1.0 if solved (as `success`), else the sum of the env's negative rewards (its penalties
+  for malformed or invalid actions), 0.0 when there were none. Partial credit is dropped, so the only way up is to
+  solve the task, while a malformed answer still scores below a well-formed miss.
 
 Not covered here: model-based rewards or verifiers that need I/O; register them from their own module with
 `@register("name")` (the service sees every function registered by the time it starts).
@@ -104,4 +107,24 @@ def success(req: ScoreRequest) -> ScoreResult:
     return ScoreResult(reward=1.0 if last >= 1.0 else 0.0, reward_fn="success", details=details)
 
 
-__all__ = ["RewardFn", "UnknownRewardFn", "env_final", "env_outcome", "get", "names", "register", "score", "success"]
+@register("success_or_penalty")
+def success_or_penalty(req: ScoreRequest) -> ScoreResult:
+    """1.0 when solved (the last env reward is at least 1.0), else the sum of the env's negative rewards."""
+    last = req.env_rewards[-1] if req.env_rewards else 0.0
+    penalty = float(sum(r for r in req.env_rewards if r < 0))
+    details = _details(req) | {"final_env_reward": float(last), "penalty": penalty}
+    return ScoreResult(reward=1.0 if last >= 1.0 else penalty, reward_fn="success_or_penalty", details=details)
+
+
+__all__ = [
+    "RewardFn",
+    "UnknownRewardFn",
+    "env_final",
+    "env_outcome",
+    "get",
+    "names",
+    "register",
+    "score",
+    "success",
+    "success_or_penalty",
+]

@@ -29,7 +29,7 @@ async def test_score_against_the_app() -> None:
     async with RewardClient("http://reward.test", transport=httpx.ASGITransport(app=create_app())) as client:
         result = await client.score(REQ)
         assert (result.reward, result.reward_fn) == (0.75, "env_outcome")
-        assert await client.reward_fns() == ["env_final", "env_outcome", "success"]
+        assert await client.reward_fns() == ["env_final", "env_outcome", "success", "success_or_penalty"]
 
 
 @pytest.mark.asyncio

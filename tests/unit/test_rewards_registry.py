@@ -22,7 +22,7 @@ def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_builtins_are_registered_and_sorted() -> None:
-    assert registry.names() == ["env_final", "env_outcome", "success"]
+    assert registry.names() == ["env_final", "env_outcome", "success", "success_or_penalty"]
 
 
 @pytest.mark.parametrize(
@@ -50,6 +50,16 @@ def test_success_looks_at_the_last_reward_only(rewards: list[float], expected: f
     assert result.details["final_env_reward"] == (rewards[-1] if rewards else 0.0)
 
 
+@pytest.mark.parametrize(
+    ("rewards", "expected"),
+    [([], 0.0), ([0.0, 0.0, 0.0, 0.89], 0.0), ([-0.1], -0.1), ([0.0, -0.5, 1.0], 1.0), ([-0.1, 0.0, -0.2, 0.7], -0.3)],
+)
+def test_success_or_penalty_is_one_when_solved_else_the_penalties(rewards: list[float], expected: float) -> None:
+    result = registry.score(_req("success_or_penalty", rewards))
+    assert result.reward == pytest.approx(expected)
+    assert result.details["penalty"] == pytest.approx(sum(r for r in rewards if r < 0))
+
+
 def test_details_carry_turns_and_how_the_episode_ended() -> None:
     result = registry.score(_req("env_outcome", [0.0, 1.0], actions=3, terminated=True))
     assert result.details == {"turns": 3, "env_steps": 2, "terminated": True, "truncated": False}
@@ -59,8 +69,8 @@ def test_get_unknown_lists_known_names() -> None:
     with pytest.raises(registry.UnknownRewardFn) as info:
         registry.get("nope")
     assert info.value.name == "nope"
-    assert info.value.known == ["env_final", "env_outcome", "success"]
-    assert "'nope'" in str(info.value) and "env_final, env_outcome, success" in str(info.value)
+    assert info.value.known == ["env_final", "env_outcome", "success", "success_or_penalty"]
+    assert "'nope'" in str(info.value) and "env_final, env_outcome, success, success_or_penalty" in str(info.value)
     assert isinstance(info.value, LookupError)
 
 

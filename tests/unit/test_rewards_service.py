@@ -40,7 +40,7 @@ def test_unknown_reward_fn_is_404_naming_the_known_ones(client: TestClient) -> N
     assert response.status_code == 404
     body = response.json()
     assert "'nope'" in body["message"]
-    assert body["known"] == ["env_final", "env_outcome", "success"]
+    assert body["known"] == ["env_final", "env_outcome", "success", "success_or_penalty"]
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_a_failing_reward_fn_is_500_with_its_error(client: TestClient, monkeypat
 
 def test_healthz_and_reward_fns(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"ok": True}
-    assert client.get("/reward-fns").json() == ["env_final", "env_outcome", "success"]
+    assert client.get("/reward-fns").json() == ["env_final", "env_outcome", "success", "success_or_penalty"]
 
 
 def test_host_and_port_default_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
