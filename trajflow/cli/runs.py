@@ -47,7 +47,7 @@ def rollout(
 
 @app.command()
 def train(
-    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="Run config (TOML) with a [train] section.")],
+    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="Run config (TOML) with a \\[train] section.")],
     run_id: Annotated[str | None, typer.Option(help="Run id = the TrainingWorkflow's id (default: generated).")] = None,
     json_summary: Annotated[Path | None, typer.Option(help="Also write the JSON summary here.")] = None,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the held-out evaluation before and after.")] = False,

@@ -208,7 +208,7 @@ def worker_trainer(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONF
 
 @worker_app.command("host")
 def worker_host(
-    name: Annotated[str, typer.Argument(help="The host's name in the config's [[hardware.hosts]] (or a default host).")],
+    name: Annotated[str, typer.Argument(help="The host's name in the config's \\[\\[hardware.hosts]] (or a default host).")],
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """Every worker the config places on host NAME, as child processes (what a worker-image container runs)."""
