@@ -149,6 +149,24 @@ def summarise(
     )
 
 
+def verdict(summary: RunSummary, plot: Path) -> str:
+    """The run in one line for the end of `trajflow train`: held-out greedy success and mean reward before and
+    after (when evaluated), steps, training wall time, and where the plot is."""
+    minutes = summary.wall_seconds / 60
+    head = f"run {summary.run_id}: {summary.steps} steps in {minutes:.1f} min of training"
+    before, after = summary.eval_before, summary.eval_after
+    if before is None or after is None:
+        return f"{head} (not evaluated); plot: {plot}"
+
+    def wins(ev: EvalResult) -> str:
+        return f"{round(ev.success_rate * ev.episodes)}/{ev.episodes} ({ev.success_rate:.0%})"
+
+    return (
+        f"{head}; held-out greedy success {wins(before)} -> {wins(after)}, "
+        f"mean reward {before.mean_reward:.3f} -> {after.mean_reward:.3f}; plot: {plot}"
+    )
+
+
 def write_plots(
     history: list[StepRecord], before: EvalResult | None, after: EvalResult | None, run_dir: Path
 ) -> list[Path]:

@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from commands.train import summarise, write_plots
+from commands.train import summarise, verdict, write_plots
 from contracts.runs import EvalResult, RunSummary
 from contracts.training import StepRecord, TrainingCounters, TrainingResult, TrainingRunConfig
 
@@ -57,3 +57,14 @@ def test_plot_runs_and_the_run_plots_read_the_summary(tmp_path: Path) -> None:
     history = [StepRecord(step=1, time_s=1.0, reward_mean=0.1, trajectories=1, stale_dropped_total=0, staleness=[0])]
     pngs = write_plots(history, summary.eval_before, summary.eval_after, tmp_path)
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
+
+
+def test_the_closing_line_gives_before_after_and_the_plot() -> None:
+    summary = a_summary()
+    line = verdict(summary, Path("runs/r/reward.png"))
+    assert line == (
+        "run r: 2 steps in 0.5 min of training; held-out greedy success 1/4 (25%) -> 2/4 (50%), "
+        "mean reward 0.250 -> 0.500; plot: runs/r/reward.png"
+    )
+    unevaluated = summary.model_copy(update={"eval_before": None, "eval_after": None})
+    assert verdict(unevaluated, Path("p.png")) == "run r: 2 steps in 0.5 min of training (not evaluated); plot: p.png"

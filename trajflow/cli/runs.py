@@ -59,6 +59,7 @@ def train(
 ) -> None:
     """Train on the running stack: eval, the TrainingWorkflow with live progress, eval; summary + plots."""
     from commands.train import train as run_training
+    from commands.train import verdict
     from contracts.runs import RunSummary
     from infra.settings import load_settings
     from infra.store import open_store_from
@@ -98,6 +99,7 @@ def train(
         json_summary.write_text(summary.model_dump_json(indent=2))
     shown = {"eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds"}
     typer.echo(json.dumps(summary.model_dump(mode="json", include=shown), indent=2))
+    typer.echo(verdict(summary, run_dir / "reward.png"))
     _exit(0)
 
 
