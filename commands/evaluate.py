@@ -179,13 +179,17 @@ def shown_ks(samples: int) -> list[int]:
     return [*ks, samples] if samples else []
 
 
+def greedy_success(result: EvalResult) -> str:
+    """`3/8 (38%)`: greedy wins over episodes (the success rate is wins / episodes, so it gives the count back)."""
+    return f"{round(result.success_rate * result.episodes)}/{result.episodes} ({result.success_rate:.0%})"
+
+
 def summary_line(result: EvalResult) -> str:
     """`eval RUN vV: success 3/8 (38%), mean reward 0.412, pass@1 0.30 pass@4 0.62 (41s)`."""
-    wins = sum(r.greedy_win for r in result.per_episode)
     passes = "".join(f", pass@{k} {result.pass_at_k[k]:.2f}" for k in shown_ks(result.samples))
     return (
-        f"eval {result.policy or 'base'} v{result.version}: success {wins}/{result.episodes} "
-        f"({result.success_rate:.0%}), mean reward {result.mean_reward:.3f}{passes} ({result.seconds:.0f}s)"
+        f"eval {result.policy or 'base'} v{result.version}: success {greedy_success(result)}, "
+        f"mean reward {result.mean_reward:.3f}{passes} ({result.seconds:.0f}s)"
     )
 
 

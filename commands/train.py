@@ -11,7 +11,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from commands.evaluate import Say, evaluate
+from commands.evaluate import Say, evaluate, greedy_success
 from contracts.config import RunConfig
 from contracts.runs import EvalResult, RunSummary
 from contracts.training import StepRecord, TrainingProgress, TrainingResult, TrainingRunConfig
@@ -157,12 +157,8 @@ def verdict(summary: RunSummary, plot: Path) -> str:
     before, after = summary.eval_before, summary.eval_after
     if before is None or after is None:
         return f"{head} (not evaluated); plot: {plot}"
-
-    def wins(ev: EvalResult) -> str:
-        return f"{round(ev.success_rate * ev.episodes)}/{ev.episodes} ({ev.success_rate:.0%})"
-
     return (
-        f"{head}; held-out greedy success {wins(before)} -> {wins(after)}, "
+        f"{head}; held-out greedy success {greedy_success(before)} -> {greedy_success(after)}, "
         f"mean reward {before.mean_reward:.3f} -> {after.mean_reward:.3f}; plot: {plot}"
     )
 

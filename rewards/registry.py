@@ -86,6 +86,11 @@ def _details(req: ScoreRequest) -> dict[str, JsonScalar]:
     }
 
 
+def _final(req: ScoreRequest) -> float:
+    """The env's last reward, 0.0 when it gave none; at least 1.0 means the task was solved."""
+    return float(req.env_rewards[-1]) if req.env_rewards else 0.0
+
+
 @register("env_outcome")
 def env_outcome(req: ScoreRequest) -> ScoreResult:
     """The sum of the env's per-step rewards: the env's own outcome of the episode."""
@@ -95,24 +100,23 @@ def env_outcome(req: ScoreRequest) -> ScoreResult:
 @register("env_final")
 def env_final(req: ScoreRequest) -> ScoreResult:
     """The env's last reward, 0.0 when it gave none."""
-    last = req.env_rewards[-1] if req.env_rewards else 0.0
-    return ScoreResult(reward=float(last), reward_fn="env_final", details=_details(req))
+    return ScoreResult(reward=_final(req), reward_fn="env_final", details=_details(req))
 
 
 @register("success")
 def success(req: ScoreRequest) -> ScoreResult:
     """1.0 when the env's last reward is at least 1.0 (the task was solved), else 0.0."""
-    last = req.env_rewards[-1] if req.env_rewards else 0.0
-    details = _details(req) | {"final_env_reward": float(last)}
+    last = _final(req)
+    details = _details(req) | {"final_env_reward": last}
     return ScoreResult(reward=1.0 if last >= 1.0 else 0.0, reward_fn="success", details=details)
 
 
 @register("success_or_penalty")
 def success_or_penalty(req: ScoreRequest) -> ScoreResult:
     """1.0 when solved (the last env reward is at least 1.0), else the sum of the env's negative rewards."""
-    last = req.env_rewards[-1] if req.env_rewards else 0.0
+    last = _final(req)
     penalty = float(sum(r for r in req.env_rewards if r < 0))
-    details = _details(req) | {"final_env_reward": float(last), "penalty": penalty}
+    details = _details(req) | {"final_env_reward": last, "penalty": penalty}
     return ScoreResult(reward=1.0 if last >= 1.0 else penalty, reward_fn="success_or_penalty", details=details)
 
 
