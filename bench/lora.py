@@ -1,12 +1,16 @@
-"""`trajflow bench lora`: what LoRA costs against the last-k-blocks option, per trainer step, on this machine.
+"""`trajflow bench lora`: what LoRA costs against the last-k-blocks option, per trainer step, on this machine; and
+what computing logits only from the first loss token on saves.
 
-Two ways to train part of the default config's model (configs/default.toml: SmolLM2-135M, a batch of 32 episodes,
-micro_batch 8, ppo_clip, autocast `auto`):
+Two ways to train part of the default config's model (configs/default.toml: SmolLM2-135M, a batch of 16 episodes,
+micro_batch 8, ppo_clip, autocast `auto`), and the first of them the way the trainer worked before:
 
 - `last-blocks`: the config as it is, `train_last_layers` = 8 of 30 blocks (the backward pass stops at block 22);
 - `lora`: `train_last_layers` = 0 and `lora` = rank 16 (alpha 32) on every attention and MLP projection of every
   block (`rl.lora`), so the backward pass runs through all 30 blocks, but only the adapters get weight gradients
-  and AdamW state.
+  and AdamW state;
+- `every-logit`: `last-blocks` with the LM head (and log-softmax) at every position, prompt included, as the
+  trainer computed them before `rl.updates.first_loss_column` (this process replaces that function with one that
+  answers 0), so the saving is measured side by side.
 
 Each option runs in a fresh process (so peak memory is its own): it builds `rl.trainer.PolicyTrainer`, takes one
 warm-up step and `--steps` timed ones on samples shaped like the default task's episodes (`bench.torch_work`:
@@ -36,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-OPTIONS = ("last-blocks", "lora")
+OPTIONS = ("last-blocks", "lora", "every-logit")
 DEFAULT_CONFIG = ROOT / "configs" / "default.toml"
 
 
@@ -57,7 +61,7 @@ def trainer_config(option: str, quick: bool, rank: int) -> tuple[Any, int]:
     base, batch = train.trainer, train.batch_size
     if quick:
         base, batch = base.model_copy(update={"micro_batch": 2, "train_last_layers": 1}), 4
-    if option == "last-blocks":
+    if option in ("last-blocks", "every-logit"):
         return base, batch
     if option == "lora":
         return base.model_copy(update={"train_last_layers": 0, "lora": LoraConfig(rank=rank, alpha=2 * rank)}), batch
@@ -71,6 +75,10 @@ def child(option: str, model: Path, steps: int, quick: bool, rank: int) -> dict[
     from rl.trainer import PolicyTrainer
 
     config, batch = trainer_config(option, quick, rank)
+    if option == "every-logit":
+        from rl import updates
+
+        updates.first_loss_column = lambda mask: 0  # every position through the LM head, as before
     rss_start = _maxrss_mib()
     started = time.perf_counter()
     trainer = PolicyTrainer(model, config, device="cpu")
@@ -173,11 +181,15 @@ def render(report: dict[str, Any]) -> str:
             f"{r['maxrss_built_mib']:>12.0f} {r['checkpoint_bytes'] / 1e6:>8.1f} {r['checkpoint_s']:>7.2f} {r['export_s']:>9.2f}"
         )
     first = report["options"][0]
+    steps = "; ".join(f"{r['option']} {[round(s, 2) for s in r['step_s']]}" for r in report["options"])
     lines.append(
         f"batch {first['batch']} ({first['tokens_per_step']} tokens), micro_batch {first['trainer']['micro_batch']}, "
-        f"autocast {first['autocast']}, {first['threads']} threads; steps {[round(s, 2) for s in first['step_s']]} "
-        f"and {[round(s, 2) for s in report['options'][1]['step_s']]} after one warm-up step each"
+        f"autocast {first['autocast']}, {first['threads']} threads; step seconds after one warm-up step each: {steps}"
     )
+    rows = {r["option"]: r for r in report["options"]}
+    if "every-logit" in rows:
+        ratio = rows["every-logit"]["median_step_s"] / rows["last-blocks"]["median_step_s"]
+        lines.append(f"logits from the first loss token on: steps {ratio:.2f}x as fast as with logits at every position")
     return "\n".join(lines)
 
 

@@ -8,7 +8,9 @@ increments `version` (the policy version) by one, whatever the number of updates
   `micro_batch` sequences;
 - a teacher-forced forward pass gives the logprob of token t from the logits at t - 1, divided by the
   sample's sampling temperature and normalised in float32 (the first token has no logprob and must have loss
-  mask 0), and the entropy of that distribution at every generated token (from the same logits);
+  mask 0), and the entropy of that distribution at every generated token (from the same logits). The LM head
+  runs only from the micro-batch's first loss token on (`rl.updates.first_loss_column`, through the model's
+  `logits_to_keep`): a shared prompt before it reaches the loss through no logprob, so its logits are not made;
 - each micro-batch's loss is divided by its mini-batch's token (token_mean) or non-empty sequence (seq_mean,
   token_sum_norm) count, times the process count that data-parallel gradient averaging divides by again, so
   the accumulated gradient of an update is exactly the gradient of its mini-batch's aggregated loss, whatever
@@ -33,13 +35,15 @@ packing, so padding costs compute. Multi-GPU is plain data parallelism through `
 uses PolicyTrainer (DDP-style replicated weights; FSDP/DeepSpeed state dicts are not handled); `rl.distributed`
 runs it for the trainer worker, tested with two CPU processes (gloo), not on GPUs. On a GPU, batches are built
 on the CPU and moved to the device; metrics come back as floats, and checkpoints and exported weights are
-written from CPU copies. The float32 logits of a whole micro-batch are kept for backward: `micro_batch` x length
-x vocabulary floats (twice that with an entropy bonus, whose softmax is kept too). With kl_coef > 0 the trainer
-holds a copy of the initial trainable parameters (`rl.reference`: the top k blocks with train_last_layers = k).
+written from CPU copies. The float32 logits of a micro-batch from its first loss token on are kept for
+backward: `micro_batch` x (length - prompt) x vocabulary floats (twice that with an entropy bonus, whose softmax
+is kept too). With kl_coef > 0 the trainer holds a copy of the initial trainable parameters (`rl.reference`: the
+top k blocks with train_last_layers = k).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +153,8 @@ class PolicyTrainer:
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=_as_dtype(config.dtype))
         # Eval mode: no dropout, so the policy being trained is the policy that was sampled. Gradients still flow.
         model.eval()
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        """Whether the model computes logits at the last N positions only (most causal LMs in transformers)."""
         model, trainable = _trainable_parameters(model, config)
         optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
@@ -194,14 +200,21 @@ class PolicyTrainer:
         fixed = (_padded(rows, width - 1, device) if rows is not None else None for rows in (prox, ref))
         return Collated(*tensors, *fixed)
 
-    def logits(self, batch: Collated, reference: FrozenReference | None = None) -> torch.Tensor:
-        """[B, L - 1, V]: float32 logits predicting tokens 1.. at each row's temperature; with `reference`, of the
-        frozen reference policy (no gradient)."""
+    def logits(self, batch: Collated, reference: FrozenReference | None = None, start: int = 0) -> torch.Tensor:
+        """[B, L - 1 - start, V]: float32 logits predicting tokens start + 1.. (columns start.. of the token
+        logprobs) at each row's temperature; with `reference`, of the frozen reference policy (no gradient).
+        Positions before `start` skip the LM head where the model takes `logits_to_keep`."""
+        if not 0 <= start < batch.ids.shape[1]:
+            raise ValueError(f"start {start} is outside the batch's {batch.ids.shape[1]} positions")
         device_type = self.accelerator.device.type
-        inputs = {"input_ids": batch.ids, "attention_mask": batch.attention, "use_cache": False}
+        inputs: dict[str, Any] = {"input_ids": batch.ids, "attention_mask": batch.attention, "use_cache": False}
+        keep = start > 0 and self._keeps_logits
+        if keep:
+            inputs["logits_to_keep"] = batch.ids.shape[1] - start  # the last L - start positions
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.autocast.bf16):
             out = self.model(**inputs) if reference is None else reference.forward(self.unwrapped_model, **inputs)
-        return out.logits[:, :-1].float() / batch.temperatures[:, None, None]
+        logits = out.logits[:, :-1] if keep else out.logits[:, start:-1]
+        return logits.float() / batch.temperatures[:, None, None]
 
     def logprobs(self, samples: Sequence[TrainSample], micro_batch: int | None = None) -> list[list[float]]:
         """The current policy's teacher-forced logprob of every token (0.0 for the first), aligned with token_ids."""

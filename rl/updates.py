@@ -36,7 +36,8 @@ from rl.losses import batch_denominator, merge_metrics, policy_loss
 from rl.samples import TrainSample
 
 if TYPE_CHECKING:
-    from rl.trainer import PolicyTrainer
+    from rl.reference import FrozenReference
+    from rl.trainer import Collated, PolicyTrainer
 
 T = TypeVar("T")
 
@@ -82,6 +83,26 @@ def next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> tuple[torch.
     return logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - logz, logz
 
 
+def first_loss_column(mask: torch.Tensor) -> int:
+    """The first column of a micro-batch's token logprobs ([B, L - 1], `mask[:, 1:]`) where any row has a loss
+    token, 0 when none has. The columns before it need no logits: the loss and its metrics read masked tokens
+    only, so the LM head (a vocabulary-sized matmul per position) skips the shared prompt."""
+    columns = (mask[:, 1:] > 0).any(dim=0).nonzero()
+    return int(columns[0]) if len(columns) else 0
+
+
+def loss_logprobs(
+    trainer: PolicyTrainer, data: Collated, reference: FrozenReference | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """[B, L - 1] token logprobs of `data` (the trainer's policy, or `reference`'s), computed from
+    `first_loss_column` on and 0.0 before it; with the logits [B, L - 1 - start, V] and their log-normalisers
+    those columns came from, and `start`."""
+    start = first_loss_column(data.mask)
+    logits = trainer.logits(data, reference, start=start)
+    logp, logz = next_token_logprobs(logits, data.ids[:, start:])
+    return torch.nn.functional.pad(logp, (start, 0)), logz, logits, start
+
+
 def token_entropy(logits: torch.Tensor, logz: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """[B, L] entropy of softmax(logits) at the `valid` positions (0 elsewhere), H = logz - sum p * logits,
     computed a chunk of positions at a time so that no second [B, L, V] tensor is built."""
@@ -125,8 +146,8 @@ def _fixed_logprobs(
     with torch.no_grad():
         for chunk in micro_batches(indices, cfg.micro_batch):
             data = trainer.collate([samples[i] for i in chunk])
-            prox = next_token_logprobs(trainer.logits(data), data.ids)[0].cpu() if want_prox else None
-            ref = next_token_logprobs(trainer.logits(data, reference), data.ids)[0].cpu() if reference is not None else None
+            prox = loss_logprobs(trainer, data)[0].cpu() if want_prox else None
+            ref = loss_logprobs(trainer, data, reference)[0].cpu() if reference is not None else None
             for row, i in enumerate(chunk):
                 n = len(samples[i].token_ids) - 1
                 if prox is not None:
@@ -145,14 +166,15 @@ def _micro_step(
     prox = [fixed.prox.get(i, empty) for i, _ in batch] if fixed.prox else None
     ref = [fixed.ref.get(i, empty) for i, _ in batch] if fixed.ref else None
     data = trainer.collate([s for _, s in batch], prox, ref)
-    logits = trainer.logits(data)
-    logp, logz = next_token_logprobs(logits, data.ids)
+    logp, logz, logits, start = loss_logprobs(trainer, data)
     mask = data.mask[:, 1:]
+    valid = mask[:, start:] > 0
     if cfg.loss.entropy_coef > 0:
-        entropy = token_entropy(logits, logz, mask > 0)
+        entropy = token_entropy(logits, logz, valid)
     else:
         with torch.no_grad():
-            entropy = token_entropy(logits.detach(), logz.detach(), mask > 0)
+            entropy = token_entropy(logits.detach(), logz.detach(), valid)
+    entropy = torch.nn.functional.pad(entropy, (start, 0))
     loss, metrics = policy_loss(
         cfg.loss,
         logp,

@@ -208,3 +208,40 @@ def test_a_resumed_trainer_keeps_the_initial_model_as_its_reference(tiny_model: 
     assert again["kl_ref"] == pytest.approx(continued["kl_ref"], rel=1e-5) and continued["kl_ref"] > 0
     assert again["loss"] == pytest.approx(continued["loss"], abs=1e-6)
     assert_same_params(params(original), params(resumed), atol=1e-6)
+
+
+def test_logits_start_at_the_first_loss_token_and_change_nothing_but_the_work(tiny_model: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A shared prompt before every completion: the LM head skips it. Every path that reads logits runs (the
+    # proximal and reference pass, the entropy bonus, two updates) and must give the step that logits at every
+    # position give, to float error.
+    loss = LossConfig(kind="decoupled_ppo", kl_coef=0.1, entropy_coef=0.01)
+    config = CONFIG.model_copy(update={"loss": loss, "ppo_epochs": 2, "micro_batch": 2})
+    prompt = "You are playing a game. Guess the number between 1 and 10 within 4 turns; hints follow each guess."
+    trained, first = {}, 0
+    for every_position in (False, True):
+        if every_position:
+            monkeypatch.setattr(updates, "first_loss_column", lambda mask: 0)
+        trainer = make_trainer(tiny_model, config)
+        samples = [sample(trainer, prompt, c, a) for c, a in (("5", 1.0), ("I guess 7.", -0.5), ("Eight!", 0.8))]
+        first = first or updates.first_loss_column(trainer.collate(samples).mask)
+        widths: list[int] = []
+        head = trainer.unwrapped_model.get_output_embeddings()
+        head.register_forward_hook(lambda _m, _i, out, seen=widths: seen.append(out.shape[1]))
+        metrics = trainer.train_step(samples)
+        trained[every_position] = (metrics, params(trainer), widths)
+    (cut, cut_params, cut_widths), (full, full_params, full_widths) = trained[False], trained[True]
+    assert first > 10  # the prompt's tokens
+    # the same forward passes in the same order, and the head never saw the prompt's positions
+    assert len(cut_widths) == len(full_widths) and all(c <= f - first for c, f in zip(cut_widths, full_widths, strict=True))
+    for name in ("loss", "kl_ref", "entropy", "clip_frac", "ratio_mean", "kl_rollout_trainer"):
+        assert cut[name] == pytest.approx(full[name], rel=1e-5, abs=1e-7), name
+    # AdamW divides by the gradient's running RMS, so a weight whose gradient is near zero moves by up to lr
+    # whatever its float error: a few such weights differ by ~1e-5 here. A real difference would move whole
+    # tensors by about lr (1e-3).
+    assert_same_params(cut_params, full_params, atol=1e-4)
+
+
+def test_first_loss_column_is_the_earliest_masked_token_of_any_row() -> None:
+    mask = torch.tensor([[0, 0, 0, 1, 1, 0], [0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 1, 1]], dtype=torch.float32)
+    assert updates.first_loss_column(mask) == 1  # column c of the logprobs is token c + 1
+    assert updates.first_loss_column(torch.zeros(2, 5)) == 0  # no loss token: every column

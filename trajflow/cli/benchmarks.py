@@ -137,7 +137,8 @@ def bench_lora(
     quick: Annotated[bool, typer.Option("--quick", help="The tiny model: a smoke test, not a measurement.")] = False,
 ) -> None:
     """Trainer step time, peak memory, checkpoint and export of LoRA (every projection) against the last-8-blocks
-    option, on the default config's shape (SmolLM2-135M, 32 episodes, micro_batch 8), each in a fresh process."""
+    option, and of last-8-blocks with logits at every position (the trainer before it skipped the prompt), on the
+    default config's shape (SmolLM2-135M, its batch of episodes, micro_batch 8), each in a fresh process."""
     from bench.lora import main as lora_main
     from infra.settings import load_settings
 
