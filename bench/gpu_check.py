@@ -12,7 +12,7 @@ It measures, on `--device` (default auto: the GPU when one is visible):
   prompts (sampled at T = 0.7, as the default job), in the dtype `rl.engines.load.decode_precision` picks for the
   device; tokens/s = generated tokens / the engine's busy time;
 - train: `rl.trainer.PolicyTrainer` steps of the default config's shape (configs/default.toml [train]: a batch
-  of 32 episodes, micro_batch 8, train_last_layers 8, ppo_clip, autocast auto) on samples shaped like the
+  of 16 episodes, micro_batch 8, train_last_layers 8, ppo_clip, autocast auto) on samples shaped like the
   default job's (`bench.torch_work`); the first step is a warm-up and is not counted.
 
 `--quick` shrinks the model (2 blocks, hidden 64), the batches and the steps: a smoke test that the path runs
