@@ -167,6 +167,7 @@ def chaos(
     import uuid
 
     from chaos import harness as chaos_mod
+    from chaos import report as chaos_report
     from infra import stack
     from infra.settings import load_settings
 
@@ -189,10 +190,10 @@ def chaos(
     report = asyncio.run(
         chaos_mod.run_chaos(cfg, config, settings, _say, quick=quick, run_id=rid, kill_rate=container_kill_rate, seed=seed)
     )
-    typer.echo(chaos_mod.format_report(report))
+    typer.echo(chaos_report.format_report(report))
     out_dir = settings.state_dir / "runs" / rid
-    plot = chaos_mod.write_plot(report, out_dir / "chaos.png")
-    chaos_mod.write_json(report, json_path or out_dir / "chaos.json")
+    plot = chaos_report.write_plot(report, out_dir / "chaos.png")
+    chaos_report.write_json(report, json_path or out_dir / "chaos.json")
     _say(f"json: {json_path or out_dir / 'chaos.json'}" + (f"; plot: {plot}" if plot else ""))
     _exit(0 if report.ok else 1)
 
