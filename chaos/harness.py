@@ -45,7 +45,7 @@ class FaultRecord:
     """Seconds since the run started."""
     detail: str
     recovered_after_s: float | None = None
-    """Until the next trajectory ended (or step finished, for the trainer) after the restart."""
+    """Until the run moved on after the restart (`recovered`)."""
     step_attempt: int = 0
     """For the trainer: the train step's attempt seen after the kill (>= 2: the kill interrupted it)."""
 
@@ -193,7 +193,7 @@ class Chaos:
     async def _time_recovery(self, record: FaultRecord, before: TrainingProgress, done: asyncio.Event) -> None:
         if record.fault == "trainer":
             retried = asyncio.create_task(self._step_retried(record, done))
-            moved = await self.until(lambda p: p.version > before.version, done)
+            moved = await self.until(lambda p: recovered(record.fault, p, before), done)
             retried.cancel()
             record.detail += (
                 f"; mid-step confirmed: the step was retried (attempt {record.step_attempt})"
@@ -201,7 +201,7 @@ class Chaos:
                 else "; the step finished before the kill landed (not retried)"
             )
         else:
-            moved = await self.until(lambda p: ended(p) > ended(before), done)
+            moved = await self.until(lambda p: recovered(record.fault, p, before), done)
         if moved:
             record.recovered_after_s = round(self.now() - record.at_s, 1)
 
@@ -261,6 +261,15 @@ class Chaos:
                         c.killed_ids.append(wid)
             await _sleep_or(done, 0.5)
         c.ended_before_kill = c.targeted - c.killed
+
+
+def recovered(fault: str, now: TrainingProgress, before: TrainingProgress) -> bool:
+    """Whether the run moved on since the fault: the trainer's, once a new version is published; any other's,
+    once a trajectory ended or a version was published (late in a run every episode may have ended already,
+    and then only the trainer's next version can show the stack works again)."""
+    if fault == "trainer":
+        return now.version > before.version
+    return ended(now) > ended(before) or now.version > before.version
 
 
 def ended(p: TrainingProgress) -> int:

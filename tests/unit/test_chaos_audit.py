@@ -1,10 +1,12 @@
 """The chaos verdict (`chaos.audit.audit`) on hand-made records: it passes a clean run and catches each
-kind of violation it exists to catch, so a chaos run that reports 0 lost means the check could have said more."""
+kind of violation it exists to catch, so a chaos run that reports 0 lost means the check could have said more.
+Also when a fault counts as recovered from (`chaos.harness.recovered`)."""
 
 from __future__ import annotations
 
 from chaos.audit import RunRecords, StoredOutcome, TrajectoryRow, audit
-from contracts.training import TrainRef
+from chaos.harness import recovered
+from contracts.training import TrainingCounters, TrainingProgress, TrainRef
 
 
 def row(wid: str, execution: str = "completed", status: str | None = "completed", reward: float | None = 1.0) -> TrajectoryRow:
@@ -78,3 +80,26 @@ def test_missing_steps_fail_the_run() -> None:
     r.steps_configured = 3
     c = audit(r)
     assert c.goals_met["all steps completed"] is False and not c.ok
+
+
+def progress(version: int, completed: int) -> TrainingProgress:
+    return TrainingProgress(
+        run_id="r",
+        version=version,
+        steps=6,
+        alpha=1,
+        running=0,
+        buffered=0,
+        counters=TrainingCounters(completed=completed),
+        last=None,
+        elapsed_s=0.0,
+    )
+
+
+def test_a_fault_late_in_a_run_recovers_on_the_next_version() -> None:
+    before = progress(version=4, completed=52)
+    assert not recovered("temporal", progress(4, 52), before)
+    assert recovered("temporal", progress(5, 52), before), "every episode had ended: a new version is the progress"
+    assert recovered("decode", progress(4, 53), before)
+    assert not recovered("trainer", progress(4, 53), before), "the trainer recovers only by publishing"
+    assert recovered("trainer", progress(5, 52), before)
