@@ -72,6 +72,10 @@ class ModelConfig(Contract):
     CUDA GPU or a CPU with AVX512-BF16/AMX, float32 where bf16 would be emulated (most laptops and many cloud
     CPUs: several times slower decode there). bfloat16 rollout logprobs are up to ~0.2 nats off the trainer's float32
     ones; the losses correct for it. `float32` / `bfloat16` force a dtype."""
+    prefix_cache_mb: Annotated[int, Field(ge=0, le=1_000_000)] = 1024
+    """The `hf` engine keeps keys and values of earlier prompts and completions up to this size, so a trajectory's
+    next turn (which extends its last prompt and completion) and a task's shared instructions are not recomputed
+    (`rl.engines.prefix_cache`); cleared at every new policy version. 0 turns it off. vLLM has its own."""
 
     @model_validator(mode="after")
     def _openai_section_matches_engine(self) -> ModelConfig:

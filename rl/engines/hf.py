@@ -38,6 +38,11 @@ during one), the engine asks the source for the newest version of the batch's po
 what is loaded, copies it into the model in place (`rl.weights.apply_weights`). Every completion carries
 the version that generated it. Switching between two policies reloads each time: one engine serves one run at
 a time well.
+
+Prefix cache (`prefix_cache_bytes` > 0, `rl.engines.prefix_cache`): each batch's prompts and completions keep their
+keys and values, and a later prompt that extends one (a trajectory's next turn; another episode's identical
+instructions) is fed to the model only from where it differs. Completions are the ones the engine gives without
+it (float32: logprobs within ~1e-5). Cleared whenever other weights are loaded.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ import torch
 
 from contracts.trajectory import SamplingParams
 from rl.engines.base import Completion, WeightSource, eos_ids, trim_at_eos
+from rl.engines.prefix_cache import PrefixCache, batch_past, keep_batch
 from rl.engines.sampling import SeededSampler
 
 
@@ -66,6 +72,9 @@ class _Stats:
     completion_tokens: int = 0
     busy_s: float = 0.0
     weight_loads: int = 0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    """Prompt tokens whose keys and values came from the prefix cache instead of a forward pass."""
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -76,6 +85,8 @@ class _Stats:
             "completion_tokens": float(self.completion_tokens),
             "busy_s": self.busy_s,
             "tokens_per_s": self.completion_tokens / self.busy_s if self.busy_s > 0 else 0.0,
+            "prompt_tokens": float(self.prompt_tokens),
+            "prefix_reused_tokens": float(self.reused_tokens),
         }
 
 
@@ -132,10 +143,12 @@ class HFEngine:
         torch_threads: int | None = None,
         dtype: torch.dtype | None = None,
         weights: WeightSource | None = None,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         """`device` a torch device (`cpu`, `cuda`, `cuda:N`; `rl.devices.resolve_device` turns a setting such as
         `auto` into one); `dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny
-        model); `weights` None serves the initial model only."""
+        model); `weights` None serves the initial model only; `prefix_cache_bytes` > 0 keeps up to that many bytes of
+        keys and values of earlier prompts and completions (`rl.engines.prefix_cache`; 0: none)."""
         from transformers import AutoTokenizer
 
         if max_batch < 1:
@@ -161,6 +174,7 @@ class HFEngine:
         self._loop_task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._stats = _Stats()
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
 
     def _pick_pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
@@ -183,6 +197,8 @@ class HFEngine:
         # an upcast to the base class: typeshed's functools.wraps result, which transformers' .to is, does not bind self
         cast(torch.nn.Module, model).to(self.device).eval()
         self._eos = eos_ids(self.tokenizer, model.config)
+        if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):
+            self.prefix_cache = None  # a sliding-window layer keeps only its window: no prefix to reuse
         self.model = model
 
     async def close(self) -> None:
@@ -300,6 +316,8 @@ class HFEngine:
         apply_weights(self.model, newest.path if newest else self.model_path)
         self.policy, self.version = want
         self._stats.weight_loads += 1
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # computed with the weights just replaced
 
     def _run_batch(
         self,
@@ -317,6 +335,7 @@ class HFEngine:
         for row, prompt in enumerate(prompts):
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention[row, width - len(prompt) :] = 1
+        past = self._reused_prefix(prompts, width)
         recorder = _LogprobRecorder(prompt_len=width, temperature=params.temperature)
         processors: list[Any] = [recorder]
         if params.temperature > 0.0:  # after the recorder: it must see the logits before temperature and noise
@@ -332,14 +351,37 @@ class HFEngine:
                 eos_token_id=self._eos,
                 pad_token_id=self._pad_id,
                 do_sample=False,
+                past_key_values=past,
+                return_dict_in_generate=True,
             )
+        sequences = output.sequences
         # the logprobs are gathered on the model's device; both come back to CPU lists
-        logprobs = recorder.finish(output[:, width:]).cpu()
-        generated = output[:, width:].cpu()
+        logprobs = recorder.finish(sequences[:, width:]).cpu()
+        generated = sequences[:, width:].cpu()
         eos = set(self._eos)
         completions = []
         for row in range(len(prompts)):
             ids, lps, reason = trim_at_eos(generated[row].tolist(), logprobs[row].tolist(), eos)
             text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
             completions.append(Completion(ids, lps, text, reason, version))
+        self._stats.prompt_tokens += sum(len(p) for p in prompts)
+        if self.prefix_cache is not None:
+            self._keep(prompts, completions, output.past_key_values, width)
         return completions
+
+    def _reused_prefix(self, prompts: Sequence[list[int]], width: int) -> Any:
+        """The batch's `DynamicCache` from the prefix cache (`prefix_cache.batch_past`); None: nothing reused."""
+        if self.prefix_cache is None:
+            return None
+        layers, reused = batch_past(self.prefix_cache, prompts, width)
+        if layers is None:
+            return None
+        from transformers import DynamicCache
+
+        self._stats.reused_tokens += reused
+        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
+
+    def _keep(self, prompts: Sequence[list[int]], completions: list[Completion], cache: Any, width: int) -> None:
+        assert self.prefix_cache is not None
+        layers = [(k, v) for k, v, *_ in cache]
+        keep_batch(self.prefix_cache, prompts, [c.token_ids for c in completions], layers, width)

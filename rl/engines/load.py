@@ -74,6 +74,7 @@ def load_engine(
         torch_threads=torch_threads,
         dtype=getattr(torch, chosen.dtype),
         weights=weights,
+        prefix_cache_bytes=model.prefix_cache_mb * 2**20,
     )
 
 

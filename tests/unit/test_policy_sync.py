@@ -36,11 +36,13 @@ async def _greedy(path, prompt, params):  # type: ignore[no-untyped-def]
         await fresh.close()
 
 
-async def test_engine_follows_published_versions(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("prefix_cache_bytes", [0, 2**26], ids=["no-prefix-cache", "prefix-cache"])
+async def test_engine_follows_published_versions(tiny_model, tmp_path, prefix_cache_bytes) -> None:  # type: ignore[no-untyped-def]
+    """With a prefix cache, the same prompt again after a new version must not reuse the old weights' keys."""
     store = LocalStore(tmp_path / "store")
     follower = PolicyStore(store, tmp_path / "decode-cache", pointer_ttl_s=0.0)
     publisher = PolicyStore(store, tmp_path / "trainer-cache")
-    engine = HFEngine(tiny_model, max_batch=4, batch_wait_ms=1, weights=follower)
+    engine = HFEngine(tiny_model, max_batch=4, batch_wait_ms=1, weights=follower, prefix_cache_bytes=prefix_cache_bytes)
     await engine.start()
     try:
         greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
