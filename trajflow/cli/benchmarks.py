@@ -143,3 +143,18 @@ def bench_lora(
     from infra.settings import load_settings
 
     _exit(lora_main(quick, json_path, load_settings().cache_dir / "models", steps, rank))
+
+
+@bench_app.command("prefix-cache")
+def bench_prefix_cache(
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here, a plot beside.")] = None,
+    episodes: Annotated[int, typer.Option("--episodes", min=1, help="Episodes played at once, one batch per turn.")] = 32,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, help="Torch threads (default: the decode worker's).")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="The tiny model: a smoke test, not a measurement.")] = False,
+) -> None:
+    """The HF engine playing the default task's episodes (GEM GuessTheNumber, SmolLM2) turn by turn with and
+    without its prefix cache, side by side: seconds per turn, prompt tokens reused, identical completions."""
+    from bench.prefix_cache import main as prefix_main
+    from infra.settings import load_settings
+
+    _exit(prefix_main(quick, json_path, load_settings().cache_dir / "models", episodes, threads))
