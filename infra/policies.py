@@ -13,6 +13,10 @@ newest: its version is V once V's manifest exists (0 before, so a request that n
 weights are V's (a missing V raises `ObjectNotFound` rather than serving other weights). Simulated runs
 (benchmarks) publish pointers without weights (`weights: false`).
 
+Each worker process downloads into its own cache directory, `<cache>/policies/<worker id>` (`host-pid-random`,
+`workers.common.new_worker_id`); `sweep_dead_worker_caches` removes those of this host's workers that no longer
+run (a restarted stack would otherwise keep every old worker's weights: ~0.5 GB a version for SmolLM2 in float32).
+
 Not covered: garbage collection of a run's store objects beyond `prune` (keeping the newest few versions; an older
 version can no longer be served, pinned or not, unless a decode worker still has it in its cache).
 """
@@ -20,6 +24,7 @@ version can no longer be served, pinned or not, unless a decode worker still has
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
@@ -165,3 +170,26 @@ def delete_prefix(store: ObjectStore, prefix: str) -> None:
 def safe_name(run_id: str) -> str:
     """A run id as one safe path segment."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
+
+
+def sweep_dead_worker_caches(root: Path, host: str) -> list[Path]:
+    """Remove the cache directories under `root` of `host`'s worker processes that are no longer running
+    (named `host-pid-random`); other hosts' and live processes' are kept. Returns what was removed."""
+    removed = []
+    for path in root.glob(f"{host}-*-*") if root.is_dir() else []:
+        name_host, pid, _ = path.name.rsplit("-", 2)
+        if name_host != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Sequence
 
 from temporalio.client import Client
@@ -36,13 +37,14 @@ def decode_workers(
 
 
 async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> None:
-    from infra.policies import PolicyStore
+    from infra.policies import PolicyStore, sweep_dead_worker_caches
     from rl import devices
     from rl.engines.load import decode_device, decode_precision, load_engine
 
     threads = devices.set_threads(settings.threads)
     store = open_store_from(settings)
     worker_id = new_worker_id()
+    sweep_dead_worker_caches(settings.cache_dir / "policies", socket.gethostname())
     device = decode_device(model, settings.device)
     precision = decode_precision(model, device)
     if model.openai is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from temporalio.worker import Worker
 from activities.trainer import TrainerActivities
 from contracts import names
 from contracts.config import ModelConfig
-from infra.policies import PolicyStore
+from infra.policies import PolicyStore, sweep_dead_worker_caches
 from infra.settings import Settings
 from infra.store import ObjectStore, open_store_from
 from infra.temporal import wait_until_reachable
@@ -99,6 +100,7 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
     worker_id = new_worker_id()
     log.info("trainer %s for %s, pools %s", worker_id, model_path, list(pools))
     work_dir = settings.state_dir / "trainer" / worker_id
+    sweep_dead_worker_caches(settings.cache_dir / "policies", socket.gethostname())
     cache_dir = settings.cache_dir / "policies" / worker_id
     loop = asyncio.get_running_loop()
     broken = asyncio.Event()

@@ -129,3 +129,23 @@ async def test_engine_serves_a_pinned_version_not_the_newest(tiny_model, tmp_pat
         assert engine.available_version("run-b@1") == 0
     finally:
         await engine.close()
+
+
+def test_caches_of_dead_workers_on_this_host_are_swept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+
+    from infra.policies import sweep_dead_worker_caches
+
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    dead_pid = exited.pid
+    root = tmp_path / "policies"
+    dead = root / f"box-a-{dead_pid}-abc123"
+    live = root / f"box-a-{os.getpid()}-def456"
+    other_host = root / f"box-b-{dead_pid}-abc123"
+    for d in (dead, live, other_host):
+        (d / "run" / "v000001").mkdir(parents=True)
+    assert sweep_dead_worker_caches(root, "box-a") == [dead]
+    assert not dead.exists() and live.exists() and other_host.exists()
+    assert sweep_dead_worker_caches(tmp_path / "missing", "box-a") == []
