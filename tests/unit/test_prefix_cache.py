@@ -17,6 +17,7 @@ from rl.engines.base import Completion
 from rl.engines.hf import HFEngine
 from rl.engines.prefix_cache import PrefixCache, common_prefix
 from rl.models import build_tiny_model
+from tests.unit.test_rl_engine import assert_teacher_forced
 
 LOGPROB_TOL = 1e-4
 """As in test_rl_engine: float32 sums in another order differ by ~1e-6; a wrong position is off by > 1e-2."""
@@ -123,12 +124,6 @@ async def test_reused_keys_give_the_teacher_forced_logprobs(tiny_path: Path) -> 
             c = await engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=8))
             ctx = append_completion(ctx, c.token_ids, c.logprobs, c.text, c.policy_version)
         assert engine.stats()["prefix_reused_tokens"] > 0
-        ids = torch.tensor([ctx.token_ids])
-        with torch.inference_mode():
-            logp = torch.log_softmax(engine.model(ids).logits[0, :-1].float(), dim=-1)
-        recomputed = logp.gather(1, ids[0, 1:, None]).squeeze(1).tolist()
-        for start, end in ctx.turn_spans:
-            for i in range(start, end):
-                assert abs(recomputed[i - 1] - ctx.logprobs[i]) < LOGPROB_TOL
+        assert_teacher_forced(engine, ctx)
     finally:
         await engine.close()

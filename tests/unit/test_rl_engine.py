@@ -158,7 +158,11 @@ async def test_engine_drives_a_multi_turn_context(engine: HFEngine) -> None:
         ctx = append_completion(ctx, c.token_ids, c.logprobs, c.text, engine.version)
     assert len(ctx.token_ids) == len(ctx.logprobs) == len(ctx.loss_mask)
     assert ctx.turn_versions == [0, 0, 0]
-    # The whole trajectory's logprobs, recomputed in one teacher-forced pass, match what the engine reported.
+    assert_teacher_forced(engine, ctx)
+
+
+def assert_teacher_forced(engine: HFEngine, ctx: TurnContext) -> None:
+    """The whole trajectory's logprobs, recomputed in one teacher-forced pass, match what the engine reported."""
     ids = torch.tensor([ctx.token_ids])
     with torch.inference_mode():
         logp = torch.log_softmax(engine.model(ids).logits[0, :-1].float(), dim=-1)
