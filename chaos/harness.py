@@ -191,17 +191,15 @@ class Chaos:
         return False
 
     async def _time_recovery(self, record: FaultRecord, before: TrainingProgress, done: asyncio.Event) -> None:
-        if record.fault == "trainer":
-            retried = asyncio.create_task(self._step_retried(record, done))
-            moved = await self.until(lambda p: recovered(record.fault, p, before), done)
+        retried = asyncio.create_task(self._step_retried(record, done)) if record.fault == "trainer" else None
+        moved = await self.until(lambda p: recovered(record.fault, p, before), done)
+        if retried is not None:
             retried.cancel()
             record.detail += (
                 f"; mid-step confirmed: the step was retried (attempt {record.step_attempt})"
                 if record.step_attempt
                 else "; the step finished before the kill landed (not retried)"
             )
-        else:
-            moved = await self.until(lambda p: recovered(record.fault, p, before), done)
         if moved:
             record.recovered_after_s = round(self.now() - record.at_s, 1)
 

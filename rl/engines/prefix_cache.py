@@ -44,10 +44,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     lo, hi = 0, min(len(a), len(b))
     if a[:hi] == b[:hi]:
         return hi
-    while lo < hi:  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
-        mid = (lo + hi + 1) // 2
-        if mid == hi:
-            break
+    while hi - lo > 1:  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
         if a[:mid] == b[:mid]:
             lo = mid
         else:
