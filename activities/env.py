@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeats import with_heartbeats
+from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
 from contracts import names
 from contracts.limits import ENV_ID_HELP, MAX_OBSERVATION_CHARS
 from contracts.trajectory import (
@@ -99,11 +99,11 @@ class EnvActivities:
             out = self.manager.get(inp.handle.sandbox_id).step(inp.action)
             return _step_result(out)
 
-        return await _guarded(run)
+        return await with_heartbeats(_guarded(run), "stepping", QUICK_EVERY_S)
 
     @activity.defn(name=names.ENV_CLOSE)
     async def close(self, inp: EnvCloseInput) -> None:
-        await asyncio.to_thread(self.manager.close, inp.handle.sandbox_id)
+        await with_heartbeats(asyncio.to_thread(self.manager.close, inp.handle.sandbox_id), "closing", QUICK_EVERY_S)
 
 
 def _observation(out: Mapping[str, Any]) -> str:

@@ -10,6 +10,10 @@ from typing import TypeVar
 from temporalio import activity
 
 T = TypeVar("T")
+QUICK_EVERY_S = 3.0
+"""For the activities that usually take well under a second (env step and close, score, save): a fifth of their
+heartbeat timeout in workflows/stubs.py, so a worker killed while running one is noticed in seconds, not after
+the start-to-close timeout (a minute), which stalled the whole run behind one trajectory."""
 
 
 async def with_heartbeats(work: Awaitable[T], detail: str, every_s: float) -> T:

@@ -13,6 +13,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.contexts import ContextStore
+from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
 from contracts import names
 from contracts.records import TrajectoryRecord
 from contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult, ScoreInput, ScoreResult
@@ -34,7 +35,7 @@ class RewardActivities:
     @activity.defn(name=names.REWARD_SCORE)
     async def score(self, inp: ScoreInput) -> ScoreResult:
         try:
-            return await self.client.score(inp.request)
+            return await with_heartbeats(self.client.score(inp.request), "scoring", QUICK_EVERY_S)
         except RewardRequestRejected as e:
             raise ApplicationError(str(e), type=names.ERR_REWARD_REJECTED, non_retryable=True) from e
         except RewardServiceBadAnswer as e:
@@ -44,6 +45,9 @@ class RewardActivities:
 
     @activity.defn(name=names.TRAJECTORY_SAVE)
     async def save(self, inp: SaveTrajectoryInput) -> SaveTrajectoryResult:
+        return await with_heartbeats(self._save(inp), "saving", QUICK_EVERY_S)
+
+    async def _save(self, inp: SaveTrajectoryInput) -> SaveTrajectoryResult:
         context = None
         if inp.context_uri:
             # no cache: the reward pool is stateless, and each trajectory is saved once

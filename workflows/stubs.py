@@ -42,6 +42,8 @@ FATAL = [names.ERR_BAD_REQUEST, names.ERR_PAYLOADS_TOO_LARGE]
 ENV_FATAL = [names.ERR_ENV, *FATAL]
 REWARD_FATAL = [names.ERR_REWARD_REJECTED, names.ERR_REWARD_BAD_ANSWER, *FATAL]
 InputT = TypeVar("InputT")
+QUICK_HEARTBEAT = timedelta(seconds=15)
+"""The heartbeat timeout of the activities that heartbeat every `activities.heartbeats.QUICK_EVERY_S`."""
 
 
 def _fits(activity: str, inp: InputT) -> InputT:
@@ -101,6 +103,7 @@ async def env_step(handle: SandboxHandle, action: str, step_timeout: timedelta) 
         task_queue=handle.host_queue,
         schedule_to_start_timeout=timedelta(seconds=30),
         start_to_close_timeout=step_timeout + timedelta(seconds=15),
+        heartbeat_timeout=QUICK_HEARTBEAT,
         retry_policy=RetryPolicy(maximum_attempts=1),
     )
 
@@ -112,6 +115,7 @@ async def env_close(handle: SandboxHandle) -> None:
         task_queue=handle.host_queue,
         schedule_to_start_timeout=timedelta(seconds=10),
         start_to_close_timeout=timedelta(seconds=30),
+        heartbeat_timeout=QUICK_HEARTBEAT,
         retry_policy=RetryPolicy(maximum_attempts=2),
     )
 
@@ -140,6 +144,7 @@ async def reward_score(pool: str, inp: ScoreInput) -> ScoreResult:
         result_type=ScoreResult,
         task_queue=names.reward_queue(pool),
         start_to_close_timeout=timedelta(seconds=60),
+        heartbeat_timeout=QUICK_HEARTBEAT,
         retry_policy=RetryPolicy(
             initial_interval=timedelta(seconds=1),
             maximum_interval=timedelta(seconds=10),
@@ -156,6 +161,7 @@ async def trajectory_save(pool: str, inp: SaveTrajectoryInput) -> SaveTrajectory
         result_type=SaveTrajectoryResult,
         task_queue=names.reward_queue(pool),
         start_to_close_timeout=timedelta(seconds=60),
+        heartbeat_timeout=QUICK_HEARTBEAT,
         retry_policy=RetryPolicy(maximum_attempts=10, non_retryable_error_types=FATAL),
     )
 
