@@ -1,9 +1,9 @@
 """`trajflow chaos`: a training run on the embedded stack under injected faults, then the run's own audit.
 
-Faults, in this order, each once the run has made progress since the one before:
+Faults, in this order, each at its moment (`fault_moments`) and once the one before has recovered:
     decode, env, reward, orchestrator   kill -9 of that worker process, restarted at once (a crash + supervisor)
-    trainer                             kill -9 while `trainer.train_step` is running (mid-step), restarted
     temporal                            kill -9 of the Temporal dev server, restarted on the same database
+    trainer                             kill -9 as a `trainer.train_step` starts (mid-step), restarted
 and throughout the run, `--container-kill-rate` (10%) of episodes get their sandbox container killed while the
 episode runs. When the run has ended, `chaos.audit` counts from Temporal and the store: started, completed,
 failed, infra-failed, lost, consumed twice, infra failures scored, steps completed vs configured.
@@ -33,7 +33,8 @@ from infra.settings import Settings
 from infra.temporal import wait_until_reachable
 
 Say = Callable[[str], None]
-PROCESS_FAULTS = ("decode", "env", "reward", "orchestrator", "trainer", "temporal")
+PROCESS_FAULTS = ("decode", "env", "reward", "orchestrator", "temporal", "trainer")
+"""The trainer last: its recovery (a heartbeat timeout, a restart, the step again) is the longest."""
 STARTED = 2
 """PendingActivityState STARTED: a worker is running the activity."""
 
@@ -125,6 +126,8 @@ class Chaos:
         self.handle = client.get_workflow_handle(run_id, result_type=TrainingResult)
         self.t0 = time.monotonic()
         self.faults: list[FaultRecord] = []
+        self.before: dict[int, TrainingProgress] = {}
+        """Each fault's (by its index in `faults`) progress when it was injected."""
         self.containers = ContainerKills()
         self.timeline: list[tuple[float, int, int]] = []
         self.progress: TrainingProgress | None = None
@@ -154,11 +157,15 @@ class Chaos:
 
     # --- process faults -------------------------------------------------------------------------------------
 
-    async def inject_process_faults(self, done: asyncio.Event, gap: int) -> list[str]:
-        """Each fault once `gap` more trajectories ended than at the last one; returns those never injected."""
-        mark = 0
-        for i, fault in enumerate(PROCESS_FAULTS):
-            if not await self.until(lambda p, m=mark: ended(p) >= m + gap, done):
+    async def inject_process_faults(self, done: asyncio.Event) -> list[str]:
+        """Each fault at its moment (`fault_moments`) once the one before has recovered; returns those never
+        injected."""
+        moments = fault_moments(self.run.steps * self.run.batch_size, len(PROCESS_FAULTS))
+        for i, (fault, due) in enumerate(zip(PROCESS_FAULTS, moments, strict=True)):
+            previous = self.faults[-1] if self.faults else None
+            if not await self.until(
+                lambda p, d=due, r=previous: ended(p) >= d and (r is None or r.recovered_after_s is not None), done
+            ):
                 return list(PROCESS_FAULTS[i:])
             if fault == "trainer" and not await self._wait_for_train_step(done):
                 return list(PROCESS_FAULTS[i:])
@@ -173,18 +180,29 @@ class Chaos:
                 detail += f" while training v{before.version + 1}"
             record = FaultRecord(fault, at, detail)
             self.faults.append(record)
+            self.before[len(self.faults) - 1] = before
             asyncio.create_task(self._time_recovery(record, before, done))
-            mark = ended(before)
         return []
 
     async def _wait_for_train_step(self, done: asyncio.Event) -> bool:
-        """Poll until a train step is running on a trainer worker (so the kill lands mid-step)."""
+        """Poll until a train step starts on a trainer worker, and return at once (so the kill lands mid-step). A
+        step already running when the wait begins is skipped: it may be about to finish, and a tiny model's step
+        takes about a second."""
+        running: set[str] | None = None
         while not done.is_set():
             try:
                 desc = await self.handle.describe()
-                for a in desc.raw_description.pending_activities:
-                    if a.activity_type.name == names.TRAIN_STEP and a.state == STARTED:
-                        return True
+                started = {
+                    a.activity_id
+                    for a in desc.raw_description.pending_activities
+                    if a.activity_type.name == names.TRAIN_STEP and a.state == STARTED
+                }
+                if running is None:
+                    running = started
+                elif started - running:
+                    return True
+                else:
+                    running &= started
             except Exception:  # noqa: BLE001 - between continue-as-new runs
                 pass
             await _sleep_or(done, 0.1)
@@ -202,6 +220,26 @@ class Chaos:
             )
         if moved:
             record.recovered_after_s = round(self.now() - record.at_s, 1)
+
+    def finish(self, result: TrainingResult) -> None:
+        """The run's end is progress too: a fault its 1-s samples did not see recover before the run ended (late
+        in a run, the last step may follow the restart within a second) counts as recovered by the end when the
+        final version or trajectory count moved past the fault's."""
+        final = TrainingProgress(
+            run_id=result.run_id,
+            version=result.version,
+            steps=self.run.steps,
+            alpha=self.run.alpha,
+            running=0,
+            buffered=0,
+            counters=result.counters,
+            last=None,
+            elapsed_s=result.wall_seconds,
+        )
+        for i, record in enumerate(self.faults):
+            if record.recovered_after_s is None and recovered(record.fault, final, self.before[i]):
+                record.recovered_after_s = round(self.now() - record.at_s, 1)
+                record.detail += "; recovered by the run's end (the last samples missed it)"
 
     # --- sandbox kills --------------------------------------------------------------------------------------
 
@@ -261,6 +299,14 @@ class Chaos:
         c.ended_before_kill = c.targeted - c.killed
 
 
+def fault_moments(trajectories: int, faults: int) -> list[int]:
+    """How many trajectories must have ended before each fault: evenly spread over the first (n + 1) / (n + 2) of
+    the run, so the last one (the Temporal server) still leaves a step or more to recover in. Fixed moments, not
+    gaps since the fault before, so a slow recovery or a burst of episodes ending at once does not push the later
+    faults past the end of the run."""
+    return [(i + 1) * trajectories // (faults + 2) for i in range(faults)]
+
+
 def recovered(fault: str, now: TrainingProgress, before: TrainingProgress) -> bool:
     """Whether the run moved on since the fault: the trainer's, once a new version is published; any other's,
     once a trajectory ended or a version was published (late in a run every episode may have ended already,
@@ -310,9 +356,10 @@ async def run_chaos(
     done = asyncio.Event()
     watcher = asyncio.create_task(chaos.watch(done))
     killer = asyncio.create_task(chaos.kill_containers(done))
-    faults = asyncio.create_task(chaos.inject_process_faults(done, gap=max(2, run.batch_size // 2)))
+    faults = asyncio.create_task(chaos.inject_process_faults(done))
     result = await follow_run(chaos.handle, say)
     done.set()
+    chaos.finish(result)
     not_injected = await faults
     await asyncio.gather(watcher, killer)
     await _settle(client, run_id, settle_s, say)

@@ -1,12 +1,12 @@
 """The chaos verdict (`chaos.audit.audit`) on hand-made records: it passes a clean run and catches each
 kind of violation it exists to catch, so a chaos run that reports 0 lost means the check could have said more.
-Also when a fault counts as recovered from (`chaos.harness.recovered`)."""
+Also when a fault counts as recovered from (`chaos.harness.recovered`) and when each is due (`fault_moments`)."""
 
 from __future__ import annotations
 
 from chaos.audit import RunRecords, StoredOutcome, TrajectoryRow, audit
-from chaos.harness import recovered
-from contracts.training import TrainingCounters, TrainingProgress, TrainRef
+from chaos.harness import Chaos, FaultRecord, fault_moments, recovered
+from contracts.training import TrainingCounters, TrainingProgress, TrainingResult, TrainingRunConfig, TrainRef
 
 
 def row(wid: str, execution: str = "completed", status: str | None = "completed", reward: float | None = 1.0) -> TrajectoryRow:
@@ -103,3 +103,27 @@ def test_a_fault_late_in_a_run_recovers_on_the_next_version() -> None:
     assert recovered("decode", progress(4, 53), before)
     assert not recovered("trainer", progress(4, 53), before), "the trainer recovers only by publishing"
     assert recovered("trainer", progress(5, 52), before)
+
+
+def test_every_fault_is_due_well_before_the_run_ends() -> None:
+    moments = fault_moments(trajectories=48, faults=6)  # `trajflow chaos --quick`: 6 steps of 8
+    assert moments == [6, 12, 18, 24, 30, 36]
+    assert moments[-1] <= 48 - 8, "the Temporal fault leaves at least a step of episodes to recover in"
+    assert fault_moments(trajectories=3, faults=6) == [0, 0, 1, 1, 1, 2]
+
+
+class _Client:
+    def get_workflow_handle(self, run_id: str, result_type: object) -> None:
+        return None
+
+
+def test_the_runs_end_counts_as_recovery_when_it_moved_past_the_fault() -> None:
+    run = TrainingRunConfig.model_validate({"steps": 6, "batch_size": 8, "group_size": 4})
+    chaos = Chaos(None, _Client(), None, "r", run, print, kill_rate=0.0, seed=0)  # type: ignore[arg-type]
+    chaos.faults = [FaultRecord("temporal", 80.0, "killed"), FaultRecord("decode", 85.0, "killed")]
+    chaos.before = {0: progress(version=5, completed=48), 1: progress(version=6, completed=48)}
+    result = TrainingResult(run_id="r", version=6, counters=TrainingCounters(completed=48), history=[], wall_seconds=90.0)
+    chaos.finish(result)
+    assert chaos.faults[0].recovered_after_s is not None, "v6 was published after the server came back"
+    assert "by the run's end" in chaos.faults[0].detail
+    assert chaos.faults[1].recovered_after_s is None, "nothing moved after this one: not a recovery"
