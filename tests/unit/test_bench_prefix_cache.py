@@ -25,4 +25,5 @@ def test_the_quick_bench_plays_both_options(cache_dir: Path, tmp_path: Path, mon
     assert cached["turns"][0]["reused_tokens"] == 0, "nothing is cached before the first batch"
     assert all(t["reused_tokens"] > t["prompt_tokens"] / 2 for t in cached["turns"][1:])
     assert report["identical_completions"] == report["completions"] > 0
+    assert report["diverged"] == [] and report["max_logprob_gap"] <= 1e-4
     assert report["speedup"] > 0 and out.with_suffix(".png").stat().st_size > 0
