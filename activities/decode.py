@@ -18,13 +18,14 @@ from temporalio.exceptions import ApplicationError
 
 from activities.contexts import ContextStore
 from activities.heartbeats import with_heartbeats
-from contracts import names
+from contracts import metrics, names
 from contracts.records import TurnContext
 from contracts.trajectory import GenerateInput, GenerateResult
 from infra.layout import context_key
 from infra.store import ObjectStore
 from rl.chat import append_completion, append_user
-from rl.engines.base import Engine, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
+from rl.engines.base import Completion, Engine, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
+from telemetry.metrics import record
 
 HEARTBEAT_EVERY_S = 5.0
 """Below a fifth of the heartbeat timeout in workflows/stubs.py."""
@@ -62,6 +63,7 @@ class DecodeActivities:
             raise ApplicationError(str(e), type=names.ERR_BAD_REQUEST, non_retryable=True) from e
         except EngineMisconfigured as e:
             raise ApplicationError(str(e), type=names.ERR_ENGINE_MISCONFIGURED, non_retryable=True) from e
+        _record_completion(completion)
         version = completion.policy_version
         ctx = append_completion(ctx, completion.token_ids, completion.logprobs, completion.text, version)
         key = context_key(inp.trajectory_id, inp.turn, activity.info().attempt)
@@ -77,3 +79,14 @@ class DecodeActivities:
             worker_id=self.worker_id,
         )
 
+
+def _record_completion(completion: Completion) -> None:
+    """The decode metrics of one request: its tokens, and what the engine says of its batch and queue."""
+    meter = activity.metric_meter()
+    record(meter, metrics.DECODE_TOKENS, len(completion.token_ids))
+    if completion.batch_requests:
+        record(meter, metrics.DECODE_BATCH_REQUESTS, completion.batch_requests)
+    if completion.queue_wait_s is not None:
+        record(meter, metrics.DECODE_QUEUE_WAIT_SECONDS, completion.queue_wait_s)
+    if completion.batch_tokens_per_s is not None:
+        record(meter, metrics.DECODE_TOKENS_PER_S, completion.batch_tokens_per_s)

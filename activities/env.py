@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -18,7 +19,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
-from contracts import names
+from contracts import metrics, names
 from contracts.limits import ENV_ID_HELP, MAX_OBSERVATION_CHARS
 from contracts.trajectory import (
     EnvCloseInput,
@@ -33,6 +34,7 @@ from sandbox.errors import EnvError, SandboxError, SandboxLost, SandboxStartErro
 from sandbox.images import ImageResolver, UnknownTask
 from sandbox.manager import SandboxManager
 from sandbox.pool import WarmPool
+from telemetry.metrics import record
 
 T = TypeVar("T")
 RESET_HEARTBEAT_EVERY_S = 5.0
@@ -63,15 +65,24 @@ class EnvActivities:
     async def reset(self, inp: EnvResetInput) -> EnvResetResult:
         # Heartbeats all along (an image build or a container start can take a while), so a reset on a worker
         # that dies is retried elsewhere after the heartbeat timeout, not after start-to-close.
-        return await with_heartbeats(self._reset(inp), "resetting", RESET_HEARTBEAT_EVERY_S)
+        started = time.monotonic()
+        result, hit = await with_heartbeats(self._reset(inp), "resetting", RESET_HEARTBEAT_EVERY_S)
+        meter = activity.metric_meter()
+        record(meter, metrics.SANDBOX_RESET_SECONDS, time.monotonic() - started, hit=str(hit).lower())
+        record(meter, metrics.WARM_POOL_TAKES, 1, hit=str(hit).lower())
+        return result
 
-    async def _reset(self, inp: EnvResetInput) -> EnvResetResult:
+    async def _reset(self, inp: EnvResetInput) -> tuple[EnvResetResult, bool]:
+        """The reset, and whether its sandbox came from the warm pool."""
         image = self.manager.image
         if self.images is not None:
             activity.heartbeat("finding or building the image")
             image = await _guarded(lambda: self.images.image_for(inp.env_id))  # type: ignore[union-attr]
-        take = self.warm.take if self.warm is not None else self.manager.start
-        box = await _guarded(lambda: take(inp.env_id, image))
+        if self.warm is not None:
+            warm = self.warm
+            box, hit = await _guarded(lambda: warm.take_noting_hit(inp.env_id, image))
+        else:
+            box, hit = await _guarded(lambda: self.manager.start(inp.env_id, image)), False
         try:
             out = await _guarded(lambda: box.reset(inp.env_id, inp.seed, dict(inp.env_kwargs)))
             observation = _observation(out)
@@ -91,7 +102,8 @@ class EnvActivities:
             image=image,
             step_timeout_s=self.step_timeout_s,
         )
-        return EnvResetResult(handle=handle, observation=observation, replayed=len(inp.replay_actions), done=done)
+        result = EnvResetResult(handle=handle, observation=observation, replayed=len(inp.replay_actions), done=done)
+        return result, hit
 
     @activity.defn(name=names.ENV_STEP)
     async def step(self, inp: EnvStepInput) -> EnvStepResult:

@@ -8,13 +8,14 @@ from the turns' context deltas (`activities.contexts`) and the workflow's summar
 from __future__ import annotations
 
 import asyncio
+import time
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.contexts import ContextStore
 from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
-from contracts import names
+from contracts import metrics, names
 from contracts.records import TrajectoryRecord
 from contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult, ScoreInput, ScoreResult
 from infra.layout import trajectory_record_key
@@ -25,6 +26,7 @@ from rewards.client import (
     RewardServiceBadAnswer,
     RewardServiceUnavailable,
 )
+from telemetry.metrics import record
 
 
 class RewardActivities:
@@ -34,14 +36,21 @@ class RewardActivities:
 
     @activity.defn(name=names.REWARD_SCORE)
     async def score(self, inp: ScoreInput) -> ScoreResult:
+        meter = activity.metric_meter()
+        started = time.monotonic()
         try:
             return await with_heartbeats(self.client.score(inp.request), "scoring", QUICK_EVERY_S)
         except RewardRequestRejected as e:
+            record(meter, metrics.REWARD_ERRORS, 1, type=names.ERR_REWARD_REJECTED)
             raise ApplicationError(str(e), type=names.ERR_REWARD_REJECTED, non_retryable=True) from e
         except RewardServiceBadAnswer as e:
+            record(meter, metrics.REWARD_ERRORS, 1, type=names.ERR_REWARD_BAD_ANSWER)
             raise ApplicationError(str(e), type=names.ERR_REWARD_BAD_ANSWER, non_retryable=True) from e
         except RewardServiceUnavailable as e:
+            record(meter, metrics.REWARD_ERRORS, 1, type=names.ERR_REWARD_UNAVAILABLE)
             raise ApplicationError(str(e), type=names.ERR_REWARD_UNAVAILABLE) from e
+        finally:
+            record(meter, metrics.REWARD_SECONDS, time.monotonic() - started)
 
     @activity.defn(name=names.TRAJECTORY_SAVE)
     async def save(self, inp: SaveTrajectoryInput) -> SaveTrajectoryResult:

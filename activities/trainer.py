@@ -32,13 +32,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeats import with_heartbeats
-from contracts import names
+from contracts import metrics, names
 from contracts.records import TrajectoryRecord
 from contracts.training import TrainStepInput, TrainStepResult
 from infra.layout import checkpoint_prefix, manifest_key, policy_version_prefix, step_key
 from infra.policies import PolicyStore, delete_prefix, get_dir, put_dir
 from infra.policies import safe_name as _safe
 from infra.store import ObjectNotFound, ObjectStore
+from telemetry.metrics import record
 
 if TYPE_CHECKING:
     from rl.distributed import TrainerRanks
@@ -104,7 +105,9 @@ class TrainerActivities:
         from rl.distributed import RankGroupBroken
 
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, self._train, inp)
+            result = await asyncio.get_running_loop().run_in_executor(self._executor, self._train, inp)
+            record(activity.metric_meter(), metrics.TRAIN_STEP_SECONDS, result.seconds, run=inp.run_id)
+            return result
         except RankGroupBroken as e:
             if self._on_broken is not None:
                 self._on_broken()

@@ -82,6 +82,16 @@ class Settings(BaseSettings):
     """S3 endpoint for non-AWS stores (moto, MinIO); credentials come from the usual AWS_* variables."""
     s3_region: str = "us-east-1"
     s3_create_bucket: bool = False
+    metrics_port: int | None = None
+    """This worker's Prometheus `/metrics` port (the SDK's metrics and trajflow's, `telemetry.metrics`); None: it
+    serves none. `trajflow up` gives each worker its own."""
+    metrics_host: str = "127.0.0.1"
+    """The address a worker's `/metrics` listens on (`0.0.0.0` in a host's container)."""
+    prometheus_port: int = 9090
+    """Port of the Prometheus `trajflow up` starts (UI and HTTP API); 0: none is started and workers serve no
+    metrics."""
+    temporal_metrics_port: int | None = None
+    """The dev server's own Prometheus metrics port; None: `trajflow up` picks a free one when it starts Prometheus."""
     sandbox_network: bool = False
     """Give sandboxes a network (off by default: no network inside containers)."""
     sandbox_mem_limit: str = "1g"

@@ -1,4 +1,5 @@
-"""The embedded stack on one machine: Temporal dev server + Web UI, reward service, one worker per pool kind.
+"""The embedded stack on one machine: Temporal dev server + Web UI, reward service, one worker per pool kind,
+and a Prometheus scraping them (`infra.monitoring`).
 
 `up` starts each as a detached process (logs and a process table under the state dir), placed by the run
 config's hardware section (device, torch threads, GPUs and CPUs: `infra.placement`), and waits until each is
@@ -22,6 +23,7 @@ from temporalio.client import Client
 
 from contracts import names
 from contracts.config import RunConfig
+from infra import monitoring
 from infra.placement import Placement, placement
 from infra.processes import ProcessRecord, ProcessTable, is_alive, kill, restart, start_detached, stop
 from infra.settings import Settings
@@ -60,7 +62,8 @@ def components(settings: Settings, config: RunConfig, config_path: Path) -> list
         Component("trainer", _trajflow("worker", "trainer", "--config", cfg, *_pool_args(config.pools.trainer))),
     ]
     placed = [Component(w.name, w.argv, placement(config, w.name)) for w in workers]
-    server = [Component("temporal", dev_server_command(settings))] if settings.temporal_embedded else []
+    metrics = monitoring.temporal_metrics_port(settings)
+    server = [Component("temporal", dev_server_command(settings, metrics))] if settings.temporal_embedded else []
     return [*server, *placed]
 
 
@@ -94,6 +97,7 @@ def running(settings: Settings) -> list[ProcessRecord]:
 def up(settings: Settings, config: RunConfig, config_path: Path, progress: Progress, timeout_s: float = 600) -> None:
     table = ProcessTable(settings.run_dir)
     alive = {r.name for r in running(settings)}
+    monitoring.check_can_start(settings, alive)
     if not settings.temporal_embedded:
         progress(
             f"temporal: using the cluster at {settings.temporal_address} (namespace {settings.temporal_namespace}, "
@@ -107,7 +111,8 @@ def up(settings: Settings, config: RunConfig, config_path: Path, progress: Progr
             if comp.name == "temporal":
                 _register_search_attributes(settings, progress)
             continue
-        rec = start_detached(comp.name, comp.argv, settings.log_dir, comp.placement.env, comp.placement.cpus)
+        env = {**comp.placement.env, **monitoring.worker_env(settings, comp.name)}
+        rec = start_detached(comp.name, comp.argv, settings.log_dir, env, comp.placement.cpus)
         table.add(rec)
         progress(f"{comp.name}: started (pid {rec.pid}, log {rec.log})")
         if comp.name == "temporal":
@@ -117,6 +122,7 @@ def up(settings: Settings, config: RunConfig, config_path: Path, progress: Progr
             _wait_http(f"{settings.resolved_reward_url}/healthz", rec, timeout_s=60)
             progress(f"reward-service: healthy at {settings.resolved_reward_url}")
     asyncio.run(_wait_for_pollers(settings, config, progress, timeout_s))
+    monitoring.start(settings, progress)
 
 
 def _register_search_attributes(settings: Settings, progress: Progress) -> None:

@@ -40,7 +40,8 @@ def search_attribute_args() -> list[str]:
     return args
 
 
-def dev_server_command(settings: Settings) -> list[str]:
+def dev_server_command(settings: Settings, metrics_port: int | None = None) -> list[str]:
+    """The dev server's command line; `metrics_port`: where it serves its own Prometheus metrics."""
     host, _, port = settings.temporal_address.rpartition(":")
     settings.temporal_db.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -53,6 +54,8 @@ def dev_server_command(settings: Settings) -> list[str]:
         "--sqlite-pragma", "synchronous=normal",
         "--log-level", "warn",
     ]
+    if metrics_port is not None:
+        cmd += ["--metrics-port", str(metrics_port)]
     if settings.temporal_ui_port:
         cmd += ["--ui-port", str(settings.temporal_ui_port)]
     else:
@@ -75,13 +78,23 @@ async def connect(settings: Settings, *, quiet: bool = False) -> Client:
             data_converter=pydantic_data_converter,
             tls=options.tls,
             api_key=options.api_key,
-            runtime=_quiet_runtime() if quiet else None,
+            runtime=_runtime(settings, quiet),
         )
     except (RuntimeError, RPCError) as e:
         raise await explain_failure(settings, e) from e
 
 
 _QUIET: list = []
+
+
+def _runtime(settings: Settings, quiet: bool):  # type: ignore[no-untyped-def]
+    """A worker with a metrics port serves `/metrics` through its runtime (`telemetry.metrics`); `quiet`: errors
+    only; else the SDK's default runtime."""
+    if settings.metrics_port is not None:
+        from telemetry.metrics import runtime_for
+
+        return runtime_for(f"{settings.metrics_host}:{settings.metrics_port}")
+    return _quiet_runtime() if quiet else None
 
 
 def _quiet_runtime():  # type: ignore[no-untyped-def]

@@ -63,6 +63,10 @@ class WarmPool:
     def take(self, env_hint: str = "", image: str | None = None) -> Sandbox:
         """A started sandbox from `image` (default: the manager's) for `env_hint`, ready for `reset`; it is the
         caller's to close."""
+        return self.take_noting_hit(env_hint, image)[0]
+
+    def take_noting_hit(self, env_hint: str = "", image: str | None = None) -> tuple[Sandbox, bool]:
+        """`take`, and whether the sandbox was waiting warm (True) or had to be started (False)."""
         key = (image or self.manager.image, env_hint)
         while True:
             with self._cond:
@@ -80,9 +84,9 @@ class WarmPool:
                 self.manager.close(box.id)
                 continue
             self.stats.warm_hits += 1
-            return box
+            return box, True
         self.stats.cold_starts += 1
-        return self.manager.start(env_hint, key[0])
+        return self.manager.start(env_hint, key[0]), False
 
     def idle_count(self, env_hint: str = "", image: str | None = None) -> int:
         with self._cond:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up a Debian machine for trajflow, idempotently: system packages (Docker engine, debootstrap; with --test,
+# Set up a Debian machine for trajflow, idempotently: system packages (Docker engine, debootstrap, Prometheus; with --test,
 # chromium for the browser test, stunnel4 and nginx-light for the TLS tests), a running Docker daemon, and the virtual
 # environment at .venv.
 # Usage: scripts/bootstrap.sh [--test]
@@ -16,6 +16,7 @@ esac
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)  # `trajflow up` starts one scraping every worker
 if [ "$want_test" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   command -v stunnel4 >/dev/null 2>&1 || need+=(stunnel4)

@@ -34,7 +34,7 @@ from temporalio.exceptions import ApplicationError, ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from contracts import names
+    from contracts import metrics, names
     from contracts.training import (
         GroupState,
         TrainingProgress,
@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         WatchChildrenInput,
     )
     from contracts.trajectory import TrajectoryReport, TrajectoryResult
+    from telemetry.metrics import record
     from workflows.bookkeeping import Book, ReportOutcome
 
 from workflows import stubs
@@ -216,7 +217,9 @@ class TrainingWorkflow:
         await workflow.wait_condition(lambda: call.done() or self._should_continue())
         if not call.done():
             return False
-        self.book.finish_step(step, call.result(), workflow.time() - self.s.started_at)
+        done = self.book.finish_step(step, call.result(), workflow.time() - self.s.started_at)
+        for lag in done.staleness:
+            record(workflow.metric_meter(), metrics.SAMPLE_STALENESS, lag, run=self.s.run_id)
         workflow.upsert_search_attributes([SA_VERSION.value_set(self.s.version)])
         return True
 

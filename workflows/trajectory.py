@@ -17,7 +17,7 @@ from temporalio.common import RawValue, SearchAttributeKey, SearchAttributeUpdat
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
-    from contracts import names
+    from contracts import metrics, names
     from contracts.trajectory import (
         EnvResetInput,
         EnvStepResult,
@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryStatus,
         TurnSummary,
     )
+    from telemetry.metrics import record
 
 from workflows import stubs
 from workflows.inputs import NO_INPUT, decode_input
@@ -67,6 +68,8 @@ class TrajectoryWorkflow:
         self.observation = ""
         self.context_uri: str | None = None
         self.recoveries = 0
+        self.failure_type: str | None = None
+        """The type of the env failure being recovered from (for the recoveries metric)."""
         self.timings = {"llm_s": 0.0, "env_s": 0.0, "reward_s": 0.0}
 
     @workflow.run
@@ -186,6 +189,9 @@ class TrajectoryWorkflow:
                 self._infra_failure_or_raise(e, "env.reset")
                 continue
             self.handle = res.handle
+            if self.failure_type is not None:  # a fresh sandbox after a failure: the episode goes on
+                record(workflow.metric_meter(), metrics.ENV_RECOVERIES, 1, type=self.failure_type)
+                self.failure_type = None
             if not self.actions:
                 self.first_observation = res.observation
                 self.observation = res.observation
@@ -207,9 +213,12 @@ class TrajectoryWorkflow:
         cancellation of this trajectory (e.g. a redundant sample no longer needed) ends it, never "recovers"."""
         if isinstance(err.cause, CancelledError):
             raise asyncio.CancelledError(f"{what} cancelled") from err
+        kind = stubs.error_type(err) or type(err.cause).__name__
+        record(workflow.metric_meter(), metrics.ENV_FAILURES, 1, type=kind)
         if stubs.is_env_fault(err):
             raise EnvFault(f"{what}: {stubs.describe(err)}") from err
         self.recoveries += 1
+        self.failure_type = kind
         self._upsert(SA_ENV_FAILURES.value_set(self.recoveries))
         if self.recoveries > self.req.max_env_recoveries:
             raise InfraFault(
@@ -251,6 +260,10 @@ class TrajectoryWorkflow:
         return res.reward, dict(res.details), TrajectoryStatus.COMPLETED, None
 
     def _record_end(self, result: TrajectoryResult) -> None:
+        record(
+            workflow.metric_meter(), metrics.TRAJECTORIES_FINISHED, 1,
+            run=self.req.run_id, task=self.req.task or self.req.env_id, status=result.status.value,
+        )  # fmt: skip
         updates = [SA_STATUS.value_set(result.status.value), SA_TURNS.value_set(result.turns)]
         if result.reward is not None:
             updates.append(SA_REWARD.value_set(result.reward))

@@ -29,6 +29,12 @@ class Completion:
     """"stop" when EOS was generated, "length" when max_new_tokens ran out."""
     policy_version: int = 0
     """The version of the weights that generated this completion (0: the initial model)."""
+    batch_requests: int = 0
+    """How many requests the engine's batch held (0: the engine does not say, e.g. a server's)."""
+    queue_wait_s: float | None = None
+    """Seconds the request waited before its batch started (None: the engine does not say)."""
+    batch_tokens_per_s: float | None = None
+    """Tokens the whole batch generated per second of its run (None: the engine does not say)."""
 
 
 @dataclass(frozen=True)

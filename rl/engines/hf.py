@@ -268,7 +268,7 @@ class HFEngine:
                 continue
             finally:
                 self._running = []
-            self._record(batch, results, time.monotonic() - started)
+            self._record(batch, results, started, time.monotonic() - started)
 
     async def _wait_for_more(self) -> None:
         """Once a request waits, give others up to batch_wait_ms to join (or until a batch is full)."""
@@ -294,12 +294,16 @@ class HFEngine:
         self._pending = [r for r in live if id(r) not in taken]
         return batch
 
-    def _record(self, batch: list[_Request], results: list[Completion], seconds: float) -> None:
+    def _record(self, batch: list[_Request], results: list[Completion], started: float, seconds: float) -> None:
         self._stats.batches += 1
         self._stats.batched_requests += len(batch)
         self._stats.busy_s += seconds
+        tokens = sum(len(c.token_ids) for c in results)
         for request, completion in zip(batch, results, strict=True):
             self._stats.completion_tokens += len(completion.token_ids)
+            completion.batch_requests = len(batch)
+            completion.queue_wait_s = max(0.0, started - request.enqueued)
+            completion.batch_tokens_per_s = tokens / seconds if seconds > 0 else None
             if not request.future.done():  # a cancelled caller just drops its result
                 request.future.set_result(completion)
 

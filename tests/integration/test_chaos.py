@@ -27,6 +27,7 @@ def chaos_env(cache_dir: Path):  # type: ignore[no-untyped-def]
         "TRAJFLOW_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}",
         "TRAJFLOW_TEMPORAL_UI_PORT": str(free_port()),
         "TRAJFLOW_REWARD_PORT": str(free_port()),
+        "TRAJFLOW_PROMETHEUS_PORT": str(free_port()),  # the workers' metrics ports survive their restarts
     }
     trajflow = str(Path(sys.executable).parent / "trajflow")
     try:

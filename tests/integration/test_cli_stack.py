@@ -67,10 +67,13 @@ def test_bad_config_is_a_clear_error(cli_stack, tmp_path) -> None:  # type: igno
 def test_restart_keeps_workflows_and_down_stops_exactly_what_up_started(cli_stack) -> None:  # type: ignore[no-untyped-def]
     first = json.loads(cli_stack.trajflow("rollout", "-c", str(cli_stack.config), "--seed", "11", "--json").stdout)
     records = ProcessTable(cli_stack.state_dir / "run").load()
-    assert len(records) == 7 and all(is_alive(r) for r in records)
+    names = ["temporal", "reward-service", "orchestrator", "decode", "env", "reward", "trainer", "prometheus"]
+    assert [r.name for r in records] == names and all(is_alive(r) for r in records)
 
-    out = cli_stack.trajflow("down").stdout
-    assert "stopped 7" in out
+    down = cli_stack.trajflow("down")
+    assert "stopped 8" in down.stdout
+    said = down.stdout + down.stderr
+    assert said.index("prometheus: stopped") < said.index("temporal: stopped"), "Prometheus first, the server last"
     assert not any(is_alive(r) for r in records)
 
     cli_stack.trajflow("up", "-c", str(cli_stack.config))

@@ -120,6 +120,7 @@ def tls_stack(pki: Pki, tls_endpoint: str, cache_dir: Path) -> Iterator[tuple[Cl
         **tls_env(pki, tls_endpoint),
         "TRAJFLOW_STATE_DIR": str(state_dir),
         "TRAJFLOW_REWARD_PORT": str(free_port()),
+        "TRAJFLOW_PROMETHEUS_PORT": str(free_port()),
     }
     stack = CliStack(env=env, state_dir=state_dir, ui_url="", config=ROOT / "configs" / "tiny.toml")
     try:

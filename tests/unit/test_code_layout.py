@@ -65,3 +65,12 @@ def test_no_file_holds_merge_conflict_markers() -> None:
             continue
         marked += [f"{rel}:{i + 1}" for i, line in enumerate(lines) if line.startswith(("<<<<<<< ", ">>>>>>> "))]
     assert marked == []
+
+
+def test_the_worker_image_copies_every_package() -> None:
+    """A package missing from the worker image's sources fails only inside `trajflow up --hosts` containers (as
+    `telemetry`, imported by the workflows, would have)."""
+    from imagebuild.worker_image import SOURCE_DIRS
+
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    assert packages <= set(SOURCE_DIRS)

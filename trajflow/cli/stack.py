@@ -52,7 +52,8 @@ def up(
         ),
     ] = False,
 ) -> None:
-    """Start the embedded stack in the background: Temporal + Web UI, reward service, one worker per pool kind.
+    """Start the embedded stack in the background: Temporal + Web UI, reward service, one worker per pool kind,
+    and a Prometheus scraping every worker's metrics (127.0.0.1:9090; TRAJFLOW_PROMETHEUS_PORT, 0 for none).
 
     With TRAJFLOW_TEMPORAL_* settings that point at a cluster (TLS, an API key or a non-loopback address; see
     README "Connecting to a Temporal cluster") no dev server is started and everything uses the cluster."""
@@ -76,6 +77,8 @@ def up(
         typer.echo(f"up: Temporal Web UI at http://127.0.0.1:{settings.temporal_ui_port}  (stop with `trajflow down`)")
     else:
         typer.echo(f"up: workers on the Temporal cluster at {settings.temporal_address}  (stop with `trajflow down`)")
+    if settings.prometheus_port:
+        typer.echo(f"up: Prometheus (every worker's metrics) at http://127.0.0.1:{settings.prometheus_port}")
     _exit(0)
 
 
@@ -118,7 +121,11 @@ def status(
         typer.echo(f"{'temporal':15} cluster {settings.temporal_address} namespace {settings.temporal_namespace}")
     for rec in records:
         state = "up" if is_alive(rec) else "DOWN"
-        typer.echo(f"{rec.name:15} {state:5} pid {rec.pid:<8} log {rec.log}")
+        metrics = rec.env.get("TRAJFLOW_METRICS_PORT")
+        served = f"  metrics :{metrics}" if metrics else ""
+        if rec.name == "prometheus":
+            served = f"  UI and API http://127.0.0.1:{settings.prometheus_port}"
+        typer.echo(f"{rec.name:15} {state:5} pid {rec.pid:<8} log {rec.log}{served}")
     if (settings.run_dir / "hosts.json").exists():  # `up --hosts` ran: one line per host container
         from infra import hosts
 

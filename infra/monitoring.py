@@ -1,0 +1,110 @@
+"""The embedded stack's Prometheus: a `/metrics` port for each worker (and the Temporal dev server), the scrape
+targets read back from the process table, and the Prometheus process itself, which `trajflow up` starts last and
+`trajflow down` stops first. `TRAJFLOW_PROMETHEUS_PORT=0` turns all of it off.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+from infra.processes import ProcessRecord, ProcessTable, is_alive, start_detached
+from infra.settings import Settings
+from telemetry import prometheus
+from telemetry.prometheus import Target
+
+METRICS_PORT_VAR = "TRAJFLOW_METRICS_PORT"
+SCRAPED = ("orchestrator", "decode", "env", "reward", "trainer")
+"""The worker processes that serve `/metrics` (the reward service is an HTTP app, measured from the reward worker)."""
+
+
+def enabled(settings: Settings) -> bool:
+    return settings.prometheus_port != 0
+
+
+def check_can_start(settings: Settings, running: set[str]) -> None:
+    """Before `up` starts anything: the binary is there and the port is free (unless ours already holds it)."""
+    if not enabled(settings) or "prometheus" in running:
+        return
+    prometheus.binary()
+    if not port_free(settings.prometheus_port):
+        raise RuntimeError(
+            f"port {settings.prometheus_port} (Prometheus) is in use: another Prometheus (Debian's service starts "
+            "one there: `systemctl stop prometheus`) or another stack; set TRAJFLOW_PROMETHEUS_PORT to a free port, "
+            "or to 0 to run without metrics"
+        )
+
+
+def worker_env(settings: Settings, name: str) -> dict[str, str]:
+    """The variables giving worker `name` its own `/metrics` port (none when metrics are off)."""
+    if not enabled(settings) or name not in SCRAPED:
+        return {}
+    return {METRICS_PORT_VAR: str(free_port())}
+
+
+def temporal_metrics_port(settings: Settings) -> int | None:
+    if not enabled(settings):
+        return None
+    return settings.temporal_metrics_port or free_port()
+
+
+def targets(records: list[ProcessRecord]) -> list[Target]:
+    """Every recorded process that serves metrics: a worker by its variable, the dev server by its flag."""
+    out = []
+    for rec in records:
+        port = rec.env.get(METRICS_PORT_VAR)
+        if port is None and rec.name == "temporal" and "--metrics-port" in rec.argv:
+            port = rec.argv[rec.argv.index("--metrics-port") + 1]
+        if port is not None:
+            out.append(Target(rec.name, f"127.0.0.1:{port}"))
+    return out
+
+
+def start(settings: Settings, progress: Callable[[str], None], timeout_s: float = 60.0) -> None:
+    """Write the targets of every recorded process and start Prometheus (when it is not running already: it
+    re-reads the targets file by itself), then wait until it is ready."""
+    if not enabled(settings):
+        return
+    table = ProcessTable(settings.run_dir)
+    records = table.load()
+    directory = settings.state_dir / "prometheus"
+    scraped = targets(records)
+    config = prometheus.write(directory, scraped)
+    url = prometheus.url(settings.prometheus_port)
+    current = next((r for r in records if r.name == "prometheus" and is_alive(r)), None)
+    if current is None:
+        argv = prometheus.command(config, directory / "data", settings.prometheus_port)
+        current = start_detached("prometheus", argv, settings.log_dir)
+        table.add(current)
+        progress(f"prometheus: started (pid {current.pid}, log {current.log})")
+    deadline = time.monotonic() + timeout_s
+    while not prometheus.ready(url):
+        if not is_alive(current):
+            raise RuntimeError(f"prometheus exited; see {current.log}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"prometheus not ready at {url} after {timeout_s:.0f}s; see {current.log}")
+        time.sleep(0.2)
+    wanted = {t.address for t in scraped}
+    while {t["scrapeUrl"].split("/")[2] for t in prometheus.active_targets(url)} != wanted:
+        if time.monotonic() > deadline:  # it re-reads the targets file by itself; say so rather than wait on
+            progress(f"prometheus: {url} has not picked up all of {sorted(wanted)} yet (it will, from {directory})")
+            return
+        time.sleep(0.5)
+    progress(f"prometheus: {url} scraping {len(scraped)} targets ({', '.join(t.component for t in scraped)})")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True

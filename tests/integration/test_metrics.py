@@ -1,0 +1,171 @@
+"""Prometheus as `trajflow up` starts it, scraping every worker: after a short training run (the smoke config,
+async, with two of its sandbox containers killed mid-episode), Prometheus's HTTP API holds each of trajflow's
+metrics with the value the run's own records give (Temporal visibility, the run's summary), and every worker's
+and the dev server's target is up with the SDK's own metrics beside ours."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from contracts import metrics, names
+from contracts.trajectory import TrajectoryProgress
+from infra.monitoring import SCRAPED
+from telemetry import prometheus
+from tests.conftest import ROOT, free_port, wait_for
+
+pytestmark = pytest.mark.integration
+RUN = "metrics-run"
+
+
+def value(url: str, promql: str) -> float:
+    """The single value of an instant query (0 when there is no series: a counter never incremented)."""
+    result = prometheus.query(url, promql)
+    assert len(result) <= 1, f"{promql} gave {len(result)} series: {result}"
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+WORKER_TOTALS = {
+    "resets": f"sum({metrics.SANDBOX_RESET_SECONDS.name}_count)",
+    "takes": f"sum({metrics.WARM_POOL_TAKES.exposed})",
+    "rewards": f"sum({metrics.REWARD_SECONDS.name}_count)",
+    "tokens": f"sum({metrics.DECODE_TOKENS.exposed})",
+    "requests": f"sum({metrics.DECODE_BATCH_REQUESTS.name}_count)",
+    "waits": f"sum({metrics.DECODE_QUEUE_WAIT_SECONDS.name}_count)",
+    "env_failures": f'sum({metrics.ENV_FAILURES.exposed}{{type!="{names.ERR_ENV}"}})',
+    "env_recoveries": f"sum({metrics.ENV_RECOVERIES.exposed})",
+}
+
+
+def worker_totals(url: str) -> dict[str, float]:
+    return {k: value(url, q) for k, q in WORKER_TOTALS.items()}
+
+
+async def kill_sandboxes(client, want: int, done: asyncio.Event) -> int:  # type: ignore[no-untyped-def]
+    """Kill the containers of `want` running episodes of the run once each has a sandbox (as `trajflow chaos` does)."""
+    import docker
+
+    from sandbox.labels import SANDBOX_ID
+
+    engine = docker.from_env()
+    killed: set[str] = set()
+    query = f"WorkflowType = '{names.TRAJECTORY_WORKFLOW}' AND {names.SA_RUN} = '{RUN}' AND ExecutionStatus = 'Running'"
+    while len(killed) < want and not done.is_set():
+        async for wf in client.list_workflows(query):
+            if wf.id in killed or len(killed) >= want:
+                continue
+            try:
+                p = await client.get_workflow_handle(wf.id).query(names.QUERY_PROGRESS, result_type=TrajectoryProgress)
+            except Exception:  # noqa: BLE001 - it ended meanwhile
+                continue
+            if p.sandbox and p.turn == 0:  # killed before its first step: that step finds it gone
+                found = engine.containers.list(filters={"label": f"{SANDBOX_ID}={p.sandbox}"})
+                for container in found:
+                    container.kill()
+                    killed.add(wf.id)
+        await asyncio.sleep(0.2)
+    return len(killed)
+
+
+async def test_prometheus_sees_a_training_run_as_the_run_counts_it(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url = prometheus.url(int(cli_stack.env["TRAJFLOW_PROMETHEUS_PORT"]))
+    assert prometheus.ready(url)
+    targets = {t["labels"]["component"] for t in prometheus.active_targets(url)}
+    assert targets == {*SCRAPED, "temporal"}, "`trajflow up` waits until Prometheus scrapes every target"
+    wait_for(lambda: value(url, 'count(up{job="trajflow"} == 1)') == len(targets), timeout_s=30, what="every target up")
+    before = worker_totals(url)
+
+    config = tmp_path / "metrics-smoke.toml"  # no redundant samples: every trajectory started is one the run counts
+    smoke = (ROOT / "configs" / "smoke.toml").read_text()
+    config.write_text(smoke.replace("redundancy = 1", "redundancy = 0").replace("max_turns = 2", "max_turns = 4"))
+    out = tmp_path / "summary.json"
+    client = await cli_stack.connect()
+    done = asyncio.Event()
+    killer = asyncio.create_task(kill_sandboxes(client, 2, done))
+    train = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "trajflow"), "train", str(config), "--run-id", RUN, "--no-eval",
+        "--json-summary", str(out), cwd=ROOT, env=cli_stack.env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await asyncio.wait_for(train.communicate(), timeout=600)
+    done.set()
+    killed = await killer
+    assert train.returncode == 0, stderr.decode()[-3000:]
+    summary = json.loads(out.read_text())
+
+    # the run's own records: every trajectory of the run in visibility, once none is still running
+    rows: list[dict] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        listed = cli_stack.trajflow("trajectories", "list", "--run", RUN, "--json", "--limit", "1000")
+        rows = json.loads(listed.stdout)["trajectories"]
+        if rows and all(r["status"] != "running" for r in rows):
+            break
+        await asyncio.sleep(1)
+    by_status = {s: sum(r["status"] == s for r in rows) for s in ("completed", "failed", "infra_failed")}
+    recovered = sum(r["env_failures"] or 0 for r in rows)
+
+    finished = f'{metrics.TRAJECTORIES_FINISHED.exposed}{{run="{RUN}"}}'
+    staleness = f'{metrics.SAMPLE_STALENESS.name}_count{{run="{RUN}"}}'
+    deadline = time.monotonic() + 60  # a scrape every 5 s
+    while time.monotonic() < deadline:
+        if value(url, f"sum({finished})") == sum(by_status.values()) and value(url, staleness) == summary["trajectories_trained"]:
+            break
+        await asyncio.sleep(1)
+    for status, n in by_status.items():
+        assert value(url, f'sum({metrics.TRAJECTORIES_FINISHED.exposed}{{run="{RUN}",status="{status}"}})') == n, status
+    assert by_status["completed"] >= summary["trajectories_trained"] == 24
+    assert value(url, staleness) == summary["trajectories_trained"]
+    lags = sum(int(lag) * n for lag, n in summary["staleness_histogram"].items())
+    assert value(url, f'{metrics.SAMPLE_STALENESS.name}_sum{{run="{RUN}"}}') == lags
+    within_alpha = f'{metrics.SAMPLE_STALENESS.name}_bucket{{run="{RUN}",le="1"}}'
+    assert value(url, within_alpha) == summary["trajectories_trained"]  # alpha = 1
+    assert value(url, f'{metrics.TRAIN_STEP_SECONDS.name}_count{{run="{RUN}"}}') == summary["steps"] == 3
+    assert value(url, f'{metrics.TRAIN_STEP_SECONDS.name}_sum{{run="{RUN}"}}') > 0
+
+    after = worker_totals(url)
+    delta = {k: after[k] - before[k] for k in after}
+    scored = by_status["completed"]
+    started = len(rows)
+    # resets: one per trajectory that got a sandbox, plus one per recovery; every one a warm hit or a start
+    assert scored + recovered <= delta["resets"] == delta["takes"] <= started + recovered, (delta, started)
+    assert scored <= delta["rewards"] <= started, delta
+    turns = sum(r["turns"] or 0 for r in rows if r["status"] == "completed")
+    assert turns <= delta["requests"] == delta["waits"], delta  # one batch size and one queue wait per request
+    assert delta["tokens"] >= turns, delta  # at least one token a turn
+    assert value(url, f"max({metrics.DECODE_TOKENS_PER_S.name})") > 0
+    # the killed sandboxes: each failure the run recovered from, counted by type, as the trajectories say
+    assert killed == 2 and recovered >= 1, (killed, rows)
+    assert delta["env_failures"] == delta["env_recoveries"] == recovered, delta
+    assert value(url, f'sum({metrics.ENV_RECOVERIES.exposed}{{type="{names.ERR_SANDBOX_LOST}"}})') >= 1
+
+    # the SDK's own metrics from every worker, and the dev server's
+    for component in (*SCRAPED, "temporal"):
+        assert value(url, f'up{{component="{component}"}}') == 1, component
+    sdk = prometheus.query(url, 'count by (component) ({__name__=~"temporal_.+"})')
+    assert {r["metric"]["component"] for r in sdk} >= set(SCRAPED), sdk
+
+
+def test_prometheus_answers_queries_through_its_http_api(tmp_path: Path) -> None:
+    """The real binary on a config with no targets but itself: ready, and `up` for its own job."""
+    port = free_port()
+    config = prometheus.write(tmp_path, [prometheus.Target("prometheus", f"127.0.0.1:{port}")])
+    proc = subprocess.Popen(prometheus.command(config, tmp_path / "data", port), stderr=subprocess.PIPE)
+    try:
+        url = prometheus.url(port)
+        wait_for(lambda: prometheus.ready(url), timeout_s=60, what="prometheus ready")
+        wait_for(lambda: prometheus.query(url, 'up{component="prometheus"}') != [], timeout_s=30, what="a scrape")
+        assert prometheus.query(url, 'up{component="prometheus"}')[0]["value"][1] == "1"
+        assert [t["health"] for t in prometheus.active_targets(url)] == ["up"]
+        with pytest.raises(httpx.HTTPStatusError):
+            prometheus.query(url, "sum(")  # a bad query is an error, not an empty answer
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
