@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from temporalio.client import Client
@@ -17,13 +18,30 @@ from contracts.runs import EvalResult, RunSummary
 from contracts.training import StepRecord, TrainingProgress, TrainingResult, TrainingRunConfig
 from infra.settings import Settings
 from infra.store import ObjectStore
+from tracking.base import Fanout, eval_scalars, open_trackers, step_scalars
 from trajflow.client import start_training, training_progress
 
+SPARKS = "▁▂▃▄▅▆▇█"
 
-def progress_line(p: TrainingProgress, first_t: float) -> str:
+
+def sparkline(values: list[float], width: int = 24) -> str:
+    """The last `width` values as block characters, scaled between their own min and max."""
+    shown = values[-width:]
+    if not shown:
+        return ""
+    low, high = min(shown), max(shown)
+    if high == low:
+        return SPARKS[3] * len(shown)
+    return "".join(SPARKS[round((v - low) / (high - low) * (len(SPARKS) - 1))] for v in shown)
+
+
+def progress_line(p: TrainingProgress, first_t: float, rewards: list[float] | None = None) -> str:
+    """One line of the live view; `rewards`: the batch reward of every step so far, drawn as a sparkline."""
     c = p.counters
     rate = c.completed / p.elapsed_s if p.elapsed_s > 0 else 0.0
     reward = f"{p.last.reward_mean:.3f}" if p.last else "-"
+    if rewards and len(rewards) > 1:
+        reward += f" {sparkline(rewards)}"
     return (
         f"[{time.monotonic() - first_t:6.0f}s] step {p.version}/{p.steps}  reward {reward}  running {p.running}  "
         f"buffered {p.buffered}  trained {c.consumed}  stale-dropped {c.dropped_stale}  failed {c.failed}+"
@@ -61,16 +79,28 @@ async def train(
         f"alpha={run.alpha}{' sync' if run.sync else ''}, loss {run.trainer.loss.kind}, lr {run.trainer.lr:g}"
     )
     say(f"trainer autocast {run.trainer.autocast}: {_local_autocast(run.trainer.autocast)}")
+    trackers = open_trackers(config.tracking, run_dir, run_id, say)  # a missing package fails before the run
+    if trackers.names:
+        say(f"tracking: {', '.join(trackers.names)} (TensorBoard: tensorboard --logdir {run_dir.parent})")
+    trackers.config(config.model_dump(mode="json"))
     evaluate_now = not skip_eval and run.eval.episodes > 0
     before = await evaluate(client, store, run, say, policy=run_id, version=0) if evaluate_now else None
+    if before is not None:
+        trackers.scalars(0, eval_scalars(before))
     t0 = time.monotonic()
     handle = await start_training(run, run_id=run_id, client=client)
     ui_host = settings.temporal_address.rsplit(":", 1)[0]
     ui = f"http://{ui_host}:{settings.temporal_ui_port}/namespaces/{settings.temporal_namespace}/workflows/{run_id}"
     say(f"training workflow {run_id} started (Temporal UI: {ui})")
-    result = await follow_run(handle, say)
+    steps = StepLog(trackers)
+    result = await follow_run(handle, say, on_step=steps.log)
+    for record in result.history:  # the steps the 2-s polls did not see (a fast trainer), in order
+        steps.log(record)
     wall = time.monotonic() - t0
     after = await evaluate(client, store, run, say, policy=run_id, version=result.version) if evaluate_now else None
+    if after is not None:
+        trackers.scalars(result.version, eval_scalars(after))
+    trackers.close()
     summary = summarise(run, run_id, result, wall, before, after)
     (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2))
     plots = write_plots(result.history, before, after, run_dir)
@@ -78,8 +108,25 @@ async def train(
     return summary
 
 
-async def follow_run(handle, say: Say, give_up_after_s: float = 600.0) -> TrainingResult:  # type: ignore[no-untyped-def]
-    """Print a line per finished step and a heartbeat line every 20 s until the run ends.
+class StepLog:
+    """Each step's scalars to the trackers once (the live polls and the final history both report steps)."""
+
+    def __init__(self, trackers: Fanout) -> None:
+        self.trackers = trackers
+        self.logged: dict[int, StepRecord] = {}
+
+    def log(self, record: StepRecord) -> None:
+        if record.step in self.logged:
+            return
+        self.trackers.scalars(record.step, step_scalars(record, self.logged.get(record.step - 1)))
+        self.logged[record.step] = record
+
+
+async def follow_run(  # type: ignore[no-untyped-def]
+    handle, say: Say, give_up_after_s: float = 600.0, on_step: Callable[[StepRecord], None] | None = None
+) -> TrainingResult:
+    """Print a line per finished step and a heartbeat line every 20 s until the run ends; `on_step` gets each
+    finished step the polls see (steps closer together than a poll are seen only in the result's history).
 
     Polls (describe + the progress query) instead of holding one long call open; the client retries calls
     while the Temporal server restarts, and other errors are reported and retried, so the command rides out
@@ -89,6 +136,7 @@ async def follow_run(handle, say: Say, give_up_after_s: float = 600.0) -> Traini
 
     first = time.monotonic()
     last_version, last_line, unreachable_since = -1, 0.0, None
+    rewards: dict[int, float] = {}
     while True:
         try:
             status = (await handle.describe()).status
@@ -111,8 +159,12 @@ async def follow_run(handle, say: Say, give_up_after_s: float = 600.0) -> Traini
                 raise
             await asyncio.sleep(2.0)
             continue
+        if p.last is not None and p.last.step not in rewards:
+            rewards[p.last.step] = p.last.reward_mean
+            if on_step is not None:
+                on_step(p.last)
         if p.version != last_version or time.monotonic() - last_line > 20:
-            say(progress_line(p, first))
+            say(progress_line(p, first, [rewards[k] for k in sorted(rewards)]))
             last_version, last_line = p.version, time.monotonic()
         await asyncio.sleep(2.0)
 

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, Field, model_validator
 from contracts.base import Contract
 from contracts.hardware import HardwareConfig
 from contracts.tasks import TaskConfig
+from contracts.tracking import TrackingConfig
 from contracts.training import TrainingRunConfig, TrainSettings
 
 __all__ = [
@@ -112,6 +113,8 @@ class RunConfig(Contract):
     hardware: HardwareConfig = HardwareConfig()
     """Hardware affinity: which host runs which pool, with which CPUs, threads, device and GPUs
     (`contracts.hardware`). Empty: the embedded defaults."""
+    tracking: TrackingConfig = TrackingConfig()
+    """Where `trajflow train` logs metrics (`contracts.tracking`): TensorBoard by default."""
 
     def training_run(self) -> TrainingRunConfig:
         """The training workflow's config: the [train] section with this config's tasks."""
