@@ -32,20 +32,29 @@ def value(url: str, promql: str) -> float:
     return float(result[0]["value"][1]) if result else 0.0
 
 
-WORKER_TOTALS = {
-    "resets": f"sum({metrics.SANDBOX_RESET_SECONDS.name}_count)",
-    "takes": f"sum({metrics.WARM_POOL_TAKES.exposed})",
-    "rewards": f"sum({metrics.REWARD_SECONDS.name}_count)",
-    "tokens": f"sum({metrics.DECODE_TOKENS.exposed})",
-    "requests": f"sum({metrics.DECODE_BATCH_REQUESTS.name}_count)",
-    "waits": f"sum({metrics.DECODE_QUEUE_WAIT_SECONDS.name}_count)",
-    "env_failures": f'sum({metrics.ENV_FAILURES.exposed}{{type!="{names.ERR_ENV}"}})',
-    "env_recoveries": f"sum({metrics.ENV_RECOVERIES.exposed})",
-}
+def scraped_since(url: str, t: float) -> bool:
+    """Whether Prometheus has scraped every target after wall time `t` (each target is scraped on its own clock)."""
+    from datetime import datetime
+
+    return all(datetime.fromisoformat(x["lastScrape"]).timestamp() > t for x in prometheus.active_targets(url))
 
 
-def worker_totals(url: str) -> dict[str, float]:
-    return {k: value(url, q) for k, q in WORKER_TOTALS.items()}
+def worker_totals(url: str, now: str) -> dict[str, float]:
+    """The worker-level totals over the stack's current targets only (`now`: an instance selector). Prometheus keeps
+    the last samples of processes an earlier `trajflow down` stopped (no staleness marker is written on its own
+    shutdown) for 5 minutes, and those would drop out of a sum between two reads."""
+    queries = {
+        "resets": f"sum({metrics.SANDBOX_RESET_SECONDS.name}_count{{{now}}})",
+        "takes": f"sum({metrics.WARM_POOL_TAKES.exposed}{{{now}}})",
+        "rewards": f"sum({metrics.REWARD_SECONDS.name}_count{{{now}}})",
+        "reward_errors": f"sum({metrics.REWARD_ERRORS.exposed}{{{now}}})",
+        "tokens": f"sum({metrics.DECODE_TOKENS.exposed}{{{now}}})",
+        "requests": f"sum({metrics.DECODE_BATCH_REQUESTS.name}_count{{{now}}})",
+        "waits": f"sum({metrics.DECODE_QUEUE_WAIT_SECONDS.name}_count{{{now}}})",
+        "env_failures": f'sum({metrics.ENV_FAILURES.exposed}{{{now},type!="{names.ERR_ENV}"}})',
+        "env_recoveries": f"sum({metrics.ENV_RECOVERIES.exposed}{{{now}}})",
+    }
+    return {k: value(url, q) for k, q in queries.items()}
 
 
 async def kill_sandboxes(client, want: int, done: asyncio.Event) -> int:  # type: ignore[no-untyped-def]
@@ -77,10 +86,15 @@ async def kill_sandboxes(client, want: int, done: asyncio.Event) -> int:  # type
 async def test_prometheus_sees_a_training_run_as_the_run_counts_it(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     url = prometheus.url(int(cli_stack.env["TRAJFLOW_PROMETHEUS_PORT"]))
     assert prometheus.ready(url)
-    targets = {t["labels"]["component"] for t in prometheus.active_targets(url)}
-    assert targets == {*SCRAPED, "temporal"}, "`trajflow up` waits until Prometheus scrapes every target"
-    wait_for(lambda: value(url, 'count(up{job="trajflow"} == 1)') == len(targets), timeout_s=30, what="every target up")
-    before = worker_totals(url)
+    active = prometheus.active_targets(url)
+    assert {t["labels"]["component"] for t in active} == {*SCRAPED, "temporal"}, "`up` waits for every target"
+    now = 'instance=~"{}"'.format("|".join(t["labels"]["instance"] for t in active))
+    wait_for(
+        lambda: all(t["health"] == "up" for t in prometheus.active_targets(url)), timeout_s=30, what="every target up"
+    )
+    t = time.time()
+    wait_for(lambda: scraped_since(url, t), timeout_s=30, what="a scrape of every target")
+    before = worker_totals(url, now)
 
     config = tmp_path / "metrics-smoke.toml"  # no redundant samples: every trajectory started is one the run counts
     smoke = (ROOT / "configs" / "smoke.toml").read_text()
@@ -112,13 +126,11 @@ async def test_prometheus_sees_a_training_run_as_the_run_counts_it(cli_stack, tm
     by_status = {s: sum(r["status"] == s for r in rows) for s in ("completed", "failed", "infra_failed")}
     recovered = sum(r["env_failures"] or 0 for r in rows)
 
-    finished = f'{metrics.TRAJECTORIES_FINISHED.exposed}{{run="{RUN}"}}'
+    t = time.time()  # every trajectory of the run has ended: what the workers counted is in the next scrape of each
+    while not scraped_since(url, t):
+        assert time.time() < t + 30, "Prometheus scrapes every 5 s"
+        await asyncio.sleep(0.5)
     staleness = f'{metrics.SAMPLE_STALENESS.name}_count{{run="{RUN}"}}'
-    deadline = time.monotonic() + 60  # a scrape every 5 s
-    while time.monotonic() < deadline:
-        if value(url, f"sum({finished})") == sum(by_status.values()) and value(url, staleness) == summary["trajectories_trained"]:
-            break
-        await asyncio.sleep(1)
     for status, n in by_status.items():
         assert value(url, f'sum({metrics.TRAJECTORIES_FINISHED.exposed}{{run="{RUN}",status="{status}"}})') == n, status
     assert by_status["completed"] >= summary["trajectories_trained"] == 24
@@ -130,26 +142,27 @@ async def test_prometheus_sees_a_training_run_as_the_run_counts_it(cli_stack, tm
     assert value(url, f'{metrics.TRAIN_STEP_SECONDS.name}_count{{run="{RUN}"}}') == summary["steps"] == 3
     assert value(url, f'{metrics.TRAIN_STEP_SECONDS.name}_sum{{run="{RUN}"}}') > 0
 
-    after = worker_totals(url)
+    after = worker_totals(url, now)
     delta = {k: after[k] - before[k] for k in after}
     scored = by_status["completed"]
     started = len(rows)
     # resets: one per trajectory that got a sandbox, plus one per recovery; every one a warm hit or a start
     assert scored + recovered <= delta["resets"] == delta["takes"] <= started + recovered, (delta, started)
-    assert scored <= delta["rewards"] <= started, delta
+    # a call per attempt: one that answered for each scored trajectory, and each that failed (retried or final)
+    assert delta["rewards"] == scored + delta["reward_errors"], delta
     turns = sum(r["turns"] or 0 for r in rows if r["status"] == "completed")
     assert turns <= delta["requests"] == delta["waits"], delta  # one batch size and one queue wait per request
     assert delta["tokens"] >= turns, delta  # at least one token a turn
-    assert value(url, f"max({metrics.DECODE_TOKENS_PER_S.name})") > 0
+    assert value(url, f"max({metrics.DECODE_TOKENS_PER_S.name}{{{now}}})") > 0
     # the killed sandboxes: each failure the run recovered from, counted by type, as the trajectories say
     assert killed == 2 and recovered >= 1, (killed, rows)
     assert delta["env_failures"] == delta["env_recoveries"] == recovered, delta
-    assert value(url, f'sum({metrics.ENV_RECOVERIES.exposed}{{type="{names.ERR_SANDBOX_LOST}"}})') >= 1
+    assert value(url, f'sum({metrics.ENV_RECOVERIES.exposed}{{{now},type="{names.ERR_SANDBOX_LOST}"}})') >= 1
 
     # the SDK's own metrics from every worker, and the dev server's
     for component in (*SCRAPED, "temporal"):
-        assert value(url, f'up{{component="{component}"}}') == 1, component
-    sdk = prometheus.query(url, 'count by (component) ({__name__=~"temporal_.+"})')
+        assert value(url, f'up{{{now},component="{component}"}}') == 1, component
+    sdk = prometheus.query(url, f'count by (component) ({{__name__=~"temporal_.+",{now}}})')
     assert {r["metric"]["component"] for r in sdk} >= set(SCRAPED), sdk
 
 
