@@ -5,10 +5,10 @@ targets read back from the process table, and the Prometheus process itself, whi
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 
+from infra.ports import free_port, port_free
 from infra.processes import ProcessRecord, ProcessTable, is_alive, start_detached
 from infra.settings import Settings
 from telemetry import prometheus
@@ -92,19 +92,3 @@ def start(settings: Settings, progress: Callable[[str], None], timeout_s: float 
             return
         time.sleep(0.5)
     progress(f"prometheus: {url} scraping {len(scraped)} targets ({', '.join(t.component for t in scraped)})")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True

@@ -25,6 +25,7 @@ from contracts import names
 from contracts.config import RunConfig
 from infra import monitoring
 from infra.placement import Placement, placement
+from infra.ports import port_free
 from infra.processes import ProcessRecord, ProcessTable, is_alive, kill, restart, start_detached, stop
 from infra.settings import Settings
 from infra.temporal import dev_server_command, ensure_search_attributes, pollers, wait_until_reachable
@@ -178,19 +179,11 @@ def _ports(settings: Settings, name: str) -> list[int]:
 def _wait_ports_free(ports: list[int], name: str, timeout_s: float = 30.0) -> None:
     """A killed multi-threaded process is reported gone (its leader a zombie) while its other threads still hold
     its listening sockets for a moment; a restart that binds then fails. Wait until each port binds again."""
-    import socket
-
     deadline = time.monotonic() + timeout_s
     for port in ports:
-        while True:
-            with socket.socket() as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind(("127.0.0.1", port))
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"port {port} of {name} still in use {timeout_s:.0f}s after the kill") from None
+        while not port_free(port):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"port {port} of {name} still in use {timeout_s:.0f}s after the kill")
             time.sleep(0.1)
 
 
