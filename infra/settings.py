@@ -92,6 +92,21 @@ class Settings(BaseSettings):
     metrics."""
     temporal_metrics_port: int | None = None
     """The dev server's own Prometheus metrics port; None: `trajflow up` picks a free one when it starts Prometheus."""
+    traces: bool = True
+    """Workers trace every trajectory with OpenTelemetry (`telemetry.tracing`): over OTLP when `otlp_endpoint` is
+    set, else to JSON-lines files under `traces_dir` that `trajflow trace` reads; false: no spans at all."""
+    trace_dir: Path | None = None
+    """Where the workers' span files go; None: `traces` under the state dir (`trajflow up --hosts` points every
+    host container at the machine's, mounted)."""
+    otlp_endpoint: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "TRAJFLOW_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
+        ),
+    )
+    """An OTLP/HTTP collector for the spans (`TRAJFLOW_OTLP_ENDPOINT`, else OpenTelemetry's own
+    `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`), e.g. `http://127.0.0.1:4318`; the
+    path `/v1/traces` is added when the URL has none. None: spans go to `traces_dir`."""
     sandbox_network: bool = False
     """Give sandboxes a network (off by default: no network inside containers)."""
     sandbox_mem_limit: str = "1g"
@@ -151,6 +166,11 @@ class Settings(BaseSettings):
     def sandbox_dir(self) -> Path:
         """Per-sandbox directories bind-mounted into containers (the runner's socket lives there)."""
         return self.state_dir / "sandboxes"
+
+    @property
+    def traces_dir(self) -> Path:
+        """One JSON-lines file of spans per worker process, when no OTLP endpoint is set (`telemetry.tracing`)."""
+        return self.trace_dir or self.state_dir / "traces"
 
     @property
     def temporal_db(self) -> Path:

@@ -11,9 +11,10 @@ import asyncio
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from temporalio.client import Client
+from temporalio.client import Client, Plugin
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
@@ -63,9 +64,10 @@ def dev_server_command(settings: Settings, metrics_port: int | None = None) -> l
     return cmd + search_attribute_args()
 
 
-async def connect(settings: Settings, *, quiet: bool = False) -> Client:
+async def connect(settings: Settings, *, quiet: bool = False, plugins: Sequence[Plugin] = ()) -> Client:
     """A client with the pydantic converter. `quiet`: the SDK core logs errors only (no warning per retried call
-    while the server restarts, for commands that ride out restarts on purpose).
+    while the server restarts, for commands that ride out restarts on purpose). `plugins`: the client's (a traced
+    worker's, `telemetry.tracing.plugins`); its workers get them too.
 
     Raises `infra.connection.ConnectionSettingsError` (a ValueError) for TLS files that cannot work, before
     connecting, and `TemporalConnectionError` (a RuntimeError) saying what is probably wrong when connecting fails.
@@ -79,6 +81,7 @@ async def connect(settings: Settings, *, quiet: bool = False) -> Client:
             tls=options.tls,
             api_key=options.api_key,
             runtime=_runtime(settings, quiet),
+            plugins=plugins,
         )
     except (RuntimeError, RPCError) as e:
         raise await explain_failure(settings, e) from e
@@ -139,7 +142,9 @@ async def ensure_search_attributes(client: Client) -> list[str]:
     return sorted(missing)
 
 
-async def wait_until_reachable(settings: Settings, timeout_s: float = 60.0, *, quiet: bool = False) -> Client:
+async def wait_until_reachable(
+    settings: Settings, timeout_s: float = 60.0, *, quiet: bool = False, plugins: Sequence[Plugin] = ()
+) -> Client:
     """Connect, retrying until the server answers or the timeout passes (TimeoutError).
 
     Settings that cannot work end it at once: TLS files (`ConnectionSettingsError`) and failures that retrying
@@ -150,7 +155,7 @@ async def wait_until_reachable(settings: Settings, timeout_s: float = 60.0, *, q
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            client = await connect(settings, quiet=quiet)
+            client = await connect(settings, quiet=quiet, plugins=plugins)
             await client.workflow_service.get_system_info(GetSystemInfoRequest())
             return client
         except (TemporalConnectionError, RPCError) as e:

@@ -364,6 +364,7 @@ def cli_stack(cache_dir: Path) -> Iterator[CliStack]:
         "TRAJFLOW_TEMPORAL_UI_PORT": str(ui_port),
         "TRAJFLOW_REWARD_PORT": str(free_port()),
         "TRAJFLOW_PROMETHEUS_PORT": str(free_port()),
+        "TRAJFLOW_OTLP_ENDPOINT": "",  # spans to the state dir's files (test_traces reads them), whatever the shell says
     }
     stack = CliStack(env=env, state_dir=state_dir, ui_url=f"http://127.0.0.1:{ui_port}", config=ROOT / "configs" / "tiny.toml")
     try:

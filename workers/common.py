@@ -1,4 +1,5 @@
-"""What every worker process shares: its id, logging, and running Temporal workers until a signal."""
+"""What every worker process shares: its id, logging, its traced client, and running Temporal workers until a
+signal."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
+from temporalio.client import Client
 from temporalio.worker import Worker
+
+from infra.settings import Settings
+from infra.temporal import wait_until_reachable
+from telemetry import tracing
 
 log = logging.getLogger("trajflow.worker")
 
@@ -18,6 +24,15 @@ log = logging.getLogger("trajflow.worker")
 def new_worker_id() -> str:
     """Unique per process start: a restarted worker gets a new host queue, so stale steps time out."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+async def connect_worker(settings: Settings, role: str) -> Client:
+    """The worker's client once the server answers, tracing its trajectories' activities when the settings say so
+    (`telemetry.tracing`: OTLP or a JSON-lines file under the state dir)."""
+    where = tracing.configure(settings.traces, settings.otlp_endpoint, settings.traces_dir, role)
+    if where is not None:
+        log.info("traces to %s", where)
+    return await wait_until_reachable(settings, plugins=tracing.plugins())
 
 
 def configure_logging(name: str) -> None:
@@ -49,5 +64,6 @@ async def run_until_signalled(
     for waiter in waiters:
         waiter.cancel()
     await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+    tracing.flush()  # the CLI ends worker processes with os._exit: no exit handler would export the last spans
     if on_stop is not None:
         await on_stop()

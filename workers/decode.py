@@ -14,9 +14,8 @@ from contracts import names
 from contracts.config import ModelConfig
 from infra.settings import Settings
 from infra.store import ObjectStore, open_store_from
-from infra.temporal import wait_until_reachable
 from rl.engines.base import Engine
-from workers.common import new_worker_id, run_until_signalled
+from workers.common import connect_worker, new_worker_id, run_until_signalled
 
 log = logging.getLogger("trajflow.decode")
 
@@ -64,5 +63,5 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
         log.info("engine %s ready (%s)", engine.name, precision.dtype)
     else:
         log.info("engine %s ready: %s, frozen at v%d", engine.name, model.openai.base_url, engine.version)
-    client = await wait_until_reachable(settings)
+    client = await connect_worker(settings, "decode")
     await run_until_signalled(decode_workers(client, engine, store, pools, worker_id), on_stop=engine.close)

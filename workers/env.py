@@ -17,11 +17,10 @@ from temporalio.worker import Worker
 from activities.env import EnvActivities
 from contracts import names
 from infra.settings import Settings
-from infra.temporal import wait_until_reachable
 from sandbox.images import ImageResolver
 from sandbox.manager import SandboxLimits, SandboxManager
 from sandbox.pool import WarmPool
-from workers.common import new_worker_id, run_until_signalled
+from workers.common import connect_worker, new_worker_id, run_until_signalled
 
 log = logging.getLogger("trajflow.env")
 
@@ -79,7 +78,7 @@ def build_manager(settings: Settings, worker_id: str) -> SandboxManager:
 async def serve(settings: Settings, pools: Sequence[str]) -> None:
     worker_id = new_worker_id()
     manager = await asyncio.to_thread(build_manager, settings, worker_id)
-    client = await wait_until_reachable(settings)
+    client = await connect_worker(settings, "env")
 
     warm = WarmPool(manager, settings.sandbox_warm_pool)  # fills per env on first use
     images = ImageResolver(manager.client, settings.cache_dir / "images", progress=log.info)

@@ -9,8 +9,7 @@ from temporalio.worker import Worker
 from activities.children import ChildWatchActivities
 from contracts import names
 from infra.settings import Settings
-from infra.temporal import wait_until_reachable
-from workers.common import run_until_signalled
+from workers.common import connect_worker, run_until_signalled
 from workflows.replay_env import ReplayEnvWorkflow
 from workflows.training import TrainingWorkflow
 from workflows.trajectory import TrajectoryWorkflow
@@ -24,5 +23,5 @@ def orchestrator_workers(client: Client, task_queue: str = names.WORKFLOW_QUEUE)
 
 
 async def serve(settings: Settings) -> None:
-    client = await wait_until_reachable(settings)
+    client = await connect_worker(settings, "orchestrator")
     await run_until_signalled(orchestrator_workers(client))

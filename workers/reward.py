@@ -11,9 +11,8 @@ from activities.reward import RewardActivities
 from contracts import names
 from infra.settings import Settings
 from infra.store import ObjectStore, open_store_from
-from infra.temporal import wait_until_reachable
 from rewards.client import RewardClient
-from workers.common import run_until_signalled
+from workers.common import connect_worker, run_until_signalled
 
 
 def reward_workers(client: Client, reward_client: RewardClient, store: ObjectStore, pools: Sequence[str]) -> list[Worker]:
@@ -27,5 +26,5 @@ def reward_workers(client: Client, reward_client: RewardClient, store: ObjectSto
 async def serve(settings: Settings, pools: Sequence[str]) -> None:
     store = open_store_from(settings)
     reward_client = RewardClient(settings.resolved_reward_url, timeout_s=settings.reward_timeout_s)
-    client = await wait_until_reachable(settings)
+    client = await connect_worker(settings, "reward")
     await run_until_signalled(reward_workers(client, reward_client, store, pools), on_stop=reward_client.close)

@@ -23,8 +23,7 @@ from contracts.config import ModelConfig
 from infra.policies import PolicyStore, sweep_dead_worker_caches
 from infra.settings import Settings
 from infra.store import ObjectStore, open_store_from
-from infra.temporal import wait_until_reachable
-from workers.common import new_worker_id, run_until_signalled
+from workers.common import connect_worker, new_worker_id, run_until_signalled
 
 log = logging.getLogger("trajflow.trainer")
 
@@ -96,7 +95,7 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
     export = decode_precision(model, device)
     log.info("published weights in %s, the decode workers' dtype (%s)", export.dtype, export.reason)
     store = open_store_from(settings)
-    client = await wait_until_reachable(settings)
+    client = await connect_worker(settings, "trainer")
     worker_id = new_worker_id()
     log.info("trainer %s for %s, pools %s", worker_id, model_path, list(pools))
     work_dir = settings.state_dir / "trainer" / worker_id

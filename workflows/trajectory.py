@@ -4,7 +4,8 @@ reset a sandbox on the env pool -> per turn: LLM step on the decode pool, env st
 queue -> score on the reward pool -> save the trajectory to the store -> report. A lost sandbox (container
 death, hung step, dead env host) is replaced by a fresh one restored by replaying the recorded actions, within
 a budget; past it the trajectory ends as infra-failed and is never scored. History holds one turn's text and
-store references, so it grows O(turns).
+store references, so it grows O(turns). Each episode is one OpenTelemetry trace (`telemetry.spans`): a root
+`trajectory` span and a span per activity call.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryStatus,
         TurnSummary,
     )
+    from telemetry import spans
     from telemetry.metrics import record
 
 from workflows import stubs
@@ -75,6 +77,20 @@ class TrajectoryWorkflow:
     @workflow.run
     async def run(self, raw: RawValue = NO_INPUT) -> TrajectoryResult:
         req = self.req
+        root = spans.span(
+            "trajectory", workflow_id=workflow.info().workflow_id, run=req.run_id or None, task=req.task or req.env_id,
+            env=req.env_id, seed=req.seed, group=req.group or None, replay_of=req.replay_of or None,
+        )  # fmt: skip
+        with root as span:
+            result = await self._episode()
+            spans.note(
+                span, status=result.status.value, reward=result.reward, turns=result.turns,
+                policy_version=result.policy_version, env_recoveries=result.env_recoveries,
+            )  # fmt: skip
+            return result
+
+    async def _episode(self) -> TrajectoryResult:
+        req = self.req
         started = workflow.time()
         self._upsert(*self._start_attributes())
         status, error = TrajectoryStatus.COMPLETED, None
@@ -104,22 +120,23 @@ class TrajectoryWorkflow:
         if status is TrajectoryStatus.COMPLETED:
             reward, details, status, error = await self._score(env_rewards, last)
         seconds = workflow.time() - started
-        saved = await stubs.trajectory_save(
-            req.pools.reward,
-            SaveTrajectoryInput(
-                workflow_id=workflow.info().workflow_id,
-                request=req,
-                status=status,
-                context_uri=self.context_uri,
-                first_observation=self.first_observation,
-                turns=self.turns,
-                reward=reward,
-                reward_details=details,
-                env_recoveries=self.recoveries,
-                error=error,
-                timings={**self.timings, "total_s": seconds},
-            ),
-        )
+        with spans.span("trajectory.save"):
+            saved = await stubs.trajectory_save(
+                req.pools.reward,
+                SaveTrajectoryInput(
+                    workflow_id=workflow.info().workflow_id,
+                    request=req,
+                    status=status,
+                    context_uri=self.context_uri,
+                    first_observation=self.first_observation,
+                    turns=self.turns,
+                    reward=reward,
+                    reward_details=details,
+                    env_recoveries=self.recoveries,
+                    error=error,
+                    timings={**self.timings, "total_s": seconds},
+                ),
+            )
         result = TrajectoryResult(
             workflow_id=workflow.info().workflow_id,
             status=status,
@@ -151,16 +168,23 @@ class TrajectoryWorkflow:
     async def _turn(self) -> EnvStepResult:
         req = self.req
         t0 = workflow.time()
-        gen = await stubs.llm_generate(
-            req.pools.decode,
-            req.generate_input(
-                f"{workflow.info().workflow_id}/{workflow.info().run_id}", len(self.turns), self.context_uri, self.observation
-            ),
-        )
+        turn = len(self.turns)
+        with spans.span("llm.generate", turn=turn) as span:
+            gen = await stubs.llm_generate(
+                req.pools.decode,
+                req.generate_input(
+                    f"{workflow.info().workflow_id}/{workflow.info().run_id}", turn, self.context_uri, self.observation
+                ),
+            )
+            spans.note(
+                span, policy_version=gen.policy_version, prompt_tokens=gen.prompt_tokens,
+                completion_tokens=gen.completion_tokens, finish_reason=gen.finish_reason, worker=gen.worker_id,
+            )  # fmt: skip
         t1 = workflow.time()
         self.timings["llm_s"] += t1 - t0
         self.context_uri = gen.context_uri
-        step = await self._step_with_recovery(gen.text)
+        with spans.span("env.step", turn=turn):
+            step = await self._step_with_recovery(gen.text)
         self.timings["env_s"] += workflow.time() - t1
         self.actions.append(gen.text)
         self.observation = step.observation
@@ -175,16 +199,18 @@ class TrajectoryWorkflow:
         """Reset a sandbox on the shared env queue; after a loss, replay the recorded actions into it."""
         while True:
             try:
-                res = await stubs.env_reset(
-                    self.req.pools.env,
-                    EnvResetInput(
-                        trajectory_id=workflow.info().workflow_id,
-                        env_id=self.req.env_id,
-                        seed=self.req.seed,
-                        env_kwargs=self.req.env_kwargs,
-                        replay_actions=self.actions,
-                    ),
-                )
+                with spans.span("env.reset", replayed_actions=len(self.actions)) as span:
+                    res = await stubs.env_reset(
+                        self.req.pools.env,
+                        EnvResetInput(
+                            trajectory_id=workflow.info().workflow_id,
+                            env_id=self.req.env_id,
+                            seed=self.req.seed,
+                            env_kwargs=self.req.env_kwargs,
+                            replay_actions=self.actions,
+                        ),
+                    )
+                    spans.note(span, sandbox=res.handle.sandbox_id)
             except ActivityError as e:
                 self._infra_failure_or_raise(e, "env.reset")
                 continue
@@ -232,7 +258,8 @@ class TrajectoryWorkflow:
             return
         try:
             # Shielded so that cancelling the trajectory still closes its sandbox.
-            await asyncio.shield(asyncio.ensure_future(stubs.env_close(handle)))
+            with spans.span("env.close", sandbox=handle.sandbox_id):
+                await asyncio.shield(asyncio.ensure_future(stubs.env_close(handle)))
         except ActivityError as e:
             # The reaper removes what a dead host left behind; a failed close must not fail the episode.
             workflow.logger.warning("closing sandbox %s failed: %s", handle.sandbox_id, stubs.describe(e))
@@ -243,14 +270,15 @@ class TrajectoryWorkflow:
         assert last is not None, "a completed trajectory has at least one turn (max_turns >= 1)"
         t0 = workflow.time()
         try:
-            res = await stubs.reward_score(
-                self.req.pools.reward,
-                ScoreInput(
-                    request=self.req.score_request(
-                        self.actions, env_rewards, last.terminated, last.truncated or not last.terminated, last.info
+            with spans.span("reward.score", reward_fn=self.req.reward_fn):
+                res = await stubs.reward_score(
+                    self.req.pools.reward,
+                    ScoreInput(
+                        request=self.req.score_request(
+                            self.actions, env_rewards, last.terminated, last.truncated or not last.terminated, last.info
+                        ),
                     ),
-                ),
-            )
+                )
         except ActivityError as e:
             kind = stubs.error_type(e)
             status = TrajectoryStatus.FAILED if kind in stubs.REWARD_FATAL else TrajectoryStatus.INFRA_FAILED

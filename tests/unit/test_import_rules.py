@@ -38,8 +38,9 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     "infra": (None, {"workflows", "activities", "torch", "transformers", "accelerate", "vllm"} | NOT_CORE),
     "workers": (None, NOT_CORE),
     "imagebuild": ({"docker", "imagebuild", "packaging"}, set()),
-    # metrics through the Temporal SDK's runtime, Prometheus's config and HTTP API: nothing of the stack's own
-    "telemetry": ({"temporalio", "contracts", "telemetry", "httpx"}, set()),
+    # metrics through the Temporal SDK's runtime, Prometheus's config and HTTP API, spans through OpenTelemetry:
+    # nothing of the stack's own
+    "telemetry": ({"temporalio", "contracts", "telemetry", "httpx", "opentelemetry"}, set()),
     # the CLI's training run logs through it; each backend's package is imported only by its own module
     "tracking": ({"contracts", "tracking", "tensorboardX", "wandb", "mlflow"}, set()),
     "bench": (None, {"chaos", "replay", "commands"}),

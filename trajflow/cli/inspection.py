@@ -1,5 +1,6 @@
-"""The CLI's inspection commands: `images build|list|prune` (sandbox layers), `trajectories list` (visibility)
-and `replay` (rerun, from failure, env only, history check). Heavy imports happen inside each command."""
+"""The CLI's inspection commands: `images build|list|prune` (sandbox layers), `trajectories list` (visibility),
+`trace` (one trajectory's timeline) and `replay` (rerun, from failure, env only, history check). Heavy imports
+happen inside each command."""
 
 from __future__ import annotations
 
@@ -82,6 +83,33 @@ def trajectories_list(
     from commands.visibility import main as list_main
 
     _exit(asyncio.run(list_main(status, run, env, task, replay_of, limit, as_json)))
+
+
+@app.command()
+def trace(
+    workflow_id: Annotated[str, typer.Argument(metavar="WORKFLOW_ID", help="The trajectory's workflow id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only: every span and the split of the time.")] = False,
+) -> None:
+    """Print one trajectory's trace: each span (reset, every generate and step, score, save, and beneath each its
+    run on a worker) with its start and duration, and where the episode's time went (activities against
+    orchestration). Reads the span files the workers write under the state dir (none when TRAJFLOW_OTLP_ENDPOINT
+    sends spans to a collector)."""
+    import json
+
+    from infra.settings import load_settings
+    from telemetry.timeline import render, trace_of
+
+    settings = load_settings()
+    timeline = trace_of(workflow_id, settings.traces_dir)
+    if timeline is None:
+        where = f"OTLP at {settings.otlp_endpoint}" if settings.otlp_endpoint else str(settings.traces_dir)
+        _say(f"no spans of {workflow_id} in {settings.traces_dir} (the workers' spans go to {where}; "
+             "TRAJFLOW_TRACES=false turns them off)")  # fmt: skip
+        raise typer.Exit(1)
+    if as_json:
+        typer.echo(json.dumps(timeline.to_json(), indent=2))
+    else:
+        typer.echo("\n".join(render(timeline)))
 
 
 @app.command()
