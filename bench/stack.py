@@ -52,7 +52,7 @@ class BenchStack:
     startup_s: dict[str, float]
 
 
-async def _start_reward_service(timeout_s: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
+async def start_reward_service(timeout_s: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "rewards.service", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
@@ -72,12 +72,12 @@ async def _start_reward_service(timeout_s: float = 30.0) -> tuple[subprocess.Pop
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                _stop(proc)
+                stop_process(proc)
                 raise TimeoutError(f"the reward service at {url} was not healthy within {timeout_s} s")
             await asyncio.sleep(0.1)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -88,7 +88,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def _child_output_to_devnull() -> Iterator[None]:
+def child_output_to_devnull() -> Iterator[None]:
     """Point fds 1 and 2 at /dev/null while the dev server is spawned, so it inherits those (its banner and its
     logs would interleave with the report); this process's own output is restored right after."""
     sys.stdout.flush()
@@ -106,14 +106,14 @@ def _child_output_to_devnull() -> Iterator[None]:
             os.close(fd)
 
 
-def _quiet_runtime() -> Runtime:
+def quiet_runtime() -> Runtime:
     """A Temporal runtime whose core logs only errors: activities of cancelled or terminated trajectories
     completing late are expected here and would otherwise log a warning each."""
     quiet = TelemetryFilter(core_level="ERROR", other_level="ERROR")
     return Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=quiet)))
 
 
-def _tokenizer(cache_dir: Path) -> object:
+def tokenizer(cache_dir: Path) -> object:
     """The tiny model's tokenizer (ChatML, EOS): the decode activity formats chat with it."""
     from transformers import AutoTokenizer
 
@@ -143,7 +143,7 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
 
     startup: dict[str, float] = {}
     t0 = time.monotonic()
-    reward_task = asyncio.create_task(_start_reward_service())
+    reward_task = asyncio.create_task(start_reward_service())
     reward_proc: subprocess.Popen[bytes] | None = None
     env: WorkflowEnvironment | None = None
     reward_client: RewardClient | None = None
@@ -153,25 +153,25 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
     workers: list[Worker] = []
     tasks: list[asyncio.Task[None]] = []
     try:
-        tokenizer_task = asyncio.create_task(asyncio.to_thread(_tokenizer, cache_dir))
+        tokenizer_task = asyncio.create_task(asyncio.to_thread(tokenizer, cache_dir))
         t1 = time.monotonic()
-        with _child_output_to_devnull():
+        with child_output_to_devnull():
             env = await WorkflowEnvironment.start_local(
                 data_converter=pydantic_data_converter,
                 dev_server_existing_path=temporal_binary(),
                 dev_server_extra_args=search_attribute_args(),
                 dev_server_log_level="error",
-                runtime=_quiet_runtime(),
+                runtime=quiet_runtime(),
             )
         startup["temporal_s"] = time.monotonic() - t1
-        tokenizer = await tokenizer_task
+        tok = await tokenizer_task
         reward_proc, reward_url = await reward_task
         client = env.client
         tag = uuid.uuid4().hex[:8]
         pool, queue = f"bench{tag}", f"trajflow-bench-{tag}"
         store = LocalStore(store_dir / "store")
         engine = SimulatedEngine(
-            tokenizer,
+            tok,
             slots=w.slots,
             unit_s=w.unit_s,
             median_units=w.decode_median,
@@ -214,7 +214,7 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
             except Exception:  # noqa: BLE001 - it failed to start; it stopped itself
                 reward_proc = None
         if reward_proc is not None:
-            _stop(reward_proc)
+            stop_process(reward_proc)
         if env is not None:
             await env.shutdown()
         shutil.rmtree(store_dir, ignore_errors=True)
