@@ -3,7 +3,8 @@ models as `activities.env`) served by `bench.synthetic_env` episodes held in thi
 
 The unchanged TrajectoryWorkflow runs on them: `env.reset` answers with a handle naming this worker's host
 queue, and the steps of that episode come back here. A step sleeps its drawn delay (units · `unit_s`) and
-honours cancellation. Replayed actions after a lost sandbox are applied without sleeping.
+honours cancellation, heartbeating every few seconds as the real step does. Replayed actions after a lost sandbox
+are applied without sleeping.
 
 Not covered: a worker restart loses its episodes (the next step fails as `SandboxLost` and the workflow
 restores a fresh episode by replay, as with a real sandbox); `env.reset` itself takes no simulated time.
@@ -17,6 +18,7 @@ import uuid
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
 from bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, SyntheticStep, episode_seed
 from contracts import names
 from contracts.trajectory import (
@@ -82,7 +84,8 @@ class SyntheticEnvActivities:
             out: SyntheticStep = episode.step(inp.action)
         except ValueError as e:
             raise ApplicationError(str(e), type=names.ERR_ENV, non_retryable=True) from e
-        await asyncio.sleep(out.delay_units * self.unit_s)
+        # heartbeating as the real env step does: its 15-s heartbeat timeout would take a longer step for a lost sandbox
+        await with_heartbeats(asyncio.sleep(out.delay_units * self.unit_s), "synthetic step", QUICK_EVERY_S)
         return EnvStepResult(
             observation=out.observation,
             reward=out.reward,
