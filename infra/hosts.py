@@ -15,8 +15,12 @@ but TCP:
   same path inside: the sandboxes' directory (a sandbox's runner socket lives there and the engine resolves bind
   mounts on the host) and the image build cache (wheels of the sandbox layers). Both are the env host's own local
   disk, what a cluster's env machine has beside its engine, not a shared store.
+- Observability: each host's workers serve `/metrics` on fixed ports of their container (`infra.monitoring`), which
+  the Prometheus started on this machine scrapes at the container's address (labelled `host`); every container
+  mounts this machine's traces directory, so `trajflow trace` reads the spans of every host.
 The containers are labelled (`trajflow.hosts=<prefix>`, `trajflow.host=<name>`), found by label and stopped
-exactly by `down`; the processes on this machine (dev server, moto) are recorded like the embedded stack's.
+exactly by `down`; the processes on this machine (dev server, moto, Prometheus) are recorded like the embedded
+stack's.
 Limits: one layout per prefix per Docker engine; containers run as root (env hosts hold the Docker socket).
 """
 
@@ -38,6 +42,7 @@ import httpx
 
 from contracts.config import RunConfig
 from contracts.hardware import POOL_KINDS, HostConfig
+from infra import monitoring
 from infra.processes import ProcessTable, is_alive, start_detached
 from infra.settings import Settings
 from infra.stack import Progress, wait_for_pollers
@@ -49,7 +54,10 @@ BUCKET = "trajflow"
 DOCKER_SOCKET = "/var/run/docker.sock"
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "trajflow", "AWS_SECRET_ACCESS_KEY": "trajflow"}
 """Credentials for the embedded moto store (moto accepts any)."""
-PASSED_THROUGH = ("TRAJFLOW_SANDBOX_", "TRAJFLOW_LOG_LEVEL", "TRAJFLOW_REWARD_TIMEOUT_S")
+PASSED_THROUGH = (
+    "TRAJFLOW_SANDBOX_", "TRAJFLOW_LOG_LEVEL", "TRAJFLOW_REWARD_TIMEOUT_S", "TRAJFLOW_TRACES", "TRAJFLOW_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_",
+)  # fmt: skip
 """Settings of this machine's environment that every host gets as they are."""
 
 
@@ -96,6 +104,8 @@ def host_env(settings: Settings, layout: Layout, host: HostConfig, hosts: list[H
         "TRAJFLOW_REWARD_PORT": str(settings.reward_port),
         "TRAJFLOW_RUN_CONFIG": config_text,
         "TRAJFLOW_HOST_NAME": layout.container(host.name),
+        "TRAJFLOW_TRACE_DIR": str(settings.traces_dir.resolve()),  # mounted: `trajflow trace` reads every host's
+        **monitoring.host_container_env(settings),
     }
     if service is not None:
         env["TRAJFLOW_REWARD_URL"] = f"http://{layout.container(service)}:{settings.reward_port}"
@@ -133,10 +143,12 @@ def container_options(settings: Settings, layout: Layout, host: HostConfig, env:
         opts["mem_limit"] = host.memory
     if host.gpus:
         opts["device_requests"] = [docker.types.DeviceRequest(device_ids=host.gpus.split(","), capabilities=[["gpu"]])]
+    traces = str(settings.traces_dir.resolve())
+    opts["volumes"] = {traces: {"bind": traces, "mode": "rw"}}
     if "env" in host.kinds():
         state = env_host_dir(settings, host.name)
         sandboxes, images = state / "sandboxes", state / "cache" / "images"
-        opts["volumes"] = {
+        opts["volumes"] |= {
             DOCKER_SOCKET: {"bind": DOCKER_SOCKET, "mode": "rw"},
             str(sandboxes): {"bind": str(sandboxes), "mode": "rw"},
             str((settings.cache_dir / "images").resolve()): {"bind": str(images), "mode": "rw"},
@@ -176,7 +188,8 @@ def _start_machine_side(settings: Settings, store_s3: bool, progress: Progress) 
         raise RuntimeError(f"the embedded stack is running ({', '.join(busy)}): stop it with `trajflow down` first")
     if "temporal" not in alive:
         port = settings.temporal_address.rpartition(":")[2]
-        argv = dev_server_command(settings.model_copy(update={"temporal_address": f"0.0.0.0:{port}"}))
+        everywhere = settings.model_copy(update={"temporal_address": f"0.0.0.0:{port}"})
+        argv = dev_server_command(everywhere, monitoring.temporal_metrics_port(settings))
         rec = start_detached("temporal", argv, settings.log_dir)
         table.add(rec)
         progress(f"temporal: started on 0.0.0.0:{port} (pid {rec.pid}, log {rec.log})")
@@ -210,6 +223,7 @@ def up(settings: Settings, config: RunConfig, config_text: str, image: str, prog
     layout_file(settings).parent.mkdir(parents=True, exist_ok=True)
     layout_file(settings).write_text(json.dumps(layout.__dict__, indent=1))
     hosts = hosts_of(config)
+    settings.traces_dir.mkdir(parents=True, exist_ok=True)
     running = {c.labels.get(LABEL_HOST): c for c in _labelled(client, prefix)}
     for host in hosts:
         if "env" in host.kinds():
@@ -225,7 +239,16 @@ def up(settings: Settings, config: RunConfig, config_text: str, image: str, prog
         limits = f"cpus {host.cpus or 'all'}, memory {host.memory or 'unlimited'}"
         progress(f"host {host.name}: started {opts['name']} ({', '.join(host.runs)}; {limits})")
     _wait_ready(settings, config, layout, hosts, client, progress, timeout_s)
+    kinds = {h.name: scraped_kinds(config, h) for h in hosts}
+    monitoring.start(settings, progress, extra=monitoring.host_targets(kinds, lambda h: container_ip(client, layout, h)))
     return layout
+
+
+def scraped_kinds(config: RunConfig, host: HostConfig) -> list[str]:
+    """The workers `host` runs (as `workers.host.host_plan` starts them: a pool kind only with pools placed)."""
+    declared = {kind: list(getattr(config.pools, kind)) for kind in POOL_KINDS}
+    hardware = config.hardware.with_defaults(declared)
+    return [k for k in host.kinds() if k == "orchestrator" or (k in POOL_KINDS and hardware.pools_on(host, k, declared[k]))]
 
 
 def _wait_ready(settings: Settings, config: RunConfig, layout: Layout, hosts: list[HostConfig], client: docker.DockerClient,

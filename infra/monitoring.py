@@ -1,6 +1,7 @@
-"""The embedded stack's Prometheus: a `/metrics` port for each worker (and the Temporal dev server), the scrape
-targets read back from the process table, and the Prometheus process itself, which `trajflow up` starts last and
-`trajflow down` stops first. `TRAJFLOW_PROMETHEUS_PORT=0` turns all of it off.
+"""The stack's Prometheus: a `/metrics` port for each worker (and the Temporal dev server), the scrape targets
+(read back from the process table; with `--hosts`, each host container's address and the fixed ports its workers
+serve on), and the Prometheus process itself, which `trajflow up` starts last and `trajflow down` stops first.
+`TRAJFLOW_PROMETHEUS_PORT=0` turns all of it off.
 """
 
 from __future__ import annotations
@@ -43,6 +44,25 @@ def worker_env(settings: Settings, name: str) -> dict[str, str]:
     return {METRICS_PORT_VAR: str(free_port())}
 
 
+HOST_PORTS = {"orchestrator": 9101, "decode": 9102, "env": 9103, "reward": 9104, "trainer": 9105}
+"""The `/metrics` port of each worker inside a `--hosts` container (its own network namespace: fixed ports)."""
+
+
+def host_container_env(settings: Settings) -> dict[str, str]:
+    """What a host container needs to serve its workers' metrics to the machine's Prometheus (or not to)."""
+    return {"TRAJFLOW_PROMETHEUS_PORT": str(settings.prometheus_port), "TRAJFLOW_METRICS_HOST": "0.0.0.0"}
+
+
+def host_targets(kinds_by_host: dict[str, list[str]], address_of: Callable[[str], str]) -> list[Target]:
+    """The workers of each host (`kinds_by_host`: the worker kinds each runs) at its container's address."""
+    return [
+        Target(kind, f"{address_of(host)}:{HOST_PORTS[kind]}", host)
+        for host, kinds in kinds_by_host.items()
+        for kind in kinds
+        if kind in HOST_PORTS
+    ]
+
+
 def temporal_metrics_port(settings: Settings) -> int | None:
     if not enabled(settings):
         return None
@@ -61,15 +81,17 @@ def targets(records: list[ProcessRecord]) -> list[Target]:
     return out
 
 
-def start(settings: Settings, progress: Callable[[str], None], timeout_s: float = 60.0) -> None:
-    """Write the targets of every recorded process and start Prometheus (when it is not running already: it
-    re-reads the targets file by itself), then wait until it is ready."""
+def start(
+    settings: Settings, progress: Callable[[str], None], timeout_s: float = 60.0, extra: list[Target] | None = None
+) -> None:
+    """Write the targets of every recorded process (and `extra`: the hosts' workers) and start Prometheus (when it
+    is not running already: it re-reads the targets file by itself), then wait until it scrapes them all."""
     if not enabled(settings):
         return
     table = ProcessTable(settings.run_dir)
     records = table.load()
     directory = settings.state_dir / "prometheus"
-    scraped = targets(records)
+    scraped = targets(records) + list(extra or [])
     config = prometheus.write(directory, scraped)
     url = prometheus.url(settings.prometheus_port)
     current = next((r for r in records if r.name == "prometheus" and is_alive(r)), None)

@@ -24,6 +24,8 @@ class Target:
     component: str
     address: str
     """host:port of its `/metrics`."""
+    host: str = ""
+    """The `trajflow up --hosts` host it runs on (a `host` label); empty on the embedded stack."""
 
 
 def binary() -> str:
@@ -55,7 +57,10 @@ def write(directory: Path, targets: list[Target]) -> Path:
     """Write the config and the targets under `directory`; returns the config's path."""
     directory.mkdir(parents=True, exist_ok=True)
     targets_file = directory / "targets.json"
-    groups = [{"targets": [t.address], "labels": {"component": t.component}} for t in targets]
+    groups = [
+        {"targets": [t.address], "labels": {"component": t.component, **({"host": t.host} if t.host else {})}}
+        for t in targets
+    ]
     tmp = targets_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(groups, indent=2))
     os.replace(tmp, targets_file)  # Prometheus never reads half a file

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from contracts.config import RunConfig
 from contracts.hardware import POOL_KINDS
+from infra.monitoring import HOST_PORTS, METRICS_PORT_VAR
 from infra.placement import worker_env
 
 log = logging.getLogger("trajflow.host")
@@ -40,8 +41,11 @@ def declared_pools(config: RunConfig) -> dict[str, list[str]]:
     return {kind: list(getattr(config.pools, kind)) for kind in POOL_KINDS}
 
 
-def host_plan(config: RunConfig, host_name: str, reward_port: int, config_path: Path | None) -> list[Child]:
-    """The processes of `host_name`; raises ValueError naming the hosts there are when it is not one of them."""
+def host_plan(
+    config: RunConfig, host_name: str, reward_port: int, config_path: Path | None, metrics: bool = False
+) -> list[Child]:
+    """The processes of `host_name`; raises ValueError naming the hosts there are when it is not one of them.
+    `metrics`: each worker serves `/metrics` on its fixed port (`infra.monitoring.HOST_PORTS`)."""
     declared = declared_pools(config)
     hardware = config.hardware.with_defaults(declared)
     host = next((h for h in hardware.hosts if h.name == host_name), None)
@@ -56,15 +60,19 @@ def host_plan(config: RunConfig, host_name: str, reward_port: int, config_path: 
             argv = [sys.executable, "-m", "rewards.service", "--host", "0.0.0.0", "--port", str(reward_port)]
             children.append(Child(kind, argv, {}))
         elif kind == "orchestrator":
-            children.append(Child(kind, [*trajflow, kind], {}))
+            children.append(Child(kind, [*trajflow, kind], _metrics_env(kind, metrics)))
         else:
             pools = hardware.pools_on(host, kind, declared[kind])
             if not pools:
                 continue
             model_cfg = cfg if kind in ("decode", "trainer") else []
             argv = [*trajflow, kind, *model_cfg, *[a for p in pools for a in ("--pool", p)]]
-            children.append(Child(kind, argv, worker_env(placed, kind, pools[0])))
+            children.append(Child(kind, argv, worker_env(placed, kind, pools[0]) | _metrics_env(kind, metrics)))
     return children
+
+
+def _metrics_env(kind: str, metrics: bool) -> dict[str, str]:
+    return {METRICS_PORT_VAR: str(HOST_PORTS[kind])} if metrics and kind in HOST_PORTS else {}
 
 
 def run_host(children: list[Child]) -> int:

@@ -101,6 +101,8 @@ def hosts_stack(cache_dir: Path):  # type: ignore[no-untyped-def]
         "TRAJFLOW_HOSTS_PREFIX": prefix,
         "TRAJFLOW_HOSTS_S3_PORT": str(free_port()),
         "TRAJFLOW_SANDBOX_WARM_POOL": "1",
+        "TRAJFLOW_PROMETHEUS_PORT": str(free_port()),
+        "TRAJFLOW_OTLP_ENDPOINT": "",  # spans to the mounted traces directory, whatever the shell says
     }
     trajflow = str(Path(sys.executable).parent / "trajflow")
 
@@ -148,12 +150,51 @@ def test_training_across_four_hosts_survives_a_killed_env_host(hosts_stack, monk
     assert report["counts"]["infra_failures_scored"] == 0, report
     assert report["counts"]["steps_completed"] == report["counts"]["steps_configured"] == 4, report
     assert report["killed_sandboxes_reaped"], report
+    _metrics_and_traces_of_every_host(env, state_dir, prefix, run)
 
     down = run("down", timeout=180)
     assert down.returncode == 0 and "stopped 4 host container(s)" in down.stdout, down.stdout + down.stderr
     assert client.containers.list(all=True, filters={"label": f"trajflow.hosts={prefix}"}) == []
     assert client.networks.list(names=[f"{prefix}-net"]) == []
     print(json.dumps({"up_s": round(up_s, 1), **report}))
+
+
+def _metrics_and_traces_of_every_host(env: dict[str, str], state_dir: Path, prefix: str, run) -> None:  # type: ignore[no-untyped-def]
+    """The machine's Prometheus scrapes every host's workers at their container's address (the trajectories the
+    orchestrator host finished among them), and `trajflow trace` reads spans the containers wrote."""
+    from telemetry import prometheus
+
+    base = prometheus.url(int(env["TRAJFLOW_PROMETHEUS_PORT"]))
+    expected = {("orchestrator", "orchestrator"), ("decode", "decode"), ("env", "env"), ("trainer", "trainer"),
+                ("trainer", "reward")}  # fmt: skip
+
+    def all_up() -> bool:
+        up = {(t["labels"].get("host"), t["labels"]["component"]) for t in prometheus.active_targets(base)
+              if t["health"] == "up"}  # fmt: skip
+        return expected <= up
+
+    wait_for(all_up, 60, 1.0, "every host's workers scraped by the machine's Prometheus")
+    mine = docker.from_env().containers.list(filters={"label": f"trajflow.hosts={prefix}"})
+    restarts = {c.name: c.attrs["RestartCount"] for c in mine}
+    assert restarts[f"{prefix}-orchestrator"] == 0, restarts  # a restart would also restart its counters
+
+    def finished() -> float:
+        found = prometheus.query(base, 'sum(trajflow_trajectories_finished_total{host="orchestrator"})')
+        return float(found[0]["value"][1]) if found else 0.0
+
+    # the run's last trajectories ended seconds ago: wait for a scrape after them (every 5 s); 4 steps of B = 8
+    wait_for(lambda: finished() >= 32, 30, 1.0, "the orchestrator host's finished trajectories in Prometheus")
+    assert prometheus.query(base, 'up{component="temporal"}'), "the dev server's own metrics"
+
+    files = sorted(p.name.split("-")[0] for p in (state_dir / "traces").glob("*.jsonl"))
+    assert {"orchestrator", "decode", "env", "reward"} <= set(files), files
+    line = next(line for p in (state_dir / "traces").glob("orchestrator-*.jsonl") for line in p.read_text().splitlines()
+                if '"name":"trajectory"' in line)  # fmt: skip
+    wid = json.loads(line)["attributes"]["trajflow.workflow_id"]
+    traced = run("trace", wid, "--json")
+    assert traced.returncode == 0, traced.stderr
+    services = {s["service"] for s in json.loads(traced.stdout)["spans"]}
+    assert {"trajflow-orchestrator", "trajflow-decode", "trajflow-env", "trajflow-reward"} <= services, services
 
 
 async def _train_killing_env(env: dict[str, str], config: Path, prefix: str, docker_client) -> dict:  # type: ignore[no-untyped-def,type-arg]

@@ -10,7 +10,9 @@ import pytest
 
 from contracts.config import RunConfig, load_run_config
 from infra import hosts
+from infra.monitoring import HOST_PORTS, host_targets
 from infra.settings import Settings
+from telemetry.prometheus import Target
 from workers.host import host_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,8 +58,12 @@ def test_four_host_example_container_options(tmp_path: Path) -> None:
 
     decode = options("decode")
     assert decode["name"] == "tfx-decode" and decode["network"] == "tfx-net" and decode["command"] == ["worker", "host", "decode"]
-    assert decode["cpuset_cpus"] == "0" and decode["mem_limit"] == "4g" and "volumes" not in decode
+    assert decode["cpuset_cpus"] == "0" and decode["mem_limit"] == "4g"
+    traces = str((tmp_path / "traces").resolve())
+    assert decode["volumes"] == {traces: {"bind": traces, "mode": "rw"}}  # every host writes its spans here
     env = decode["environment"]
+    assert env["TRAJFLOW_TRACE_DIR"] == traces
+    assert env["TRAJFLOW_METRICS_HOST"] == "0.0.0.0" and env["TRAJFLOW_PROMETHEUS_PORT"] == "9090"
     assert env["TRAJFLOW_TEMPORAL_ADDRESS"] == "172.30.0.1:7999"  # the gateway, never loopback
     assert env["TRAJFLOW_REWARD_URL"] == "http://tfx-trainer:8799"  # the reward service's host, by name
     assert env["TRAJFLOW_STORE_URL"] == "s3://trajflow/store" and env["TRAJFLOW_S3_ENDPOINT_URL"] == "http://172.30.0.1:8712"
@@ -91,6 +97,27 @@ def test_host_plan_runs_each_kind_of_the_host_with_its_placement() -> None:
     assert plan["reward"].argv[-2:] == ["--pool", "default"]
     with pytest.raises(ValueError, match="no host 'nope'"):
         host_plan(cfg, "nope", 8799, None)
+    assert all("TRAJFLOW_METRICS_PORT" not in c.env for c in plan.values())
+
+
+def test_with_metrics_each_worker_of_a_host_serves_them_on_its_fixed_port() -> None:
+    cfg = load_run_config(ROOT / "configs/hosts.toml")
+    plan = {c.name: c for c in host_plan(cfg, "trainer", 8799, None, metrics=True)}
+    assert plan["trainer"].env["TRAJFLOW_METRICS_PORT"] == str(HOST_PORTS["trainer"])
+    assert plan["reward"].env["TRAJFLOW_METRICS_PORT"] == str(HOST_PORTS["reward"])
+    assert "TRAJFLOW_METRICS_PORT" not in plan["reward-service"].env  # an HTTP app: measured from the reward worker
+    orchestrator = host_plan(cfg, "orchestrator", 8799, None, metrics=True)
+    assert [c.env for c in orchestrator] == [{"TRAJFLOW_METRICS_PORT": str(HOST_PORTS["orchestrator"])}]
+
+    # the machine's Prometheus scrapes what each host runs, at its container's address, labelled with the host
+    kinds = {h.name: hosts.scraped_kinds(cfg, h) for h in hosts.hosts_of(cfg)}
+    assert {h: sorted(k) for h, k in kinds.items()} == {
+        "orchestrator": ["orchestrator"], "decode": ["decode"], "env": ["env"], "trainer": ["reward", "trainer"],
+    }  # fmt: skip
+    targets = host_targets(kinds, lambda host: f"10.0.0.{len(host)}")
+    assert Target("decode", f"10.0.0.6:{HOST_PORTS['decode']}", "decode") in targets
+    assert Target("reward", f"10.0.0.7:{HOST_PORTS['reward']}", "trainer") in targets
+    assert len(targets) == 5
 
 
 def test_a_file_store_is_refused(tmp_path: Path) -> None:

@@ -226,7 +226,9 @@ def worker_host(
     configure_logging(f"host {name}")
     cfg = _worker_config(config)
     try:
-        children = host_plan(cfg, name, load_settings().reward_port, None if config == DEFAULT_CONFIG else config)
+        settings = load_settings()
+        path = None if config == DEFAULT_CONFIG else config
+        children = host_plan(cfg, name, settings.reward_port, path, metrics=settings.prometheus_port != 0)
     except ValueError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2) from None
