@@ -21,7 +21,7 @@ log = logging.getLogger("trajflow.decode")
 
 
 def decode_workers(
-    client: Client, engine: Engine, store: ObjectStore, pools: Sequence[str], worker_id: str
+    client: Client, engine: Engine, store: ObjectStore, pools: Sequence[str], worker_id: str, max_concurrent: int = 256
 ) -> list[Worker]:
     return [
         Worker(
@@ -29,7 +29,7 @@ def decode_workers(
             task_queue=names.decode_queue(pool),
             activities=[DecodeActivities(engine, store, pool, worker_id).generate],
             # Many trajectories' turns wait in the engine at once: that is what lets it batch them.
-            max_concurrent_activities=256,
+            max_concurrent_activities=max_concurrent,
         )
         for pool in pools
     ]

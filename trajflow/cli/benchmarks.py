@@ -1,5 +1,5 @@
-"""The CLI's `bench pipeline`, `bench sandbox`, `bench real`, `bench gpu`, `bench contention` and `bench lora`
-commands: parse the options, then hand over to `bench/`."""
+"""The CLI's `bench pipeline`, `bench sandbox`, `bench real`, `bench gpu`, `bench contention`, `bench lora`,
+`bench prefix-cache`, `bench scale` and `bench soak` commands: parse the options, then hand over to `bench/`."""
 
 from __future__ import annotations
 
@@ -158,3 +158,54 @@ def bench_prefix_cache(
     from infra.settings import load_settings
 
     _exit(prefix_main(quick, json_path, load_settings().cache_dir / "models", episodes, threads))
+
+
+@bench_app.command("scale")
+def bench_scale(
+    quick: Annotated[bool, typer.Option("--quick", help="Smoke run (~1.5 min): 20 and 100 in flight, short turns.")] = False,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
+    levels: Annotated[
+        str | None, typer.Option("--levels", help="Trajectories in flight, comma-separated (default 100,1000,5000).")
+    ] = None,
+    window_s: Annotated[float | None, typer.Option("--window-s", help="Seconds measured at each level (default 60).")] = None,
+    turns: Annotated[int | None, typer.Option("--turns", help="Turns per trajectory (default 4).")] = None,
+) -> None:
+    """The orchestration at 100, 1,000 and 5,000 trajectories in flight on one embedded stack (simulated engine,
+    synthetic env, real reward service and store): trajectories/s, activities/s, overhead per activity (p50/p99),
+    CPU of workers and server, history sizes, what saturates first, and how many were lost (exit 1 if any)."""
+    from bench.scale import ScaleWorkload, main, quick_scale
+    from infra.settings import load_settings
+
+    fields: dict[str, object] = {k: v for k, v in {"window_s": window_s, "turns": turns}.items() if v is not None}
+    if levels is not None:
+        try:
+            fields["levels"] = tuple(int(x) for x in levels.split(","))
+        except ValueError:
+            typer.secho(f"--levels: not comma-separated whole numbers: {levels!r}", fg="red", err=True)
+            raise typer.Exit(2) from None
+    try:
+        sw = quick_scale(**fields) if quick else ScaleWorkload(**fields)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+    _exit(main(sw, json_path, load_settings().cache_dir / "models", _say))
+
+
+@bench_app.command("soak")
+def bench_soak(
+    quick: Annotated[bool, typer.Option("--quick", help="The CI run (~1 min): 60 steps of B=4.")] = False,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Training steps (default 300).")] = None,
+) -> None:
+    """One training run of hundreds of steps (simulated engine, env and trainer) that continues as new every few
+    steps, then audits it: every version once, every trajectory accounted for (exit 1 if anything is lost)."""
+    from bench.soak import SoakWorkload, main, quick_soak
+    from infra.settings import load_settings
+
+    fields = {"steps": steps} if steps is not None else {}
+    try:
+        sw = quick_soak(**fields) if quick else SoakWorkload(**fields)
+    except ValueError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+    _exit(main(sw, json_path, load_settings().cache_dir / "models", _say))
