@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from bench.sandboxes_report import percentile
 from bench.scale_stack import ScaleStack, cpu_s, scale_stack
 from contracts.traces import ROOT_SPAN, RUN_PREFIX, SpanRecord, attr
 
@@ -275,14 +276,7 @@ def level_spans(traces_dir: Path, run_id: str) -> list[SpanRecord]:
 
     files = span_files(traces_dir)
     traces = {s.trace_id for s in read_spans(files, run_id) if s.name == ROOT_SPAN}
-    out = []
-    for path in files:
-        with path.open(encoding="utf-8") as f:
-            for line in f:
-                # a span line opens with its trace id (`SpanRecord`'s first field): no parse for other traces
-                if line[13:45] in traces and line.endswith("\n"):
-                    out.append(SpanRecord.model_validate_json(line))
-    return out
+    return read_spans(files, trace_ids=traces)
 
 
 def overhead_ms(spans: list[SpanRecord], run_id: str) -> dict[str, float]:
@@ -307,18 +301,12 @@ def overhead_ms(spans: list[SpanRecord], run_id: str) -> dict[str, float]:
     if not values:
         return {"samples": 0}
     return {
-        "p50": round(_quantile(values, 0.50), 2),
-        "p99": round(_quantile(values, 0.99), 2),
+        "p50": round(percentile(values, 50), 2),
+        "p99": round(percentile(values, 99), 2),
         "mean": round(statistics.fmean(values), 2),
         "samples": len(values),
         "trajectories": len(roots),
     }
-
-
-def _quantile(values: list[float], q: float) -> float:
-    k = (len(values) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
 async def _histories(st: ScaleStack, loop: _Loop, samples: int) -> dict[str, float]:

@@ -11,6 +11,7 @@ workflow writes it when the episode ends); its finished activities are shown.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,13 +59,20 @@ def span_files(traces_dir: Path) -> list[Path]:
     return sorted(traces_dir.glob("*.jsonl")) if traces_dir.is_dir() else []
 
 
-def read_spans(files: list[Path], needle: str) -> list[SpanRecord]:
-    """The spans of the files whose line mentions `needle` (a workflow or trace id), newest copy of each span."""
+TRACE_ID_AT = slice(len('{"trace_id":"'), len('{"trace_id":"') + 32)
+"""Where a span line holds its trace id: `SpanRecord`'s first field, so other traces' lines are skipped unparsed."""
+
+
+def read_spans(files: list[Path], needle: str = "", trace_ids: Collection[str] | None = None) -> list[SpanRecord]:
+    """The spans of the files whose line mentions `needle` (a workflow or trace id) and, given `trace_ids`, belongs
+    to one of those traces; the newest copy of each span."""
     found: dict[str, SpanRecord] = {}
     for path in files:
         with path.open(encoding="utf-8") as f:
             for line in f:
-                if needle in line and line.endswith("\n"):  # a line being written has no newline yet
+                if not line.endswith("\n") or needle not in line:  # a line being written has no newline yet
+                    continue
+                if trace_ids is None or line[TRACE_ID_AT] in trace_ids:
                     span = SpanRecord.model_validate_json(line)
                     found[span.span_id] = span
     return list(found.values())

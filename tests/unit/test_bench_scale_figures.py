@@ -11,7 +11,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import set_span_in_context
 
-from bench.scale import LevelFigures, ScaleWorkload, _quantile, overhead_ms, quick_scale, saturation
+from bench.sandboxes_report import percentile
+from bench.scale import LevelFigures, ScaleWorkload, overhead_ms, quick_scale, saturation
 from bench.soak import audit
 from contracts.traces import attr
 from telemetry.tracing import record_of
@@ -48,9 +49,9 @@ def test_overhead_is_each_call_minus_its_run_on_a_worker() -> None:
     assert overhead_ms(spans, "scale-5000") == {"samples": 0}
 
 
-def test_quantiles_interpolate() -> None:
-    assert _quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
-    assert _quantile([7.0], 0.99) == 7.0
+def test_quantiles_interpolate() -> None:  # the percentile the overhead figures use
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([7.0], 99) == 7.0
 
 
 def _level(cpu: dict[str, float]) -> LevelFigures:
