@@ -1,5 +1,5 @@
-"""Hosts ONE environment (GEM, or a shell task: `shell:<task>`, see `envs/shell.py`) behind a Unix socket: the
-program a sandbox container runs.
+"""Hosts ONE environment (GEM, a shell task: `shell:<task>`, see `envs/shell.py`, or a user's own env class:
+`py:MODULE:CLASS`) behind a Unix socket: the program a sandbox container runs.
 
 Protocol: newline-delimited JSON, one request -> one response line, sequential per connection. Several
 connections may be open (a host that lost its connection reconnects); they share the one environment,
@@ -28,6 +28,7 @@ Usage: `python3 runner.py [SOCKET_PATH]` (or env `TRAJFLOW_ENV_SOCKET`; default 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socketserver
@@ -43,6 +44,10 @@ MAX_INFO_CHARS = 1000
 MAX_SLEEP_S = 3600.0
 SHELL_PREFIX = "shell:"
 """Env ids `shell:<task>` are shell tasks (`envs/shell.py`), hosted without GEM."""
+USER_PREFIX = "py:"
+"""Env ids `py:MODULE:CLASS` are a user's own env class, imported from the image's PYTHONPATH (its layer holds
+the user's source and requirements: `userenvs/`, `sandbox/user_images.py`), hosted without GEM."""
+STEP_RESULT = "(observation, reward, terminated, truncated, info)"
 
 Response = dict[str, Any]
 
@@ -153,6 +158,8 @@ class EnvHost:
             raise RequestError("BadRequest", "env_kwargs must be a JSON object")
         if env_id.startswith(SHELL_PREFIX):
             return self._reset_shell(env_id[len(SHELL_PREFIX) :], seed, env_kwargs)
+        if env_id.startswith(USER_PREFIX):
+            return self._reset_user(env_id, seed, env_kwargs)
         if self._loader.light and env_id.startswith("rg:"):
             raise RequestError("BadRequest", f"this sandbox was started for a non-rg env and cannot host {env_id!r}")
         gem = self._loader.get()
@@ -185,14 +192,52 @@ class EnvHost:
         self._env = env
         return {"ok": True, "observation": observation, "info": json_safe_info(info)}
 
+    def _reset_user(self, env_id: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
+        module_name, _, cls_name = env_id[len(USER_PREFIX) :].partition(":")
+        self._env = None
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name and (module_name + ".").startswith(e.name + "."):
+                raise RequestError("UnknownEnv", f"no module {module_name!r} in this sandbox's image") from e
+            raise RequestError(
+                "EnvError", _describe(e, f"import of {module_name!r} failed (a requirement missing from its requirements.txt?)")
+            ) from e
+        except Exception as e:
+            raise RequestError("EnvError", _describe(e, f"import of {module_name!r} failed")) from e
+        cls: Any = getattr(module, cls_name, None)
+        if not callable(cls):
+            raise RequestError("UnknownEnv", f"module {module_name!r} has no class {cls_name!r}")
+        try:
+            env: Any = cls(**env_kwargs)
+        except TypeError as e:
+            raise RequestError("BadRequest", f"bad env_kwargs for {env_id}: {e}") from e
+        except Exception as e:
+            raise RequestError("EnvError", _describe(e, f"{env_id}: {cls_name}(**env_kwargs) failed")) from e
+        try:
+            out = env.reset(seed=seed)
+        except Exception as e:
+            raise RequestError("EnvError", _describe(e, f"reset of {env_id!r} failed")) from e
+        observation, info = out if isinstance(out, tuple) and len(out) == 2 else (out, {})
+        if not isinstance(observation, str):
+            raise RequestError(
+                "EnvError", f"{env_id}: reset returned a {type(observation).__name__} observation; a py: env's are str"
+            )
+        self._env = env
+        return {"ok": True, "observation": observation, "info": json_safe_info(info)}
+
     def _step(self, request: dict[str, Any]) -> Response:
         action = _field(request, "action", str)
         if self._env is None:
             raise RequestError("BadRequest", "step before a successful reset")
         try:
-            observation, reward, terminated, truncated, info = self._env.step(action)
+            out = self._env.step(action)
         except Exception as e:
             raise RequestError("EnvError", _describe(e, "step failed")) from e
+        if not isinstance(out, tuple) or len(out) != 5:
+            got = f"a {len(out)}-tuple" if isinstance(out, tuple) else f"a {type(out).__name__}"
+            raise RequestError("EnvError", f"step returned {got}; an env's step returns {STEP_RESULT}")
+        observation, reward, terminated, truncated, info = out
         return {
             "ok": True,
             "observation": str(observation),
@@ -270,7 +315,7 @@ def serve(path: str, *, preload: bool = True) -> None:
     loader = GemLoader(hint)
     server = _Server(path, EnvHost(loader))
     os.chmod(path, 0o666)  # the host side may connect as another user
-    if preload and not hint.startswith(SHELL_PREFIX):  # a shell task needs no GEM
+    if preload and not hint.startswith((SHELL_PREFIX, USER_PREFIX)):  # shell tasks and user envs need no GEM
         loader.start()
     server.serve_forever()
 
