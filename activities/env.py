@@ -77,7 +77,7 @@ class EnvActivities:
         image = self.manager.image
         if self.images is not None:
             activity.heartbeat("finding or building the image")
-            image = await _guarded(lambda: self.images.image_for(inp.env_id))  # type: ignore[union-attr]
+            image = await _guarded(lambda: self.images.image_for(inp.env_id, inp.env_package))  # type: ignore[union-attr]
         if self.warm is not None:
             warm = self.warm
             box, hit = await _guarded(lambda: warm.take_noting_hit(inp.env_id, image))
@@ -146,7 +146,7 @@ async def _guarded(fn: Callable[[], T]) -> T:
     except EnvError as e:
         hint = f"; an env id is {ENV_ID_HELP}" if e.kind == "UnknownEnv" else ""
         raise ApplicationError(f"{e}{hint}", type=names.ERR_ENV, non_retryable=True) from e
-    except UnknownTask as e:  # a `shell:` env id that names no shipped task: bad input, not infra
+    except UnknownTask as e:  # a `shell:` env id that names no shipped task, a `py:` env without its package
         raise ApplicationError(str(e), type=names.ERR_ENV, non_retryable=True) from e
     except (SandboxLost, SandboxStepTimeout) as e:
         # Retrying on a dead sandbox cannot help: the workflow restores a fresh one by replay.

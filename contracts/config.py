@@ -150,13 +150,19 @@ class RunConfig(Contract):
 
 
 def load_run_config(path: str | Path) -> RunConfig:
-    """Parse and validate a TOML run config; errors name the file and the field."""
+    """Parse and validate a TOML run config; errors name the file and the field. A task's `env_path` is made
+    absolute (it is relative to the config file)."""
     path = Path(path)
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise ValueError(f"config file not found: {path}") from None
-    return parse_run_config(text, str(path))
+    config = parse_run_config(text, str(path))
+    tasks = [
+        t.model_copy(update={"env_path": str((path.parent / t.env_path).resolve())}) if t.env_path else t
+        for t in config.tasks
+    ]
+    return config.model_copy(update={"tasks": tasks})
 
 
 def parse_run_config(text: str, source: str) -> RunConfig:

@@ -17,6 +17,8 @@ class EnvReplayInput(Contract):
     env_id: str
     seed: int = 0
     env_kwargs: dict[str, JsonScalar] = Field(default_factory=dict)
+    env_package: str = ""
+    """A `py:` env's package URI."""
     actions: list[str] = Field(default_factory=list)
     env_pool: str = "default"
     replay_of: str = ""

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field
 
 from contracts.base import Contract
-from contracts.limits import EnvId, EnvKwargs, Name, SystemPrompt
+from contracts.limits import EnvId, EnvKwargs, EnvPackage, Name, SystemPrompt
 from contracts.trajectory import (
     DEFAULT_ENV_ID,
     DEFAULT_SYSTEM_PROMPT,
@@ -22,6 +22,11 @@ class TaskConfig(Contract):
     """A short name for the task, used in summaries."""
     env_id: EnvId = DEFAULT_ENV_ID
     env_kwargs: EnvKwargs = Field(default_factory=dict)
+    env_path: str = ""
+    """A `py:MODULE:CLASS` env's source directory (relative to the config file; made absolute when it is loaded):
+    MODULE, its package and an optional requirements.txt (`userenvs.source`)."""
+    env_package: EnvPackage = ""
+    """Set when the run is submitted: the object-store URI of the env's packed source (`userenvs.packages`)."""
     max_turns: Annotated[int, Field(ge=1, le=200)] = 8
     system_prompt: SystemPrompt = DEFAULT_SYSTEM_PROMPT
     sampling: SamplingParams = SamplingParams()
@@ -36,6 +41,7 @@ class TaskConfig(Contract):
         fields: dict[str, object] = {
             "env_id": self.env_id,
             "env_kwargs": dict(self.env_kwargs),
+            "env_package": self.env_package,
             "seed": seed,
             "max_turns": self.max_turns,
             "system_prompt": self.system_prompt,

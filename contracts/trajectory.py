@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import Field
 
 from contracts.base import Contract, FiniteFloat
-from contracts.limits import EnvId, EnvKwargs, Name, PoolName, SystemPrompt, WorkflowIdRef
+from contracts.limits import EnvId, EnvKwargs, EnvPackage, Name, PoolName, SystemPrompt, WorkflowIdRef
 
 JsonScalar = str | int | float | bool | None
 """What env kwargs and env info values may hold, so they stay JSON-serialisable and small."""
@@ -94,11 +94,15 @@ class TrajectoryRequest(Contract):
     """One trajectory to run. Every field has a default, so `{}` from the Temporal UI starts the default task."""
 
     env_id: EnvId = DEFAULT_ENV_ID
-    """A GEM environment id, e.g. `game:GuessTheNumber-v0-easy` or an `rg:` reasoning-gym id."""
+    """A GEM environment id (e.g. `game:GuessTheNumber-v0-easy`, an `rg:` reasoning-gym id), `shell:<task>`, or a
+    user's own env class `py:MODULE:CLASS` (with `env_package`)."""
     seed: int = 0
     """Seed of the environment's reset; the same seed gives the same episode start."""
     env_kwargs: EnvKwargs = Field(default_factory=dict)
-    """Overrides passed to `gem.make` (e.g. `{"max_turns": 20}`)."""
+    """Overrides passed to `gem.make` (e.g. `{"max_turns": 20}`), or to a user env class."""
+    env_package: EnvPackage = ""
+    """A `py:MODULE:CLASS` env's packed source: its object-store URI, set when the run or rollout is submitted
+    (`userenvs/`); empty for every other kind."""
     max_turns: Annotated[int, Field(ge=1, le=200)] = 8
     """Turn limit on our side; the episode ends as completed (truncated) when it is reached."""
     system_prompt: SystemPrompt = DEFAULT_SYSTEM_PROMPT
@@ -181,6 +185,8 @@ class EnvResetInput(Contract):
     env_id: str
     seed: int
     env_kwargs: dict[str, JsonScalar] = Field(default_factory=dict)
+    env_package: str = ""
+    """A `py:` env's package URI (`TrajectoryRequest.env_package`)."""
     replay_actions: list[str] = Field(default_factory=list)
     """Actions to replay after reset, restoring a lost sandbox's state (environments are seeded and deterministic)."""
 

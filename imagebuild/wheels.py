@@ -69,17 +69,24 @@ def download_wheels(
     return hashes
 
 def wheel_build_stage(
-    base_tag: str, wheel_names: list[str], requirements: tuple[str, ...], target: str, *, no_deps: bool = False
+    base_tag: str,
+    wheel_names: list[str],
+    requirements: tuple[str, ...],
+    target: str,
+    *,
+    no_deps: bool = False,
+    as_root: bool = False,
 ) -> str:
     """A Dockerfile build stage that installs the context's wheels/ into `target` with pip run from its wheel
     (the base image has no pip), so that wheels and pip stay out of the final image. `no_deps`: install exactly
-    the listed requirements (a pinned closure), resolving nothing."""
+    the listed requirements (a pinned closure), resolving nothing. `as_root`: on a base whose user is not root."""
     pip_wheel = next((name for name in wheel_names if name.startswith("pip-")), "pip-missing.whl")
     reqs = " ".join(f"'{r}'" for r in requirements)
     flags = "--no-deps " if no_deps else ""
+    user = "USER 0\n" if as_root else ""
     return f"""\
 FROM {base_tag} AS build
-COPY wheels/ /w/
+{user}COPY wheels/ /w/
 RUN python3 /w/{pip_wheel}/pip install --no-index --find-links /w --no-cache-dir --disable-pip-version-check \\
     --root-user-action=ignore {flags}--target {target} {reqs}
 """

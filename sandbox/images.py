@@ -26,11 +26,12 @@ import hashlib
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import docker
 
-from envs.runner import SHELL_PREFIX
+from envs.runner import SHELL_PREFIX, USER_PREFIX
 from envs.shell import TASKS_ROOT
 from imagebuild import wheels
 from imagebuild.base import base_image_tag, build_base_image
@@ -256,21 +257,41 @@ class ImageResolver:
     trajectories ask at the same moment (the build lock), and remembers the answer (a restarted worker
     re-hashes, so edited task files take effect on restart). Build failures raise `ImageBuildError`."""
 
-    def __init__(self, client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None) -> None:
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        cache_dir: Path,
+        progress: Progress | None = None,
+        unpack: Callable[[str], Path] | None = None,
+    ) -> None:
         self.client = client
         self.cache_dir = Path(cache_dir)
         self.progress = progress
+        self.unpack = unpack
+        """A user env's package URI -> the directory it is unpacked in (`userenvs.packages.unpack` on the worker's
+        store); None: this worker hosts no `py:` envs."""
         self._tags: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def image_for(self, env_id: str) -> str:
-        key = env_id if env_id.startswith(SHELL_PREFIX) else ""
+    def image_for(self, env_id: str, package: str = "") -> str:
+        """The image of `env_id`; `package`: a `py:` env's package URI (`TrajectoryRequest.env_package`)."""
+        user = env_id.startswith(USER_PREFIX)
+        if user and not package:
+            raise UnknownTask(f"{env_id}: a py: env needs its package (env_package), set when its run is submitted")
+        key = package if user else env_id if env_id.startswith(SHELL_PREFIX) else ""
         with self._lock:
             tag = self._tags.get(key)
         if tag is not None:
             return tag
         try:
-            tag = image_for_env(self.client, self.cache_dir, env_id, self.progress)
+            if user:
+                from sandbox.user_images import ensure_user_image
+
+                if self.unpack is None:
+                    raise RuntimeError("this env worker was started without a store for py: env packages")
+                tag = ensure_user_image(self.client, self.cache_dir, self.unpack(package), self.progress)
+            else:
+                tag = image_for_env(self.client, self.cache_dir, env_id, self.progress)
         except UnknownTask:
             raise
         except Exception as e:  # noqa: BLE001 — any failure to build is the same infra fault to the caller

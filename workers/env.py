@@ -2,7 +2,8 @@
 
 At start it builds (or finds cached) the runtime image and reaps sandboxes left by dead env workers. It polls
 each pool's shared queue for resets and its own host queue for the steps of the sandboxes it holds. A warm pool
-keeps `sandbox_warm_pool` started sandboxes waiting for each env it has served.
+keeps `sandbox_warm_pool` started sandboxes waiting for each env it has served. A user's `py:` env gets its
+image layer from its package in the object store on first use (`userenvs/`, `sandbox/user_images.py`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from temporalio.worker import Worker
 from activities.env import EnvActivities
 from contracts import names
 from infra.settings import Settings
+from infra.store import open_store_from
 from sandbox.images import ImageResolver
 from sandbox.manager import SandboxLimits, SandboxManager
 from sandbox.pool import WarmPool
+from userenvs.packages import unpack
 from workers.common import connect_worker, new_worker_id, run_until_signalled
 
 log = logging.getLogger("trajflow.env")
@@ -81,7 +84,11 @@ async def serve(settings: Settings, pools: Sequence[str]) -> None:
     client = await connect_worker(settings, "env")
 
     warm = WarmPool(manager, settings.sandbox_warm_pool)  # fills per env on first use
-    images = ImageResolver(manager.client, settings.cache_dir / "images", progress=log.info)
+    store = open_store_from(settings)  # where `py:` envs' packages are (userenvs/)
+    image_cache = settings.cache_dir / "images"
+    images = ImageResolver(
+        manager.client, image_cache, progress=log.info, unpack=lambda uri: unpack(store, uri, image_cache)
+    )
 
     async def close_all() -> None:
         await asyncio.to_thread(warm.close)

@@ -61,7 +61,11 @@ class ReplayEnvWorkflow:
             res = await stubs.env_reset(
                 inp.env_pool,
                 EnvResetInput(
-                    trajectory_id=workflow.info().workflow_id, env_id=inp.env_id, seed=inp.seed, env_kwargs=inp.env_kwargs
+                    trajectory_id=workflow.info().workflow_id,
+                    env_id=inp.env_id,
+                    seed=inp.seed,
+                    env_kwargs=inp.env_kwargs,
+                    env_package=inp.env_package,
                 ),
             )
         except ActivityError as e:

@@ -207,6 +207,7 @@ class TrajectoryWorkflow:
                             env_id=self.req.env_id,
                             seed=self.req.seed,
                             env_kwargs=self.req.env_kwargs,
+                            env_package=self.req.env_package,
                             replay_actions=self.actions,
                         ),
                     )

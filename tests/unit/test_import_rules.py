@@ -38,6 +38,8 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     "infra": (None, {"workflows", "activities", "torch", "transformers", "accelerate", "vllm"} | NOT_CORE),
     "workers": (None, NOT_CORE),
     "imagebuild": ({"docker", "imagebuild", "packaging"}, set()),
+    # user envs are read with ast and packed with the stdlib: nothing of the sandbox, the workers or Temporal
+    "userenvs": ({"userenvs", "contracts", "imagebuild", "infra", "packaging"}, set()),
     # metrics through the Temporal SDK's runtime, Prometheus's config and HTTP API, spans through OpenTelemetry:
     # nothing of the stack's own
     "telemetry": ({"temporalio", "contracts", "telemetry", "httpx", "opentelemetry"}, set()),

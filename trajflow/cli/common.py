@@ -50,6 +50,25 @@ def load_worker_config(path: Path) -> RunConfig:
         raise typer.Exit(2) from None
 
 
+def publish_envs(config: RunConfig) -> RunConfig:
+    """`config` with its `py:` tasks' envs checked, their requirements resolved and their packages put into the
+    stack's object store (`userenvs/`); a bad env exits 2 saying what to fix, before anything starts."""
+    from userenvs.source import EnvSourceError, is_user_env
+
+    if not any(is_user_env(t.env_id) or t.env_path for t in config.tasks):
+        return config
+    from infra.settings import load_settings
+    from infra.store import open_store_from
+    from userenvs.submit import publish_config
+
+    settings = load_settings()
+    try:
+        return publish_config(config, open_store_from(settings), settings.cache_dir / "images", say)
+    except EnvSourceError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
 def say(msg: str) -> None:
     typer.echo(msg, err=True)
 

@@ -7,19 +7,28 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from trajflow.cli.common import DEFAULT_CONFIG, ConfigOpt, app
 from trajflow.cli.common import exit_now as _exit
 from trajflow.cli.common import load_config as _config
+from trajflow.cli.common import publish_envs as _publish_envs
 from trajflow.cli.common import say as _say
+
+if TYPE_CHECKING:
+    from contracts.trajectory import TrajectoryRequest
 
 
 @app.command()
 def rollout(
-    env: Annotated[str | None, typer.Option(help="GEM env id (default: the config's first task).")] = None,
+    env: Annotated[
+        str | None, typer.Option(help="Env id: GEM, shell:TASK or py:MODULE:CLASS (default: the config's first task).")
+    ] = None,
+    env_path: Annotated[
+        Path | None, typer.Option(help="A py: env's source directory (its module and requirements.txt).")
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Environment seed (default: --request's, else 0).")] = None,
     task: Annotated[str | None, typer.Option(help="Task name from the config.")] = None,
     max_turns: Annotated[int | None, typer.Option(help="Turn limit.")] = None,
@@ -42,7 +51,34 @@ def rollout(
     except ValueError as e:  # bad input: say what to fix, exit 2 before touching the stack
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2) from None
+    req = _publish_request(req, config, task, env, env_path)
     _exit(asyncio.run(run_and_report(req, workflow_id, as_json)))
+
+
+def _publish_request(
+    req: TrajectoryRequest, config: Path, task: str | None, env: str | None, env_path: Path | None
+) -> TrajectoryRequest:
+    """`req` with its `py:` env packaged: from --env-path, else (the config's own env) the task's env_path."""
+    from userenvs.source import EnvSourceError, is_user_env
+
+    if not is_user_env(req.env_id) and env_path is None:
+        return req
+    from infra.settings import load_settings
+    from infra.store import open_store_from
+    from userenvs.submit import publish_request
+
+    if env_path is not None:
+        path = str(env_path)
+    elif env is not None:  # another env than the task's: its source must be named
+        path = ""
+    else:
+        path = next(t for t in _config(config).tasks if task is None or t.name == task).env_path
+    settings = load_settings()
+    try:
+        return publish_request(req, path, open_store_from(settings), settings.cache_dir / "images", _say)
+    except EnvSourceError as e:
+        typer.secho(str(e), fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -69,7 +105,7 @@ def train(
     if run_id and "@" in run_id:
         typer.secho(f"--run-id {run_id!r}: a run id may not contain '@' (RUN@V names a version)", fg="red", err=True)
         raise typer.Exit(2)
-    config = _config(config_path)
+    config = _publish_envs(_config(config_path))
     overrides = {"sync": True, "alpha": 0} if sync else {}
     if alpha is not None:
         overrides["alpha"] = alpha
@@ -131,7 +167,7 @@ def eval_policy(
     from commands.policy_eval import EvalError, plan_eval, report, run_eval
     from infra.settings import load_settings
 
-    config = _config(config_path)
+    config = _publish_envs(_config(config_path))
     settings = load_settings()
     try:
         plan = plan_eval(config, settings, policy, episodes)
@@ -180,7 +216,7 @@ def chaos(
             err=True,
         )
         _exit(2)
-    cfg = _config(config)
+    cfg = _publish_envs(_config(config))
     try:
         stack.up(settings, cfg, config, _say)
     except (RuntimeError, TimeoutError, ValueError) as e:
@@ -207,7 +243,7 @@ def demo(
     """The main job for now: run a handful of trajectories of the config's tasks concurrently, then summarise."""
     from commands.rollout import run_batch
 
-    summary = asyncio.run(run_batch(_config(config), n, _say))
+    summary = asyncio.run(run_batch(_publish_envs(_config(config)), n, _say))
     if json_path:
         json_path.write_text(json.dumps(summary, indent=2))
     _exit(1 if summary["lost"] else 0)

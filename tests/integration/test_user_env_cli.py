@@ -1,0 +1,90 @@
+"""A user env as a researcher brings one: `trajflow rollout` and `trajflow train` on the example's config
+(`examples/factoring`) against the stack `trajflow up` started, and env definitions that cannot work refused at
+submission with what to fix, before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+EXAMPLE = ROOT / "examples" / "factoring"
+
+
+def training_config(tmp_path: Path) -> Path:
+    """The example's config with the stack's tiny model and a two-step [train]: the same task, env and reward."""
+    text = (EXAMPLE / "config.toml").read_text().split("\n[demo]\n")[0]
+    text = text.replace('name_or_path = "smollm2"', 'name_or_path = "tiny"')
+    text = text.replace('env_path = "."', f'env_path = "{EXAMPLE}"')
+    assert 'env_id = "py:factor_env:FactorEnv"' in text and str(EXAMPLE) in text
+    path = tmp_path / "factoring.toml"
+    path.write_text(
+        text + "\n[train]\nsteps = 2\nbatch_size = 8\ngroup_size = 4\nalpha = 1\n"
+        "trainer = { lr = 1e-4, micro_batch = 8 }\neval = { episodes = 4 }\n"
+    )
+    return path
+
+
+def test_rollout_of_the_example_config(cli_stack) -> None:  # type: ignore[no-untyped-def]
+    proc = cli_stack.trajflow("rollout", "-c", str(EXAMPLE / "config.toml"), "--seed", "3", "--json", timeout=900)
+    out = json.loads(proc.stdout)
+    assert out["status"] == "completed" and 1 <= out["turns"] <= 3, out
+    assert "packaged" in proc.stderr and "env-packages/" in proc.stderr
+
+
+def test_training_on_the_example_env(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "summary.json"
+    config = training_config(tmp_path)
+    cli_stack.trajflow("train", str(config), "--run-id", "factoring-run", "--json-summary", str(out), timeout=900)
+    summary = json.loads(out.read_text())
+    assert summary["steps"] == 2 and summary["trajectories_trained"] == 16
+    assert summary["eval_after"]["episodes"] == 4 and summary["eval_after"]["version"] == 2
+    recorded = json.loads((cli_stack.state_dir / "runs" / "factoring-run" / "config.json").read_text())
+    assert recorded["tasks"][0]["env_package"].endswith(".tar")  # the run records which package it trained on
+
+
+def bad_env(tmp_path: Path, source: str, requirements: str = "") -> Path:
+    env = tmp_path / "env"
+    env.mkdir()
+    (env / "my_env.py").write_text(source)
+    (env / "requirements.txt").write_text(requirements)
+    config = tmp_path / "bad.toml"
+    config.write_text(f'[[tasks]]\nname = "mine"\nenv_id = "py:my_env:MyEnv"\nenv_path = "{env}"\n')
+    return config
+
+
+GOOD_CLASS = """
+class MyEnv:
+    def reset(self, seed=None):
+        return "hi", {}
+    def step(self, action):
+        return "x", 0.0, True, False, {}
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "requirements", "says"),
+    [
+        ("class Other:\n    pass\n", "", "defines no class 'MyEnv' at its top level (it defines Other)"),
+        ("class MyEnv:\n    def reset(self): ...\n    def step(self, a): ...\n", "", "MyEnv.reset at"),
+        (GOOD_CLASS, "trajflow-no-such-distribution-xyz==1.0\n", "cannot be resolved into wheels"),
+    ],
+    ids=["missing-class", "wrong-signature", "unresolvable-requirement"],
+)
+def test_a_bad_env_is_refused_at_submission(tmp_path: Path, source: str, requirements: str, says: str) -> None:
+    config = bad_env(tmp_path, source, requirements)
+    env = {**os.environ, "TRAJFLOW_STATE_DIR": str(tmp_path / "state"), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:9"}
+    trajflow = str(Path(sys.executable).parent / "trajflow")
+    for command in (["train", str(config)], ["rollout", "-c", str(config)]):
+        proc = subprocess.run([trajflow, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert "task 'mine'" in proc.stderr or command[0] == "rollout"
+        assert says in proc.stderr

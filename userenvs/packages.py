@@ -1,0 +1,91 @@
+"""A user env's source as a package in the object store: a tar of its files, named by the sha256 of that tar, put
+once at submission and unpacked once per env worker host (under its cache directory) where the image layer is built.
+
+The tar is deterministic (sorted names, zero times and owners, mode 0644), so the same files give the same key on
+every host and the image layer built from them is cached by content.
+Limits: packages are never deleted from the store (they are small and runs and replays refer to them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from infra.store import ObjectStore
+from userenvs.source import EnvSource
+
+KEY_PREFIX = "env-packages"
+MARKER = ".trajflow-package"
+"""Written last into an unpacked package: its digest (a half-unpacked directory has none)."""
+
+
+class PackageError(RuntimeError):
+    """A package that cannot be fetched or does not match its name."""
+
+
+def pack(files: dict[str, bytes]) -> bytes:
+    """The deterministic tar of `files` (relative POSIX path -> content)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel in sorted(files):
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = len(files[rel]), 0o644, 0
+            tar.addfile(info, io.BytesIO(files[rel]))
+    return out.getvalue()
+
+
+def package_key(data: bytes) -> str:
+    return f"{KEY_PREFIX}/{hashlib.sha256(data).hexdigest()}.tar"
+
+
+def digest_of(uri: str) -> str:
+    """The sha256 a package's store URI names."""
+    name = uri.rstrip("/").rsplit("/", 1)[-1]
+    digest = name.removesuffix(".tar")
+    if f"/{KEY_PREFIX}/" not in uri or len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+        raise PackageError(f"{uri!r} is not an env package's URI (…/{KEY_PREFIX}/<sha256>.tar)")
+    return digest
+
+
+def publish(source: EnvSource, store: ObjectStore) -> str:
+    """Put `source`'s package into the store (unless it is there) and return its URI."""
+    data = pack(source.files())
+    key = package_key(data)
+    uri = store.uri_for(key)
+    if not store.exists(uri):
+        uri = store.put_bytes(key, data)
+    return uri
+
+
+def unpack(store: ObjectStore, uri: str, cache_dir: Path) -> Path:
+    """The directory under `cache_dir` holding the package `uri`, fetched and unpacked on first use; checks
+    that the bytes hash to the name."""
+    digest = digest_of(uri)
+    target = Path(cache_dir) / KEY_PREFIX / digest
+    if (target / MARKER).is_file():
+        return target
+    try:
+        data = store.get_bytes(uri)
+    except KeyError as e:
+        raise PackageError(f"env package {uri} is not in the store ({store!r}): was it published to another store?") from e
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise PackageError(f"env package {uri}: its content does not hash to its name")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix="staging-"))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            tar.extractall(staging, filter="data")  # no absolute paths, links out or devices
+        (staging / MARKER).write_text(digest)
+        try:
+            os.rename(staging, target)
+        except OSError:  # another process unpacked it first
+            if not (target / MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

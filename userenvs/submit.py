@@ -1,0 +1,75 @@
+"""Submitting work that names a user env: every `py:` task's source is checked, its requirements resolved into the
+host's wheel cache (so an unresolvable one fails here, not in a sandbox), and its package put into the object
+store; the task (or request) then carries the package's URI, which every env worker builds its layer from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from contracts.config import RunConfig
+from contracts.tasks import TaskConfig
+from contracts.trajectory import TrajectoryRequest
+from imagebuild import wheels
+from infra.store import ObjectStore
+from userenvs.packages import publish
+from userenvs.source import EnvSource, EnvSourceError, check_source, is_user_env
+
+Say = Callable[[str], None]
+
+
+def resolve_requirements(source: EnvSource, wheel_cache: Path, say: Say) -> None:
+    """Download the wheels of `source`'s requirements into `wheel_cache` (once per requirement set); raises
+    EnvSourceError naming the requirements when pip cannot resolve them."""
+    if not source.requirements or wheels.cached_wheels(wheel_cache, source.requirements) is not None:
+        return
+    say(f"resolving {len(source.requirements)} requirement(s) of {source.module}: {', '.join(source.requirements)}")
+    try:
+        wheels.download_wheels(wheel_cache, lambda _line: None, source.requirements)
+    except RuntimeError as e:
+        raise EnvSourceError(
+            f"the requirements of {source.root / 'requirements.txt'} cannot be resolved into wheels for CPython "
+            f"3.11 on Linux x86_64 ({', '.join(source.requirements)}); pip said:\n{e}"
+        ) from None
+
+
+def package_env(env_id: str, env_path: str, store: ObjectStore, wheel_cache: Path, say: Say) -> str:
+    """Check, resolve and publish the user env `env_id` from `env_path`; returns its package URI."""
+    source = check_source(env_id, env_path)
+    resolve_requirements(source, wheel_cache, say)
+    uri = publish(source, store)
+    say(f"{env_id}: packaged {source.root} as {uri}")
+    return uri
+
+
+def publish_task(task: TaskConfig, store: ObjectStore, wheel_cache: Path, say: Say) -> TaskConfig:
+    """`task` with its env package set when its env is a `py:` one; raises EnvSourceError saying what to fix."""
+    if not is_user_env(task.env_id):
+        if task.env_path:
+            raise EnvSourceError(f"task {task.name!r}: env_path is for py:MODULE:CLASS envs, not {task.env_id!r}")
+        return task
+    try:
+        uri = package_env(task.env_id, task.env_path, store, wheel_cache, say)
+    except EnvSourceError as e:
+        raise EnvSourceError(f"task {task.name!r}: {e}") from None
+    return task.model_copy(update={"env_package": uri})
+
+
+def publish_config(config: RunConfig, store: ObjectStore, wheel_cache: Path, say: Say) -> RunConfig:
+    """`config` with every `py:` task's package published and set."""
+    if not any(is_user_env(t.env_id) or t.env_path for t in config.tasks):
+        return config
+    return config.model_copy(update={"tasks": [publish_task(t, store, wheel_cache, say) for t in config.tasks]})
+
+
+def publish_request(
+    req: TrajectoryRequest, env_path: str, store: ObjectStore, wheel_cache: Path, say: Say
+) -> TrajectoryRequest:
+    """`req` with its env package set when its env is a `py:` one (from `env_path`)."""
+    if not is_user_env(req.env_id):
+        if env_path:
+            raise EnvSourceError(f"--env-path is for py:MODULE:CLASS envs, not {req.env_id!r}")
+        return req
+    if req.env_package and not env_path:  # published with its task
+        return req
+    return req.model_copy(update={"env_package": package_env(req.env_id, env_path, store, wheel_cache, say)})
