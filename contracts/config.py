@@ -16,7 +16,7 @@ from contracts.base import Contract
 from contracts.hardware import HardwareConfig
 from contracts.tasks import TaskConfig
 from contracts.tracking import TrackingConfig
-from contracts.training import TrainingRunConfig, TrainSettings
+from contracts.training import EvalConfig, TrainingRunConfig, TrainSettings
 
 __all__ = [
     "OpenAIServerConfig",
@@ -143,6 +143,15 @@ class RunConfig(Contract):
                         f"[[hardware.hosts]] {host.name!r} runs {entry!r}, but [pools].{kind} declares only "
                         f"{getattr(self.pools, kind)}"
                     )
+        first = self.train.eval.first_seed
+        for task in self.tasks:  # a dataset holds out its test rows from the eval's first seed (envs/dataset.py)
+            held = task.env_kwargs.get("held_out_from", EvalConfig().first_seed)
+            if task.env_id.startswith("data:") and held != first:
+                raise ValueError(
+                    f"task {task.name!r}: its dataset serves test rows from seed {held} (env_kwargs held_out_from), but "
+                    f"[train.eval] first_seed is {first}: set held_out_from = {first} so that the eval's seeds are the "
+                    "held-out rows"
+                )
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise ValueError(f"task names must be unique, got {names}")

@@ -1,5 +1,6 @@
-"""Hosts ONE environment (GEM, a shell task: `shell:<task>`, see `envs/shell.py`, or a user's own env class:
-`py:MODULE:CLASS`) behind a Unix socket: the program a sandbox container runs.
+"""Hosts ONE environment (GEM, a shell task: `shell:<task>`, see `envs/shell.py`, a user's own env class:
+`py:MODULE:CLASS`, or a dataset task: `data:NAME`, see `envs/dataset.py`) behind a Unix socket: the program a
+sandbox container runs.
 
 Protocol: newline-delimited JSON, one request -> one response line, sequential per connection. Several
 connections may be open (a host that lost its connection reconnects); they share the one environment,
@@ -36,6 +37,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -47,6 +49,10 @@ SHELL_PREFIX = "shell:"
 USER_PREFIX = "py:"
 """Env ids `py:MODULE:CLASS` are a user's own env class, imported from the image's PYTHONPATH (its layer holds
 the user's source and requirements: `userenvs/`, `sandbox/user_images.py`), hosted without GEM."""
+DATA_PREFIX = "data:"
+"""Env ids `data:NAME` are dataset tasks (`envs/dataset.py`): NAME.jsonl or NAME.parquet in the user env layer."""
+USERENV_DIR = "/opt/trajflow/userenv"
+"""Where a user env layer holds its package (`sandbox/user_images.py`; env TRAJFLOW_USERENV_DIR overrides)."""
 STEP_RESULT = "(observation, reward, terminated, truncated, info)"
 
 Response = dict[str, Any]
@@ -160,6 +166,8 @@ class EnvHost:
             return self._reset_shell(env_id[len(SHELL_PREFIX) :], seed, env_kwargs)
         if env_id.startswith(USER_PREFIX):
             return self._reset_user(env_id, seed, env_kwargs)
+        if env_id.startswith(DATA_PREFIX):
+            return self._reset_data(env_id[len(DATA_PREFIX) :], seed, env_kwargs)
         if self._loader.light and env_id.startswith("rg:"):
             raise RequestError("BadRequest", f"this sandbox was started for a non-rg env and cannot host {env_id!r}")
         gem = self._loader.get()
@@ -226,6 +234,25 @@ class EnvHost:
         self._env = env
         return {"ok": True, "observation": observation, "info": json_safe_info(info)}
 
+    def _reset_data(self, name: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
+        dataset = _sibling("dataset")
+        root = Path(os.environ.get("TRAJFLOW_USERENV_DIR", USERENV_DIR))
+        path = next((root / f"{name}{suffix}" for suffix in dataset.SUFFIXES if (root / f"{name}{suffix}").is_file()), None)
+        if path is None:
+            raise RequestError("UnknownEnv", f"no dataset {name!r} in this sandbox's image ({root})")
+        self._env = None
+        try:
+            env = dataset.DatasetEnv(path, **env_kwargs)
+        except (TypeError, ValueError) as e:
+            kind = "EnvError" if isinstance(e, dataset.DatasetError) else "BadRequest"
+            raise RequestError(kind, f"data:{name}: {e}") from e
+        try:
+            observation, info = env.reset(seed=seed)
+        except Exception as e:
+            raise RequestError("EnvError", _describe(e, f"reset of dataset {name!r} failed")) from e
+        self._env = env
+        return {"ok": True, "observation": observation, "info": json_safe_info(info)}
+
     def _step(self, request: dict[str, Any]) -> Response:
         action = _field(request, "action", str)
         if self._env is None:
@@ -249,12 +276,12 @@ class EnvHost:
 
 
 def _shell_module() -> ModuleType:
-    """`envs/shell.py`: beside this file in the sandbox image, in the `envs` package on the host."""
-    if __package__:
-        from envs import shell
-    else:
-        import shell  # type: ignore[no-redef]
-    return shell
+    return _sibling("shell")
+
+
+def _sibling(name: str) -> ModuleType:
+    """`envs/<name>.py`: beside this file in the sandbox image, in the `envs` package on the host."""
+    return importlib.import_module(f"envs.{name}" if __package__ else name)
 
 
 def _field(request: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -315,7 +342,7 @@ def serve(path: str, *, preload: bool = True) -> None:
     loader = GemLoader(hint)
     server = _Server(path, EnvHost(loader))
     os.chmod(path, 0o666)  # the host side may connect as another user
-    if preload and not hint.startswith((SHELL_PREFIX, USER_PREFIX)):  # shell tasks and user envs need no GEM
+    if preload and not hint.startswith((SHELL_PREFIX, USER_PREFIX, DATA_PREFIX)):  # these need no GEM
         loader.start()
     server.serve_forever()
 

@@ -12,6 +12,11 @@ Built-ins:
   for malformed or invalid actions), 0.0 when there were none. Partial credit is dropped, so the only way up is to
   solve the task, while a malformed answer still scores below a well-formed miss.
 
+- `math_verify`, `exact_match`, `regex_match`: verifier rewards of dataset tasks (`data:NAME`, `envs/dataset.py`):
+  1.0 when the last reply's answer (its last `\boxed{...}`, else its last line) matches the reference answer the
+  env gives in its final info, by Math-Verify, exact text or a regular expression (`envs/verify.py`), else 0.0.
+  An episode without a reference is rejected (`RewardInputError`): the task is misconfigured, not failed.
+
 Not covered here: model-based rewards or verifiers that need I/O; register them from their own module with
 `@register("name")` (the service sees every function registered by the time it starts).
 """
@@ -22,11 +27,16 @@ import math
 from collections.abc import Callable
 
 from contracts.trajectory import JsonScalar, ScoreRequest, ScoreResult
+from envs import verify
 
 RewardFn = Callable[[ScoreRequest], ScoreResult]
 """A pure function from what the workflow knows about an episode to its reward."""
 
 _REGISTRY: dict[str, RewardFn] = {}
+
+
+class RewardInputError(ValueError):
+    """The request lacks what the function needs (e.g. a verifier reward on an env that gives no reference)."""
 
 
 class UnknownRewardFn(LookupError):
@@ -120,13 +130,49 @@ def success_or_penalty(req: ScoreRequest) -> ScoreResult:
     return ScoreResult(reward=1.0 if last >= 1.0 else penalty, reward_fn="success_or_penalty", details=details)
 
 
+def _verified(req: ScoreRequest, checker: str, name: str) -> ScoreResult:
+    reference = req.final_info.get("answer")
+    if reference is None:
+        raise RewardInputError(
+            f"{name} scores against the reference answer in the env's final info (final_info['answer']), which "
+            f"{req.env_id!r} did not give: use it with data: tasks, or an env that reports its answer"
+        )
+    reply = req.actions[-1] if req.actions else ""
+    answer = verify.extract_answer(reply)
+    right = bool(answer) and verify.CHECKERS[checker](answer, str(reference))
+    details = _details(req) | {"answer": answer[:200], "reference": str(reference)[:200], "correct": right}
+    return ScoreResult(reward=1.0 if right else 0.0, reward_fn=name, details=details)
+
+
+@register("math_verify")
+def math_verify(req: ScoreRequest) -> ScoreResult:
+    """1.0 when the last reply's answer equals the reference mathematically (Math-Verify), else 0.0."""
+    return _verified(req, "math", "math_verify")
+
+
+@register("exact_match")
+def exact_match(req: ScoreRequest) -> ScoreResult:
+    """1.0 when the last reply's answer is the reference (case and spacing aside), else 0.0."""
+    return _verified(req, "exact", "exact_match")
+
+
+@register("regex_match")
+def regex_match(req: ScoreRequest) -> ScoreResult:
+    """1.0 when the reference, a regular expression, matches the last reply's whole answer, else 0.0."""
+    return _verified(req, "regex", "regex_match")
+
+
 __all__ = [
+    "RewardInputError",
     "RewardFn",
     "UnknownRewardFn",
     "env_final",
     "env_outcome",
+    "exact_match",
     "get",
+    "math_verify",
     "names",
+    "regex_match",
     "register",
     "score",
     "success",

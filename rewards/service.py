@@ -75,6 +75,8 @@ def _score(req: ScoreRequest) -> ScoreResult:
     fn = registry.get(req.reward_fn)  # UnknownRewardFn -> 404
     try:
         result = fn(req)
+    except registry.RewardInputError as e:  # the request lacks what the function needs: 422, like a bad body
+        raise RequestValidationError([{"type": "reward_input", "loc": ("body",), "msg": str(e)}]) from e
     except Exception as e:  # a bug in that reward function: answered as 500, logged with its traceback
         log.exception("reward function %r failed", req.reward_fn)
         raise RewardFnFailed(f"reward function {req.reward_fn!r} failed: {type(e).__name__}: {e}") from e

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import docker
 
-from envs.runner import SHELL_PREFIX, USER_PREFIX
+from envs.runner import DATA_PREFIX, SHELL_PREFIX, USER_PREFIX
 from envs.shell import TASKS_ROOT
 from imagebuild import wheels
 from imagebuild.base import base_image_tag, build_base_image
@@ -53,8 +53,9 @@ RUNTIME_REQUIREMENTS: tuple[str, ...] = (
 
 ENVS_DIR = Path(__file__).resolve().parent.parent / "envs"
 
-RUNTIME_SOURCES: tuple[str, ...] = ("runner.py", "shell.py")
-"""The files of `envs/` copied into the runtime layer, beside each other in /opt/trajflow."""
+RUNTIME_SOURCES: tuple[str, ...] = ("runner.py", "shell.py", "dataset.py", "verify.py")
+"""The files of `envs/` copied into the runtime layer, beside each other in /opt/trajflow (the runner imports its
+siblings flat there)."""
 
 SHELL_TASKS_DIR = ENVS_DIR / "shell_tasks"
 
@@ -107,7 +108,7 @@ def runtime_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
     return wheel_build_stage(base_tag, wheel_names, RUNTIME_REQUIREMENTS, "/opt/trajflow/site") + f"""
 FROM {base_tag}
 COPY --from=build /opt/trajflow/site /opt/trajflow/site
-COPY runner.py shell.py /opt/trajflow/
+COPY {' '.join(RUNTIME_SOURCES)} /opt/trajflow/
 RUN mkdir -p {RUNNER_SOCKET_DIR} && chown {SANDBOX_UID}:{SANDBOX_UID} {RUNNER_SOCKET_DIR}
 ENV PYTHONPATH=/opt/trajflow/site HOME=/tmp MPLCONFIGDIR=/tmp/matplotlib PYTHONUNBUFFERED=1 \\
     PYTHONDONTWRITEBYTECODE=1 TRAJFLOW_ENV_SOCKET={RUNNER_SOCKET_DIR}/env.sock
@@ -275,9 +276,9 @@ class ImageResolver:
 
     def image_for(self, env_id: str, package: str = "") -> str:
         """The image of `env_id`; `package`: a `py:` env's package URI (`TrajectoryRequest.env_package`)."""
-        user = env_id.startswith(USER_PREFIX)
+        user = env_id.startswith((USER_PREFIX, DATA_PREFIX))
         if user and not package:
-            raise UnknownTask(f"{env_id}: a py: env needs its package (env_package), set when its run is submitted")
+            raise UnknownTask(f"{env_id}: a py: or data: env needs its package (env_package), set when its run is submitted")
         key = package if user else env_id if env_id.startswith(SHELL_PREFIX) else ""
         with self._lock:
             tag = self._tags.get(key)

@@ -1,5 +1,6 @@
 """The image layer of a user's own env (`py:MODULE:CLASS`, `userenvs/`): its unpacked source and the wheels of its
-requirements on the runtime layer, named `trajflow-userenv:<hash>`.
+requirements on the runtime layer, named `trajflow-userenv:<hash>`; a dataset task's (`data:NAME`) is the same
+layer holding its one file.
 
 The hash covers the runtime tag, every source file, the requirements and their wheels' sha256, so the same package
 builds once per host and an edited env gets a new layer. The wheels are downloaded on the host into the wheel cache
@@ -37,7 +38,7 @@ def user_dockerfile(runtime_tag: str, wheel_names: list[str], requirements: tupl
     return stage + f"""
 FROM {runtime_tag}
 {copy_site}COPY env/ {USER_ROOT}/
-ENV PYTHONPATH={USER_ROOT}:{USER_SITE}:/opt/trajflow/site
+ENV PYTHONPATH={USER_ROOT}:{USER_SITE}:/opt/trajflow/site TRAJFLOW_USERENV_DIR={USER_ROOT}
 """
 
 

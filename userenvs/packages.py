@@ -1,5 +1,6 @@
-"""A user env's source as a package in the object store: a tar of its files, named by the sha256 of that tar, put
-once at submission and unpacked once per env worker host (under its cache directory) where the image layer is built.
+"""A user env's source (or a dataset task's file) as a package in the object store: a tar of its files, named by
+the sha256 of that tar, put once at submission and unpacked once per env worker host (under its cache directory)
+where the image layer is built.
 
 The tar is deterministic (sorted names, zero times and owners, mode 0644), so the same files give the same key on
 every host and the image layer built from them is cached by content.
@@ -17,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 from infra.store import ObjectStore
-from userenvs.source import EnvSource
 
 KEY_PREFIX = "env-packages"
 MARKER = ".trajflow-package"
@@ -52,9 +52,9 @@ def digest_of(uri: str) -> str:
     return digest
 
 
-def publish(source: EnvSource, store: ObjectStore) -> str:
-    """Put `source`'s package into the store (unless it is there) and return its URI."""
-    data = pack(source.files())
+def publish(files: dict[str, bytes], store: ObjectStore) -> str:
+    """Put the package of `files` (a user env's source, a dataset) into the store unless it is there; its URI."""
+    data = pack(files)
     key = package_key(data)
     uri = store.uri_for(key)
     if not store.exists(uri):

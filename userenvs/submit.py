@@ -1,6 +1,7 @@
-"""Submitting work that names a user env: every `py:` task's source is checked, its requirements resolved into the
-host's wheel cache (so an unresolvable one fails here, not in a sandbox), and its package put into the object
-store; the task (or request) then carries the package's URI, which every env worker builds its layer from."""
+"""Submitting work that names a user env or a dataset task: every `py:` task's source (a `data:` task's file) is
+checked, its requirements resolved into the host's wheel cache (so an unresolvable one fails here, not in a
+sandbox), and its package put into the object store; the task (or request) then carries the package's URI, which
+every env worker builds its layer from."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from contracts.tasks import TaskConfig
 from contracts.trajectory import TrajectoryRequest
 from imagebuild import wheels
 from infra.store import ObjectStore
+from userenvs.datasets import check_dataset, is_dataset
 from userenvs.packages import publish
 from userenvs.source import EnvSource, EnvSourceError, check_source, is_user_env
 
@@ -33,20 +35,30 @@ def resolve_requirements(source: EnvSource, wheel_cache: Path, say: Say) -> None
         ) from None
 
 
+def packaged(env_id: str) -> bool:
+    """Whether `env_id` runs from a package the submission publishes (a user env, a dataset task)."""
+    return is_user_env(env_id) or is_dataset(env_id)
+
+
 def package_env(env_id: str, env_path: str, store: ObjectStore, wheel_cache: Path, say: Say) -> str:
-    """Check, resolve and publish the user env `env_id` from `env_path`; returns its package URI."""
+    """Check, resolve and publish the user env or dataset `env_id` from `env_path`; returns its package URI."""
+    if is_dataset(env_id):
+        data = check_dataset(env_id, env_path)
+        uri = publish(data.files(), store)
+        say(f"{env_id}: packaged {data.path} ({data.train_rows} train, {data.test_rows} test rows) as {uri}")
+        return uri
     source = check_source(env_id, env_path)
     resolve_requirements(source, wheel_cache, say)
-    uri = publish(source, store)
+    uri = publish(source.files(), store)
     say(f"{env_id}: packaged {source.root} as {uri}")
     return uri
 
 
 def publish_task(task: TaskConfig, store: ObjectStore, wheel_cache: Path, say: Say) -> TaskConfig:
     """`task` with its env package set when its env is a `py:` one; raises EnvSourceError saying what to fix."""
-    if not is_user_env(task.env_id):
+    if not packaged(task.env_id):
         if task.env_path:
-            raise EnvSourceError(f"task {task.name!r}: env_path is for py:MODULE:CLASS envs, not {task.env_id!r}")
+            raise EnvSourceError(f"task {task.name!r}: env_path is for py: and data: envs, not {task.env_id!r}")
         return task
     try:
         uri = package_env(task.env_id, task.env_path, store, wheel_cache, say)
@@ -57,7 +69,7 @@ def publish_task(task: TaskConfig, store: ObjectStore, wheel_cache: Path, say: S
 
 def publish_config(config: RunConfig, store: ObjectStore, wheel_cache: Path, say: Say) -> RunConfig:
     """`config` with every `py:` task's package published and set."""
-    if not any(is_user_env(t.env_id) or t.env_path for t in config.tasks):
+    if not any(packaged(t.env_id) or t.env_path for t in config.tasks):
         return config
     return config.model_copy(update={"tasks": [publish_task(t, store, wheel_cache, say) for t in config.tasks]})
 
@@ -66,9 +78,9 @@ def publish_request(
     req: TrajectoryRequest, env_path: str, store: ObjectStore, wheel_cache: Path, say: Say
 ) -> TrajectoryRequest:
     """`req` with its env package set when its env is a `py:` one (from `env_path`)."""
-    if not is_user_env(req.env_id):
+    if not packaged(req.env_id):
         if env_path:
-            raise EnvSourceError(f"--env-path is for py:MODULE:CLASS envs, not {req.env_id!r}")
+            raise EnvSourceError(f"--env-path is for py: and data: envs, not {req.env_id!r}")
         return req
     if req.env_package and not env_path:  # published with its task
         return req

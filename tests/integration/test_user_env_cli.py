@@ -51,6 +51,26 @@ def test_training_on_the_example_env(cli_stack, tmp_path: Path) -> None:  # type
     assert recorded["tasks"][0]["env_package"].endswith(".tar")  # the run records which package it trained on
 
 
+def test_training_on_the_shipped_dataset(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """examples/arithmetic's config, both its tasks (single-turn and two attempts), with the stack's tiny model
+    and two steps; the held-out eval runs on the dataset's test rows."""
+    example = ROOT / "examples" / "arithmetic"
+    text = (example / "config.toml").read_text().split("\n[demo]\n")[0]
+    text = text.replace('name_or_path = "smollm2"', 'name_or_path = "tiny"').replace(
+        '"chain_sum.jsonl"', f'"{example / "chain_sum.jsonl"}"'
+    )
+    config = tmp_path / "arithmetic.toml"
+    train = "\n[train]\nsteps = 2\nbatch_size = 8\ngroup_size = 4\ntrainer = { micro_batch = 8 }\neval = { episodes = 4 }\n"
+    config.write_text(text + train)
+    out = tmp_path / "summary.json"
+    proc = cli_stack.trajflow("train", str(config), "--run-id", "arith-run", "--json-summary", str(out), timeout=900)
+    summary = json.loads(out.read_text())
+    assert summary["steps"] == 2 and summary["trajectories_trained"] == 16
+    assert "(400 train, 100 test rows)" in proc.stderr
+    per_seed = summary["eval_after"]["per_episode"]
+    assert len(per_seed) >= 4 and all(row["seed"] >= 1_000_000 for row in per_seed)  # held-out seeds: test rows
+
+
 def bad_env(tmp_path: Path, source: str, requirements: str = "") -> Path:
     env = tmp_path / "env"
     env.mkdir()

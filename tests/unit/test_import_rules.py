@@ -31,7 +31,9 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     "rl": (None, {"temporalio", "docker", "boto3"} | NOT_CORE),
     "sandbox": (None, {"torch", "temporalio", "transformers"} | NOT_CORE),
     # `shell` is envs/shell.py as the runner imports it inside the sandbox image (a sibling file, no package)
-    "envs": ({"envs", "gem", "shell"}, set()),
+    # `shell`, `dataset` and `verify` are envs/ files imported flat inside the image; pyarrow and math_verify are
+    # in the runtime layer (imported lazily)
+    "envs": ({"envs", "gem", "shell", "dataset", "verify", "pyarrow", "math_verify"}, set()),
     "rewards": (None, {"torch", "docker", "temporalio", "transformers"} | NOT_CORE),
     "activities": (None, NOT_CORE),
     # infra never imports torch, not even inside a function (DESIGN.md "Layout"); rl only through TORCH_FREE_RL
@@ -39,7 +41,8 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     "workers": (None, NOT_CORE),
     "imagebuild": ({"docker", "imagebuild", "packaging"}, set()),
     # user envs are read with ast and packed with the stdlib: nothing of the sandbox, the workers or Temporal
-    "userenvs": ({"userenvs", "contracts", "imagebuild", "infra", "packaging"}, set()),
+    # (a dataset's rows are read by the dataset env's own reader, envs.dataset)
+    "userenvs": ({"userenvs", "contracts", "envs", "imagebuild", "infra", "packaging"}, set()),
     # metrics through the Temporal SDK's runtime, Prometheus's config and HTTP API, spans through OpenTelemetry:
     # nothing of the stack's own
     "telemetry": ({"temporalio", "contracts", "telemetry", "httpx", "opentelemetry"}, set()),

@@ -13,6 +13,7 @@ from rewards.client import (
     RewardServiceUnavailable,
 )
 from rewards.service import create_app
+from tests.unit.test_rewards_registry import BUILTINS
 
 REQ = ScoreRequest(env_id="game:X", actions=["a"], env_rewards=[0.5, 0.25])
 
@@ -29,7 +30,7 @@ async def test_score_against_the_app() -> None:
     async with RewardClient("http://reward.test", transport=httpx.ASGITransport(app=create_app())) as client:
         result = await client.score(REQ)
         assert (result.reward, result.reward_fn) == (0.75, "env_outcome")
-        assert await client.reward_fns() == ["env_final", "env_outcome", "success", "success_or_penalty"]
+        assert await client.reward_fns() == BUILTINS
 
 
 @pytest.mark.asyncio

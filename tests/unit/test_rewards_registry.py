@@ -7,6 +7,8 @@ import pytest
 from contracts.trajectory import ScoreRequest, ScoreResult
 from rewards import registry
 
+BUILTINS = ["env_final", "env_outcome", "exact_match", "math_verify", "regex_match", "success", "success_or_penalty"]
+
 
 def _req(fn: str, rewards: list[float], actions: int | None = None, **kw: object) -> ScoreRequest:
     n = len(rewards) if actions is None else actions
@@ -22,7 +24,7 @@ def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_builtins_are_registered_and_sorted() -> None:
-    assert registry.names() == ["env_final", "env_outcome", "success", "success_or_penalty"]
+    assert registry.names() == BUILTINS
 
 
 @pytest.mark.parametrize(
@@ -69,8 +71,8 @@ def test_get_unknown_lists_known_names() -> None:
     with pytest.raises(registry.UnknownRewardFn) as info:
         registry.get("nope")
     assert info.value.name == "nope"
-    assert info.value.known == ["env_final", "env_outcome", "success", "success_or_penalty"]
-    assert "'nope'" in str(info.value) and "env_final, env_outcome, success, success_or_penalty" in str(info.value)
+    assert info.value.known == BUILTINS
+    assert "'nope'" in str(info.value) and ", ".join(BUILTINS) in str(info.value)
     assert isinstance(info.value, LookupError)
 
 

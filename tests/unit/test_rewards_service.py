@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from contracts.trajectory import ScoreRequest, ScoreResult
 from rewards import registry
 from rewards.service import _parse_args, create_app
+from tests.unit.test_rewards_registry import BUILTINS
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def test_unknown_reward_fn_is_404_naming_the_known_ones(client: TestClient) -> N
     assert response.status_code == 404
     body = response.json()
     assert "'nope'" in body["message"]
-    assert body["known"] == ["env_final", "env_outcome", "success", "success_or_penalty"]
+    assert body["known"] == BUILTINS
 
 
 @pytest.mark.parametrize(
@@ -91,7 +92,7 @@ def test_a_failing_reward_fn_is_500_with_its_error(client: TestClient, monkeypat
 
 def test_healthz_and_reward_fns(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"ok": True}
-    assert client.get("/reward-fns").json() == ["env_final", "env_outcome", "success", "success_or_penalty"]
+    assert client.get("/reward-fns").json() == BUILTINS
 
 
 def test_host_and_port_default_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,9 +29,10 @@ def test_runtime_tag_covers_base_wheels_and_runner_sources() -> None:
     assert tag != images.runtime_image_tag("trajflow-base:1", wheels, {**src, "shell.py": b"x = 2"})
 
 
-def test_runtime_sources_are_the_runner_and_the_shell_env() -> None:
-    assert set(images.runtime_sources()) == {"runner.py", "shell.py"}
-    assert "COPY runner.py shell.py /opt/trajflow/" in images.runtime_dockerfile("trajflow-base:x", ["a.whl"])
+def test_runtime_sources_are_the_runner_and_its_siblings() -> None:
+    assert set(images.runtime_sources()) == {"runner.py", "shell.py", "dataset.py", "verify.py"}
+    dockerfile = images.runtime_dockerfile("trajflow-base:x", ["a.whl"])
+    assert "COPY runner.py shell.py dataset.py verify.py /opt/trajflow/" in dockerfile
 
 
 def test_task_layer_holds_the_task_but_not_its_solution() -> None:

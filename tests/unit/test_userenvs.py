@@ -99,8 +99,8 @@ def test_the_package_is_the_same_bytes_for_the_same_files(tmp_path: Path) -> Non
 def test_publish_then_unpack_gives_back_the_files(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
     source = check_source("py:dice:Dice", env_dir(tmp_path, requirements="sympy\n"))
-    uri = publish(source, store)
-    assert publish(source, store) == uri  # content-addressed: published once
+    uri = publish(source.files(), store)
+    assert publish(source.files(), store) == uri  # content-addressed: published once
     where = unpack(store, uri, tmp_path / "cache")
     assert check_source("py:dice:Dice", where).files() == source.files()
     assert unpack(store, uri, tmp_path / "cache") == where

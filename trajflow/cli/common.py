@@ -51,11 +51,13 @@ def load_worker_config(path: Path) -> RunConfig:
 
 
 def publish_envs(config: RunConfig) -> RunConfig:
-    """`config` with its `py:` tasks' envs checked, their requirements resolved and their packages put into the
-    stack's object store (`userenvs/`); a bad env exits 2 saying what to fix, before anything starts."""
-    from userenvs.source import EnvSourceError, is_user_env
+    """`config` with its `py:` tasks' envs (and `data:` tasks' files) checked, their requirements resolved and
+    their packages put into the stack's object store (`userenvs/`); a bad one exits 2 saying what to fix, before
+    anything starts."""
+    from userenvs.source import EnvSourceError
+    from userenvs.submit import packaged
 
-    if not any(is_user_env(t.env_id) or t.env_path for t in config.tasks):
+    if not any(packaged(t.env_id) or t.env_path for t in config.tasks):
         return config
     from infra.settings import load_settings
     from infra.store import open_store_from

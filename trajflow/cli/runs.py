@@ -27,7 +27,7 @@ def rollout(
         str | None, typer.Option(help="Env id: GEM, shell:TASK or py:MODULE:CLASS (default: the config's first task).")
     ] = None,
     env_path: Annotated[
-        Path | None, typer.Option(help="A py: env's source directory (its module and requirements.txt).")
+        Path | None, typer.Option(help="A py: env's source directory (its module, requirements.txt); a data: task's file.")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Environment seed (default: --request's, else 0).")] = None,
     task: Annotated[str | None, typer.Option(help="Task name from the config.")] = None,
@@ -59,9 +59,10 @@ def _publish_request(
     req: TrajectoryRequest, config: Path, task: str | None, env: str | None, env_path: Path | None
 ) -> TrajectoryRequest:
     """`req` with its `py:` env packaged: from --env-path, else (the config's own env) the task's env_path."""
-    from userenvs.source import EnvSourceError, is_user_env
+    from userenvs.source import EnvSourceError
+    from userenvs.submit import packaged
 
-    if not is_user_env(req.env_id) and env_path is None:
+    if not packaged(req.env_id) and env_path is None:
         return req
     from infra.settings import load_settings
     from infra.store import open_store_from

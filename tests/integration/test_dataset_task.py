@@ -1,0 +1,85 @@
+"""A dataset task (`data:chain_sum`, `examples/arithmetic`) the way a run submits it: the JSONL file packed into the
+store, its layer built from the package, each episode one row picked by its seed in a hardened sandbox, scored by
+the reward service's Math-Verify verifier; with attempts, the env's own feedback between tries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from contracts.records import TrajectoryRecord
+from contracts.trajectory import TrajectoryStatus
+from envs.dataset import HELD_OUT_FROM
+from rl.engines.scripted import ScriptedEngine
+from sandbox.images import ImageResolver
+from tests.conftest import ROOT, running_stack
+from userenvs.packages import unpack
+from userenvs.submit import package_env
+
+pytestmark = pytest.mark.integration
+
+DATA = "data:chain_sum"
+SHIPPED = ROOT / "examples" / "arithmetic" / "chain_sum.jsonl"
+ROWS = [json.loads(line) for line in SHIPPED.read_text().splitlines()]
+TRAIN = [r for r in ROWS if r["split"] == "train"]
+TEST = [r for r in ROWS if r["split"] == "test"]
+
+
+@pytest.fixture()
+def package(store, cache_dir) -> str:  # type: ignore[no-untyped-def]
+    return package_env(DATA, str(SHIPPED), store, cache_dir / "images", print)
+
+
+@pytest.fixture()
+def images(docker_client, cache_dir, store) -> ImageResolver:  # type: ignore[no-untyped-def]
+    return ImageResolver(docker_client, cache_dir / "images", unpack=lambda uri: unpack(store, uri, cache_dir / "images"))
+
+
+def script(tiny_model: Path, replies: list[str]) -> ScriptedEngine:
+    return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), replies)
+
+
+async def test_single_turn_rows_are_scored_by_the_verifier(
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, images, package
+) -> None:
+    seed = 5
+    row = TRAIN[seed % len(TRAIN)]
+    engine = script(tiny_model, [f"The sum is \\boxed{{{row['answer']}}}", "\\boxed{123456}"])
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=images) as st:
+        right = await st.run(st.request(env_id=DATA, env_package=package, seed=seed, max_turns=1, reward_fn="math_verify"))
+        held = st.request(env_id=DATA, env_package=package, seed=HELD_OUT_FROM + 3, max_turns=1, reward_fn="math_verify")
+        wrong = await st.run(held)
+    assert right.status is TrajectoryStatus.COMPLETED and right.reward == 1.0 and right.turns == 1, right.error
+    assert wrong.status is TrajectoryStatus.COMPLETED and wrong.reward == 0.0  # a wrong answer scores 0, not a failure
+    first = TrajectoryRecord.model_validate(store.get_json(right.trajectory_uri))
+    held_out = TrajectoryRecord.model_validate(store.get_json(wrong.trajectory_uri))
+    assert first.first_observation == row["prompt"]
+    assert held_out.first_observation == TEST[3]["prompt"]  # a held-out seed is a test row
+
+
+async def test_attempts_get_feedback_from_the_env(
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, images, package
+) -> None:
+    row = TRAIN[0]
+    engine = script(tiny_model, ["\\boxed{999}", f"\\boxed{{{row['answer']}}}"])
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=images) as st:
+        kwargs = {"attempts": 2}
+        req = st.request(env_id=DATA, env_package=package, seed=0, env_kwargs=kwargs, max_turns=2, reward_fn="math_verify")
+        result = await st.run(req)
+    assert result.status is TrajectoryStatus.COMPLETED and result.reward == 1.0 and result.turns == 2, result.error
+    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
+    assert record.turns[0].observation.startswith("That is not correct. 1 attempt(s) left.")
+    assert [t.env_reward for t in record.turns] == [0.0, 1.0]
+
+
+async def test_a_verifier_reward_on_an_env_without_a_reference_fails_as_misconfigured(
+    temporal_env, reward_service, store, sandbox_manager, tiny_model
+) -> None:
+    engine = script(tiny_model, ["\\boxed{5}"])
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+        result = await st.run(st.request(env_id="game:GuessTheNumber-v0-easy", seed=1, max_turns=1, reward_fn="math_verify"))
+    assert result.status is TrajectoryStatus.FAILED and result.reward is None
+    assert "final_info['answer']" in (result.error or "")

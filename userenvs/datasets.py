@@ -1,0 +1,51 @@
+"""A dataset task (`data:NAME`): its JSONL or Parquet file, checked on the submitting host as the dataset env will
+read it (`envs/dataset.py`), and packaged as one file named NAME.jsonl or NAME.parquet, which the env's image
+layer holds (the same layer and package path as a user env's source)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from envs.dataset import SUFFIXES, DatasetError, read_rows, splits
+from userenvs.source import MAX_SOURCE_BYTES, EnvSourceError
+
+PREFIX = "data:"
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+
+
+def is_dataset(env_id: str) -> bool:
+    return env_id.startswith(PREFIX)
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    name: str
+    path: Path
+    train_rows: int
+    test_rows: int
+
+    def files(self) -> dict[str, bytes]:
+        return {f"{self.name}{self.path.suffix}": self.path.read_bytes()}
+
+
+def check_dataset(env_id: str, env_path: str | Path) -> DatasetSource:
+    """The dataset of `env_id` in file `env_path`, checked; raises EnvSourceError saying what to fix."""
+    name = env_id.removeprefix(PREFIX)
+    if not _NAME.fullmatch(name):
+        raise EnvSourceError(f"{env_id!r}: a dataset task's id is data:NAME, NAME in lower-case letters, digits, - and _")
+    if not str(env_path):
+        raise EnvSourceError(f"{env_id}: a data: task needs its file: env_path = \"FILE.jsonl\" (or .parquet)")
+    path = Path(env_path).expanduser().resolve()
+    if not path.is_file() or path.suffix not in SUFFIXES:
+        raise EnvSourceError(f"{env_id}: env_path {str(env_path)!r} is not a .jsonl or .parquet file")
+    if path.stat().st_size > MAX_SOURCE_BYTES:
+        raise EnvSourceError(f"{env_id}: {path.name} is over {MAX_SOURCE_BYTES // 2**20} MiB: ship a smaller sample")
+    try:
+        train, test = splits(read_rows(path))
+    except DatasetError as e:
+        raise EnvSourceError(f"{env_id}: {e}") from None
+    if not train:
+        raise EnvSourceError(f"{env_id}: {path.name} has no train rows")
+    return DatasetSource(name, path, len(train), len(test))
