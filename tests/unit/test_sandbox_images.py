@@ -29,9 +29,37 @@ def test_runtime_tag_covers_base_wheels_and_runner_sources() -> None:
     assert tag != images.runtime_image_tag("trajflow-base:1", wheels, {**src, "shell.py": b"x = 2"})
 
 
-def test_runtime_sources_are_the_runner_and_the_shell_env() -> None:
-    assert set(images.runtime_sources()) == {"runner.py", "shell.py"}
-    assert "COPY runner.py shell.py /opt/trajflow/" in images.runtime_dockerfile("trajflow-base:x", ["a.whl"])
+def test_runtime_sources_are_the_runner_the_shell_env_and_the_words_corpus() -> None:
+    words = {"nltk_data/corpora/words/README", "nltk_data/corpora/words/en", "nltk_data/corpora/words/en-basic"}
+    assert set(images.runtime_sources()) == {"runner.py", "shell.py"} | words
+    text = images.runtime_dockerfile("trajflow-base:x", ["a.whl"])
+    assert "COPY runner.py shell.py /opt/trajflow/" in text
+    assert "COPY nltk_data/ /usr/share/nltk_data/" in text and "NLTK_DATA=/usr/share/nltk_data" in text
+
+
+def test_runtime_tag_covers_the_words_corpus() -> None:
+    src = images.runtime_sources()
+    tag = images.runtime_image_tag("trajflow-base:1", {}, src)
+    edited = {**src, "nltk_data/corpora/words/en-basic": src["nltk_data/corpora/words/en-basic"] + b"zebra\n"}
+    assert tag != images.runtime_image_tag("trajflow-base:1", {}, edited)
+
+
+def test_the_vendored_words_corpus_is_nltks_and_unchanged() -> None:
+    """NLTK's own reader reads it as GEM's word games do, and every file has the SHA-256 its SOURCE.md records."""
+    import hashlib
+    import re
+
+    from nltk.corpus.reader import WordListCorpusReader
+
+    root = images.NLTK_DATA_DIR / "corpora" / "words"
+    reader = WordListCorpusReader(str(root), ["en", "en-basic"])
+    basic = reader.words("en-basic")
+    assert len(basic) == 850 and len(reader.words("en")) == 235886
+    assert "able" in basic and "zebra" not in basic  # Ogden's list has no zebra
+    assert len([w for w in basic if len(w) == 5 and w.isalpha() and w.islower()]) > 100  # Wordle's candidates
+    note = (images.NLTK_DATA_DIR / "SOURCE.md").read_text()
+    recorded = {path: sha for sha, path in re.findall(r"^([0-9a-f]{64})  (\S+)$", note, re.M)}
+    assert recorded == {rel: hashlib.sha256((images.NLTK_DATA_DIR / rel).read_bytes()).hexdigest() for rel in images.NLTK_WORDS}
 
 
 def test_task_layer_holds_the_task_but_not_its_solution() -> None:
