@@ -34,9 +34,10 @@ MAX_ENV_KWARG_CHARS = 4096
 
 _ENV_ID = re.compile(r"[a-z][a-z0-9_]*:\S+")
 ENV_ID_HELP = (
-    "expected <kind>:<name>, e.g. game:GuessTheNumber-v0-easy, rg:basic_arithmetic or shell:roman-numerals "
-    "(GEM's ids: python -c 'from gem.envs.registration import ENV_REGISTRY; print(sorted(ENV_REGISTRY))'; "
-    "shell tasks: the directories of envs/shell_tasks)"
+    "expected <kind>:<name>, e.g. game:GuessTheNumber-v0-easy, rg:basic_arithmetic, shell:roman-numerals or "
+    "gym:FrozenLake-v1 (GEM's ids: python -c 'from gem.envs.registration import ENV_REGISTRY; "
+    "print(sorted(ENV_REGISTRY))'; shell tasks: the directories of envs/shell_tasks; gym: a gymnasium id with a "
+    "text interface, see envs/gym_text.py)"
 )
 
 
@@ -47,7 +48,8 @@ def _env_id(value: str) -> str:
 
 
 EnvId = Annotated[str, Field(min_length=3, max_length=MAX_ENV_ID_CHARS), AfterValidator(_env_id)]
-"""A GEM env id (`game:...`, `rg:...`) or `shell:<task>`; checked for form here, for existence by the env worker."""
+"""A GEM env id (`game:...`, `rg:...`), `shell:<task>` or `gym:<gymnasium id>`; checked for form here, for existence
+by the env worker."""
 SystemPrompt = Annotated[str, Field(max_length=MAX_SYSTEM_PROMPT_CHARS)]
 WorkflowIdRef = Annotated[str, Field(max_length=MAX_ID_CHARS)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]

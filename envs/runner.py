@@ -1,5 +1,5 @@
-"""Hosts ONE environment (GEM, or a shell task: `shell:<task>`, see `envs/shell.py`) behind a Unix socket: the
-program a sandbox container runs.
+"""Hosts ONE environment (GEM; a shell task: `shell:<task>`, see `envs/shell.py`; or a gymnasium env through its
+text interface: `gym:<ID>`, see `envs/gym_adapter.py`) behind a Unix socket: the program a sandbox container runs.
 
 Protocol: newline-delimited JSON, one request -> one response line, sequential per connection. Several
 connections may be open (a host that lost its connection reconnects); they share the one environment,
@@ -21,7 +21,8 @@ is up at once and the import overlaps the host's readiness wait), and a `reset` 
 GEM's registry imports reasoning_gym (and with it sympy: ~1.2 CPU-seconds, 6x the rest of the import) only
 to list the `rg:` ids; when the container is started for another env (`TRAJFLOW_ENV_HINT`, set by the env
 worker), a stand-in that lists no `rg:` ids is used instead, and such a sandbox refuses `rg:` ids.
-No authentication: the socket's directory is the access control. One environment per process.
+A shell task or a `gym:` env imports no GEM (their modules are imported at their first reset; gymnasium's
+import takes ~0.1 s). No authentication: the socket's directory is the access control. One environment per process.
 
 Usage: `python3 runner.py [SOCKET_PATH]` (or env `TRAJFLOW_ENV_SOCKET`; default `/run/trajflow/env.sock`).
 """
@@ -43,6 +44,9 @@ MAX_INFO_CHARS = 1000
 MAX_SLEEP_S = 3600.0
 SHELL_PREFIX = "shell:"
 """Env ids `shell:<task>` are shell tasks (`envs/shell.py`), hosted without GEM."""
+GYM_PREFIX = "gym:"
+"""Env ids `gym:<ID>` are gymnasium envs (`envs/gym_adapter.py`), hosted without GEM."""
+NO_GEM_PREFIXES = (SHELL_PREFIX, GYM_PREFIX)
 
 Response = dict[str, Any]
 
@@ -153,6 +157,8 @@ class EnvHost:
             raise RequestError("BadRequest", "env_kwargs must be a JSON object")
         if env_id.startswith(SHELL_PREFIX):
             return self._reset_shell(env_id[len(SHELL_PREFIX) :], seed, env_kwargs)
+        if env_id.startswith(GYM_PREFIX):
+            return self._reset_gym(env_id[len(GYM_PREFIX) :], seed, env_kwargs)
         if self._loader.light and env_id.startswith("rg:"):
             raise RequestError("BadRequest", f"this sandbox was started for a non-rg env and cannot host {env_id!r}")
         gem = self._loader.get()
@@ -185,6 +191,29 @@ class EnvHost:
         self._env = env
         return {"ok": True, "observation": observation, "info": json_safe_info(info)}
 
+    def _reset_gym(self, name: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
+        self._env = None
+        try:
+            adapter = _gym_module()
+        except ImportError as e:
+            raise RequestError("EnvError", f"cannot import gymnasium: {type(e).__name__}: {e}") from e
+        try:
+            env = adapter.GymTextEnv(name, **env_kwargs)
+        except adapter.UnknownGymEnv as e:
+            raise RequestError("UnknownEnv", str(e)) from e
+        except adapter.NoTextInterface as e:
+            raise RequestError("EnvError", str(e)) from e
+        except TypeError as e:  # gymnasium hands env_kwargs to the env's constructor
+            raise RequestError("BadRequest", f"bad env_kwargs for gymnasium environment {name!r}: {e}") from e
+        except Exception as e:
+            raise RequestError("EnvError", _describe(e, f"making gymnasium environment {name!r} failed")) from e
+        try:
+            observation, info = env.reset(seed)
+        except Exception as e:
+            raise RequestError("EnvError", _describe(e, f"reset of gymnasium environment {name!r} failed")) from e
+        self._env = env
+        return {"ok": True, "observation": observation, "info": json_safe_info(info)}
+
     def _step(self, request: dict[str, Any]) -> Response:
         action = _field(request, "action", str)
         if self._env is None:
@@ -210,6 +239,15 @@ def _shell_module() -> ModuleType:
     else:
         import shell  # type: ignore[no-redef]
     return shell
+
+
+def _gym_module() -> ModuleType:
+    """`envs/gym_adapter.py` (which imports gymnasium), found as `_shell_module` finds the shell env."""
+    if __package__:
+        from envs import gym_adapter
+    else:
+        import gym_adapter  # type: ignore[no-redef]
+    return gym_adapter
 
 
 def _field(request: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -270,7 +308,7 @@ def serve(path: str, *, preload: bool = True) -> None:
     loader = GemLoader(hint)
     server = _Server(path, EnvHost(loader))
     os.chmod(path, 0o666)  # the host side may connect as another user
-    if preload and not hint.startswith(SHELL_PREFIX):  # a shell task needs no GEM
+    if preload and not hint.startswith(NO_GEM_PREFIXES):  # a shell task or a gym env needs no GEM
         loader.start()
     server.serve_forever()
 

@@ -30,8 +30,9 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     ),
     "rl": (None, {"temporalio", "docker", "boto3"} | NOT_CORE),
     "sandbox": (None, {"torch", "temporalio", "transformers"} | NOT_CORE),
-    # `shell` is envs/shell.py as the runner imports it inside the sandbox image (a sibling file, no package)
-    "envs": ({"envs", "gem", "shell"}, set()),
+    # `shell`, `gym_adapter` and `gym_text` are envs/ modules as the runner imports them inside the sandbox image
+    # (sibling files, no package); gymnasium only for `gym:` envs
+    "envs": ({"envs", "gem", "gymnasium", "shell", "gym_adapter", "gym_text"}, set()),
     "rewards": (None, {"torch", "docker", "temporalio", "transformers"} | NOT_CORE),
     "activities": (None, NOT_CORE),
     # infra never imports torch, not even inside a function (DESIGN.md "Layout"); rl only through TORCH_FREE_RL

@@ -19,7 +19,7 @@ from trajflow.cli.common import say as _say
 
 @app.command()
 def rollout(
-    env: Annotated[str | None, typer.Option(help="GEM env id (default: the config's first task).")] = None,
+    env: Annotated[str | None, typer.Option(help="Env id, game:, rg:, shell: or gym: (default: the first task's).")] = None,
     seed: Annotated[int | None, typer.Option(help="Environment seed (default: --request's, else 0).")] = None,
     task: Annotated[str | None, typer.Option(help="Task name from the config.")] = None,
     max_turns: Annotated[int | None, typer.Option(help="Turn limit.")] = None,
