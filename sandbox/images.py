@@ -50,11 +50,13 @@ RUNTIME_REQUIREMENTS: tuple[str, ...] = (
     "datasets==5.2.0",
     "requests==2.34.2",
     "pylatexenc==2.11",
+    # `gym:` envs (envs/gym_adapter.py); its other dependencies (numpy, cloudpickle, typing-extensions) come with gem
+    "gymnasium==1.4.0",
 )
 
 ENVS_DIR = Path(__file__).resolve().parent.parent / "envs"
 
-RUNTIME_SOURCES: tuple[str, ...] = ("runner.py", "shell.py")
+RUNTIME_SOURCES: tuple[str, ...] = ("runner.py", "shell.py", "gym_adapter.py", "gym_text.py")
 """The files of `envs/` copied into the runtime layer, beside each other in /opt/trajflow."""
 
 NLTK_DATA_DIR = ENVS_DIR / "nltk_data"

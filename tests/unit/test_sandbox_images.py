@@ -27,13 +27,14 @@ def test_runtime_tag_covers_base_wheels_and_runner_sources() -> None:
     assert tag != images.runtime_image_tag("trajflow-base:1", {"gem_llm-0.1.0-py3-none-any.whl": "bb"}, src)
     assert tag != images.runtime_image_tag("trajflow-base:1", wheels, {**src, "runner.py": b"print(2)"})
     assert tag != images.runtime_image_tag("trajflow-base:1", wheels, {**src, "shell.py": b"x = 2"})
+    assert tag != images.runtime_image_tag("trajflow-base:1", wheels, {**src, "gym_text.py": b"x = 3"})
 
 
-def test_runtime_sources_are_the_runner_the_shell_env_and_the_words_corpus() -> None:
+def test_runtime_sources_are_the_runner_its_envs_and_the_words_corpus() -> None:
     words = {"nltk_data/corpora/words/README", "nltk_data/corpora/words/en", "nltk_data/corpora/words/en-basic"}
-    assert set(images.runtime_sources()) == {"runner.py", "shell.py"} | words
+    assert set(images.runtime_sources()) == {"runner.py", "shell.py", "gym_adapter.py", "gym_text.py"} | words
     text = images.runtime_dockerfile("trajflow-base:x", ["a.whl"])
-    assert "COPY runner.py shell.py /opt/trajflow/" in text
+    assert "COPY runner.py shell.py gym_adapter.py gym_text.py /opt/trajflow/" in text
     assert "COPY nltk_data/ /usr/share/nltk_data/" in text and "NLTK_DATA=/usr/share/nltk_data" in text
 
 
@@ -93,7 +94,7 @@ def test_dockerfile_installs_from_wheels_and_runs_the_runner() -> None:
     text = images.runtime_dockerfile("trajflow-base:x", ["pip-26.3-py3-none-any.whl", "a.whl"])
     assert text.startswith("FROM trajflow-base:x AS build")
     assert "python3 /w/pip-26.3-py3-none-any.whl/pip install --no-index --find-links /w" in text
-    assert "'gem-llm==0.1.0'" in text
+    assert "'gem-llm==0.1.0'" in text and "'gymnasium==1.4.0'" in text
     assert "torch" not in text
     assert text.rstrip().endswith('CMD ["python3", "/opt/trajflow/runner.py"]')
 
