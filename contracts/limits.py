@@ -34,10 +34,11 @@ MAX_ENV_KWARG_CHARS = 4096
 
 _ENV_ID = re.compile(r"[a-z][a-z0-9_]*:\S+")
 ENV_ID_HELP = (
-    "expected <kind>:<name>, e.g. game:GuessTheNumber-v0-easy, rg:basic_arithmetic, shell:roman-numerals or "
-    "py:MODULE:CLASS "
+    "expected <kind>:<name>, e.g. game:GuessTheNumber-v0-easy, rg:basic_arithmetic, shell:roman-numerals, "
+    "py:MODULE:CLASS, data:NAME or gym:FrozenLake-v1 "
     "(GEM's ids: python -c 'from gem.envs.registration import ENV_REGISTRY; print(sorted(ENV_REGISTRY))'; "
-    "shell tasks: the directories of envs/shell_tasks; py: a user's env class, its source in env_path)"
+    "shell tasks: the directories of envs/shell_tasks; py: a user's env class, its source in env_path; data: a "
+    "JSONL or Parquet file in env_path; gym: a gymnasium id with a text interface, see envs/gym_text.py)"
 )
 
 
@@ -48,10 +49,10 @@ def _env_id(value: str) -> str:
 
 
 EnvId = Annotated[str, Field(min_length=3, max_length=MAX_ENV_ID_CHARS), AfterValidator(_env_id)]
-"""A GEM env id (`game:...`, `rg:...`), `shell:<task>` or `py:MODULE:CLASS`; checked for form here, for existence
-by the env worker."""
+"""A GEM env id (`game:...`, `rg:...`), `shell:<task>`, `py:MODULE:CLASS`, `data:NAME` or `gym:<gymnasium id>`;
+checked for form here, for existence by the env worker."""
 EnvPackage = Annotated[str, Field(max_length=MAX_ID_CHARS)]
-"""A user env's package: an object-store URI (`userenvs.packages`), or empty."""
+"""A user env's or dataset's package: an object-store URI (`userenvs.packages`), or empty."""
 SystemPrompt = Annotated[str, Field(max_length=MAX_SYSTEM_PROMPT_CHARS)]
 WorkflowIdRef = Annotated[str, Field(max_length=MAX_ID_CHARS)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]

@@ -1,6 +1,6 @@
-"""Hosts ONE environment (GEM, a shell task: `shell:<task>`, see `envs/shell.py`, a user's own env class:
-`py:MODULE:CLASS`, or a dataset task: `data:NAME`, see `envs/dataset.py`) behind a Unix socket: the program a
-sandbox container runs.
+"""Hosts ONE environment (GEM; a shell task: `shell:<task>`, see `envs/shell.py`; a gymnasium env through its
+text interface: `gym:<ID>`, see `envs/gym_adapter.py`; a user's own env class: `py:MODULE:CLASS`; or a dataset
+task: `data:NAME`, see `envs/dataset.py`) behind a Unix socket: the program a sandbox container runs.
 
 Protocol: newline-delimited JSON, one request -> one response line, sequential per connection. Several
 connections may be open (a host that lost its connection reconnects); they share the one environment,
@@ -22,7 +22,8 @@ is up at once and the import overlaps the host's readiness wait), and a `reset` 
 GEM's registry imports reasoning_gym (and with it sympy: ~1.2 CPU-seconds, 6x the rest of the import) only
 to list the `rg:` ids; when the container is started for another env (`TRAJFLOW_ENV_HINT`, set by the env
 worker), a stand-in that lists no `rg:` ids is used instead, and such a sandbox refuses `rg:` ids.
-No authentication: the socket's directory is the access control. One environment per process.
+A shell task or a `gym:` env imports no GEM (their modules are imported at their first reset; gymnasium's
+import takes ~0.1 s). No authentication: the socket's directory is the access control. One environment per process.
 
 Usage: `python3 runner.py [SOCKET_PATH]` (or env `TRAJFLOW_ENV_SOCKET`; default `/run/trajflow/env.sock`).
 """
@@ -46,6 +47,8 @@ MAX_INFO_CHARS = 1000
 MAX_SLEEP_S = 3600.0
 SHELL_PREFIX = "shell:"
 """Env ids `shell:<task>` are shell tasks (`envs/shell.py`), hosted without GEM."""
+GYM_PREFIX = "gym:"
+"""Env ids `gym:<ID>` are gymnasium envs (`envs/gym_adapter.py`), hosted without GEM."""
 USER_PREFIX = "py:"
 """Env ids `py:MODULE:CLASS` are a user's own env class, imported from the image's PYTHONPATH (its layer holds
 the user's source and requirements: `userenvs/`, `sandbox/user_images.py`), hosted without GEM."""
@@ -54,6 +57,7 @@ DATA_PREFIX = "data:"
 USERENV_DIR = "/opt/trajflow/userenv"
 """Where a user env layer holds its package (`sandbox/user_images.py`; env TRAJFLOW_USERENV_DIR overrides)."""
 STEP_RESULT = "(observation, reward, terminated, truncated, info)"
+NO_GEM_PREFIXES = (SHELL_PREFIX, GYM_PREFIX, USER_PREFIX, DATA_PREFIX)
 
 Response = dict[str, Any]
 
@@ -168,6 +172,8 @@ class EnvHost:
             return self._reset_user(env_id, seed, env_kwargs)
         if env_id.startswith(DATA_PREFIX):
             return self._reset_data(env_id[len(DATA_PREFIX) :], seed, env_kwargs)
+        if env_id.startswith(GYM_PREFIX):
+            return self._reset_gym(env_id[len(GYM_PREFIX) :], seed, env_kwargs)
         if self._loader.light and env_id.startswith("rg:"):
             raise RequestError("BadRequest", f"this sandbox was started for a non-rg env and cannot host {env_id!r}")
         gem = self._loader.get()
@@ -253,6 +259,29 @@ class EnvHost:
         self._env = env
         return {"ok": True, "observation": observation, "info": json_safe_info(info)}
 
+    def _reset_gym(self, name: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
+        self._env = None
+        try:
+            adapter = _gym_module()
+        except ImportError as e:
+            raise RequestError("EnvError", f"cannot import gymnasium: {type(e).__name__}: {e}") from e
+        try:
+            env = adapter.GymTextEnv(name, **env_kwargs)
+        except adapter.UnknownGymEnv as e:
+            raise RequestError("UnknownEnv", str(e)) from e
+        except adapter.NoTextInterface as e:
+            raise RequestError("EnvError", str(e)) from e
+        except TypeError as e:  # gymnasium hands env_kwargs to the env's constructor
+            raise RequestError("BadRequest", f"bad env_kwargs for gymnasium environment {name!r}: {e}") from e
+        except Exception as e:
+            raise RequestError("EnvError", _describe(e, f"making gymnasium environment {name!r} failed")) from e
+        try:
+            observation, info = env.reset(seed)
+        except Exception as e:
+            raise RequestError("EnvError", _describe(e, f"reset of gymnasium environment {name!r} failed")) from e
+        self._env = env
+        return {"ok": True, "observation": observation, "info": json_safe_info(info)}
+
     def _step(self, request: dict[str, Any]) -> Response:
         action = _field(request, "action", str)
         if self._env is None:
@@ -282,6 +311,11 @@ def _shell_module() -> ModuleType:
 def _sibling(name: str) -> ModuleType:
     """`envs/<name>.py`: beside this file in the sandbox image, in the `envs` package on the host."""
     return importlib.import_module(f"envs.{name}" if __package__ else name)
+
+
+def _gym_module() -> ModuleType:
+    """`envs/gym_adapter.py`, which imports gymnasium."""
+    return _sibling("gym_adapter")
 
 
 def _field(request: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -342,7 +376,7 @@ def serve(path: str, *, preload: bool = True) -> None:
     loader = GemLoader(hint)
     server = _Server(path, EnvHost(loader))
     os.chmod(path, 0o666)  # the host side may connect as another user
-    if preload and not hint.startswith((SHELL_PREFIX, USER_PREFIX, DATA_PREFIX)):  # these need no GEM
+    if preload and not hint.startswith(NO_GEM_PREFIXES):  # shell tasks, gym, user envs and datasets need no GEM
         loader.start()
     server.serve_forever()
 

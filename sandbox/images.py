@@ -4,10 +4,12 @@ No image registry is reachable, so every image is built here and named by a hash
 
 - `trajflow-base:<hash>`: the Debian base layer of `imagebuild.base` (debootstrap minbase + python3).
 - `trajflow-runtime:<hash>`: a Dockerfile `FROM` the base that installs wheels downloaded on the host
-  (`imagebuild.wheels`, so sdists are built here once and the build is offline) and copies in `envs/runner.py`;
+  (`imagebuild.wheels`, so sdists are built here once and the build is offline), copies in `envs/runner.py` and
+  the env modules it hosts beside it (`RUNTIME_SOURCES`), and NLTK's `words` corpus to `/usr/share/nltk_data`
+  (vendored in `envs/nltk_data/`, see its SOURCE.md: GEM's word games read it and sandboxes cannot download it);
   its CMD runs the runner as an unprivileged user. The hash covers the base tag, the requirements, the
-  wheels' sha256 and the runner sources (`envs/runner.py`, `envs/shell.py`), so editing the runner rebuilds
-  only this layer and the ones above it.
+  wheels' sha256 and every file copied in (`runtime_sources`), so editing the runner rebuilds only this layer
+  and the ones above it.
 - `trajflow-task:<name>-<hash>`: a shell task's files (`envs/shell_tasks/<name>/`, less its host-only
   reference solution) copied `FROM` the runtime layer. The hash covers the runtime tag and every file, so
   editing a task rebuilds only its own layer. GEM envs need no task layer: they run on the runtime image.
@@ -49,13 +51,21 @@ RUNTIME_REQUIREMENTS: tuple[str, ...] = (
     "datasets==5.2.0",
     "requests==2.34.2",
     "pylatexenc==2.11",
+    # `gym:` envs (envs/gym_adapter.py); its other dependencies (numpy, cloudpickle, typing-extensions) come with gem
+    "gymnasium==1.4.0",
 )
 
 ENVS_DIR = Path(__file__).resolve().parent.parent / "envs"
 
-RUNTIME_SOURCES: tuple[str, ...] = ("runner.py", "shell.py", "dataset.py", "verify.py")
+RUNTIME_SOURCES: tuple[str, ...] = ("runner.py", "shell.py", "gym_adapter.py", "gym_text.py", "dataset.py", "verify.py")
 """The files of `envs/` copied into the runtime layer, beside each other in /opt/trajflow (the runner imports its
 siblings flat there)."""
+
+NLTK_DATA_DIR = ENVS_DIR / "nltk_data"
+NLTK_WORDS: tuple[str, ...] = ("corpora/words/README", "corpora/words/en", "corpora/words/en-basic")
+"""NLTK's `words` corpus, relative to NLTK_DATA_DIR (vendored, unchanged: envs/nltk_data/SOURCE.md)."""
+IMAGE_NLTK_DATA = "/usr/share/nltk_data"
+"""Where the image holds NLTK's data: the first of NLTK's default data paths on Linux, and NLTK_DATA."""
 
 SHELL_TASKS_DIR = ENVS_DIR / "shell_tasks"
 
@@ -71,8 +81,11 @@ RUNNER_SOCKET_DIR = "/run/trajflow"
 
 
 def runtime_sources() -> dict[str, bytes]:
-    """The runtime layer's own files (the runner and the shell-task env), by name."""
-    return {name: (ENVS_DIR / name).read_bytes() for name in RUNTIME_SOURCES}
+    """The runtime layer's own files, by path in its build context: the runner and the env modules beside it
+    (`RUNTIME_SOURCES`), and NLTK's words corpus under `nltk_data/`. All of them are hashed into its tag."""
+    files = {name: (ENVS_DIR / name).read_bytes() for name in RUNTIME_SOURCES}
+    files |= {f"nltk_data/{rel}": (NLTK_DATA_DIR / rel).read_bytes() for rel in NLTK_WORDS}
+    return files
 
 def runtime_image_tag(base_tag: str, wheel_hashes: dict[str, str], sources: dict[str, bytes]) -> str:
     """The tag of the runtime layer built on `base_tag` from these wheels and these source files."""
@@ -108,10 +121,11 @@ def runtime_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
     return wheel_build_stage(base_tag, wheel_names, RUNTIME_REQUIREMENTS, "/opt/trajflow/site") + f"""
 FROM {base_tag}
 COPY --from=build /opt/trajflow/site /opt/trajflow/site
-COPY {' '.join(RUNTIME_SOURCES)} /opt/trajflow/
+COPY {" ".join(RUNTIME_SOURCES)} /opt/trajflow/
+COPY nltk_data/ {IMAGE_NLTK_DATA}/
 RUN mkdir -p {RUNNER_SOCKET_DIR} && chown {SANDBOX_UID}:{SANDBOX_UID} {RUNNER_SOCKET_DIR}
 ENV PYTHONPATH=/opt/trajflow/site HOME=/tmp MPLCONFIGDIR=/tmp/matplotlib PYTHONUNBUFFERED=1 \\
-    PYTHONDONTWRITEBYTECODE=1 TRAJFLOW_ENV_SOCKET={RUNNER_SOCKET_DIR}/env.sock
+    PYTHONDONTWRITEBYTECODE=1 TRAJFLOW_ENV_SOCKET={RUNNER_SOCKET_DIR}/env.sock NLTK_DATA={IMAGE_NLTK_DATA}
 USER {SANDBOX_UID}:{SANDBOX_UID}
 CMD ["python3", "/opt/trajflow/runner.py"]
 """

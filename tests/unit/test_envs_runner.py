@@ -127,6 +127,40 @@ def test_unknown_env(client: Client) -> None:
     assert "game:NoSuchGame-v0" in answer["error"]["message"]
 
 
+def test_gym_env_through_the_runner(client: Client) -> None:
+    """A `gym:` env runs beside the runner as it does in the image (a script importing its sibling modules)."""
+    reset = client(op="reset", env_id="gym:FrozenLake-v1", seed=0, env_kwargs={"is_slippery": False})
+    assert reset["ok"] is True and reset["info"] == {"prob": 1}
+    assert reset["observation"].startswith("You are playing Frozen Lake.")
+    step = client(op="step", action="\\boxed{right}")
+    assert step == {
+        "ok": True,
+        "observation": "You moved right. You are at row 1, column 2.\nS @ F F\nF H F H\nF F F H\nH F F G",
+        "reward": 0.0,
+        "terminated": False,
+        "truncated": False,
+        "info": {"prob": 1.0},
+    }
+    bad = client(op="step", action="right")
+    assert bad["ok"] is True and bad["reward"] == -0.1 and bad["terminated"] is True and "valid action" in bad["observation"]
+    after = client(op="step", action="\\boxed{right}")
+    assert after["ok"] is False and after["error"]["type"] == "EnvError" and "episode is over" in after["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("env_id", "env_kwargs", "kind", "needle"),
+    [
+        ("gym:NoSuchEnv-v0", {}, "UnknownEnv", "no gymnasium environment 'NoSuchEnv-v0'"),
+        ("gym:Taxi-v4", {}, "EnvError", "has no text interface"),
+        ("gym:FrozenLake-v1", {"slippery": True}, "BadRequest", "bad env_kwargs"),
+    ],
+)
+def test_gym_env_errors_are_answers(client: Client, env_id: str, env_kwargs: dict[str, Any], kind: str, needle: str) -> None:
+    answer = client(op="reset", env_id=env_id, seed=0, env_kwargs=env_kwargs)
+    assert answer["ok"] is False and answer["error"]["type"] == kind and needle in answer["error"]["message"]
+    assert client(op="ping")["ok"] is True
+
+
 def test_exception_in_env_code_is_an_env_error(client: Client) -> None:
     bad_make = client(op="reset", env_id=GUESS, seed=1, env_kwargs={"min_number": "a"})
     assert bad_make["ok"] is False and bad_make["error"]["type"] == "EnvError"
@@ -221,3 +255,21 @@ def test_a_runner_started_for_a_game_skips_reasoning_gym(tmp_path: Path) -> None
     from envs.runner import GemLoader
 
     assert GemLoader(GUESS).light and not GemLoader(RG).light and not GemLoader("").light
+
+
+def test_a_runner_started_for_a_gym_env_imports_no_gem(tmp_path: Path) -> None:
+    import os
+
+    path = tmp_path / "env.sock"
+    hint = "gym:Blackjack-v1"
+    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)], env={**os.environ, "TRAJFLOW_ENV_HINT": hint})
+    try:
+        _wait_for_socket(path, proc)
+        c = Client(path)
+        out = c(op="reset", env_id=hint, seed=3)
+        assert out["ok"] and out["observation"].startswith("You are playing Blackjack")
+        assert c(op="ping")["loaded"] is False  # GEM was never imported
+        c.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

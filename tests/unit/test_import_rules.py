@@ -30,10 +30,13 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     ),
     "rl": (None, {"temporalio", "docker", "boto3"} | NOT_CORE),
     "sandbox": (None, {"torch", "temporalio", "transformers"} | NOT_CORE),
-    # `shell` is envs/shell.py as the runner imports it inside the sandbox image (a sibling file, no package)
-    # `shell`, `dataset` and `verify` are envs/ files imported flat inside the image; pyarrow and math_verify are
-    # in the runtime layer (imported lazily)
-    "envs": ({"envs", "gem", "shell", "dataset", "verify", "pyarrow", "math_verify"}, set()),
+    # `shell`, `gym_adapter`, `gym_text`, `dataset` and `verify` are envs/ modules as the runner imports them inside
+    # the sandbox image (sibling files, no package); gymnasium only for `gym:` envs; pyarrow and math_verify are in
+    # the runtime layer (imported lazily)
+    "envs": (
+        {"envs", "gem", "gymnasium", "shell", "gym_adapter", "gym_text", "dataset", "verify", "pyarrow", "math_verify"},
+        set(),
+    ),
     "rewards": (None, {"torch", "docker", "temporalio", "transformers"} | NOT_CORE),
     "activities": (None, NOT_CORE),
     # infra never imports torch, not even inside a function (DESIGN.md "Layout"); rl only through TORCH_FREE_RL

@@ -27,12 +27,41 @@ def test_runtime_tag_covers_base_wheels_and_runner_sources() -> None:
     assert tag != images.runtime_image_tag("trajflow-base:1", {"gem_llm-0.1.0-py3-none-any.whl": "bb"}, src)
     assert tag != images.runtime_image_tag("trajflow-base:1", wheels, {**src, "runner.py": b"print(2)"})
     assert tag != images.runtime_image_tag("trajflow-base:1", wheels, {**src, "shell.py": b"x = 2"})
+    assert tag != images.runtime_image_tag("trajflow-base:1", wheels, {**src, "gym_text.py": b"x = 3"})
 
 
-def test_runtime_sources_are_the_runner_and_its_siblings() -> None:
-    assert set(images.runtime_sources()) == {"runner.py", "shell.py", "dataset.py", "verify.py"}
-    dockerfile = images.runtime_dockerfile("trajflow-base:x", ["a.whl"])
-    assert "COPY runner.py shell.py dataset.py verify.py /opt/trajflow/" in dockerfile
+def test_runtime_sources_are_the_runner_its_envs_and_the_words_corpus() -> None:
+    words = {"nltk_data/corpora/words/README", "nltk_data/corpora/words/en", "nltk_data/corpora/words/en-basic"}
+    envs = {"runner.py", "shell.py", "gym_adapter.py", "gym_text.py", "dataset.py", "verify.py"}
+    assert set(images.runtime_sources()) == envs | words
+    text = images.runtime_dockerfile("trajflow-base:x", ["a.whl"])
+    assert "COPY runner.py shell.py gym_adapter.py gym_text.py dataset.py verify.py /opt/trajflow/" in text
+    assert "COPY nltk_data/ /usr/share/nltk_data/" in text and "NLTK_DATA=/usr/share/nltk_data" in text
+
+
+def test_runtime_tag_covers_the_words_corpus() -> None:
+    src = images.runtime_sources()
+    tag = images.runtime_image_tag("trajflow-base:1", {}, src)
+    edited = {**src, "nltk_data/corpora/words/en-basic": src["nltk_data/corpora/words/en-basic"] + b"zebra\n"}
+    assert tag != images.runtime_image_tag("trajflow-base:1", {}, edited)
+
+
+def test_the_vendored_words_corpus_is_nltks_and_unchanged() -> None:
+    """NLTK's own reader reads it as GEM's word games do, and every file has the SHA-256 its SOURCE.md records."""
+    import hashlib
+    import re
+
+    from nltk.corpus.reader import WordListCorpusReader
+
+    root = images.NLTK_DATA_DIR / "corpora" / "words"
+    reader = WordListCorpusReader(str(root), ["en", "en-basic"])
+    basic = reader.words("en-basic")
+    assert len(basic) == 850 and len(reader.words("en")) == 235886
+    assert "able" in basic and "zebra" not in basic  # Ogden's list has no zebra
+    assert len([w for w in basic if len(w) == 5 and w.isalpha() and w.islower()]) > 100  # Wordle's candidates
+    note = (images.NLTK_DATA_DIR / "SOURCE.md").read_text()
+    recorded = {path: sha for sha, path in re.findall(r"^([0-9a-f]{64})  (\S+)$", note, re.M)}
+    assert recorded == {rel: hashlib.sha256((images.NLTK_DATA_DIR / rel).read_bytes()).hexdigest() for rel in images.NLTK_WORDS}
 
 
 def test_task_layer_holds_the_task_but_not_its_solution() -> None:
@@ -66,7 +95,7 @@ def test_dockerfile_installs_from_wheels_and_runs_the_runner() -> None:
     text = images.runtime_dockerfile("trajflow-base:x", ["pip-26.3-py3-none-any.whl", "a.whl"])
     assert text.startswith("FROM trajflow-base:x AS build")
     assert "python3 /w/pip-26.3-py3-none-any.whl/pip install --no-index --find-links /w" in text
-    assert "'gem-llm==0.1.0'" in text
+    assert "'gem-llm==0.1.0'" in text and "'gymnasium==1.4.0'" in text
     assert "torch" not in text
     assert text.rstrip().endswith('CMD ["python3", "/opt/trajflow/runner.py"]')
 

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 @app.command()
 def rollout(
     env: Annotated[
-        str | None, typer.Option(help="Env id: GEM, shell:TASK or py:MODULE:CLASS (default: the config's first task).")
+        str | None,
+        typer.Option(help="Env id: game:, rg:, shell:, gym:, py:MODULE:CLASS or data:NAME (default: the first task's)."),
     ] = None,
     env_path: Annotated[
         Path | None, typer.Option(help="A py: env's source directory (its module, requirements.txt); a data: task's file.")
