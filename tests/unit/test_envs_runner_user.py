@@ -19,6 +19,28 @@ BROKEN = '''
 import missing_requirement_xyz
 '''
 ODD = '''
+from gym_adapter import GymTextEnv  # beside the runner, as in the image
+from gym_text import InvalidAction
+
+class Digits:
+    """A user's own text interface for a gymnasium env: actions as bare digits."""
+    instructions = "Move with a digit: 0 left, 1 down, 2 right, 3 up."
+    def __init__(self, env):
+        pass
+    def observation(self, obs, info):
+        return f"cell {obs}"
+    def action(self, text):
+        if text.strip() not in ("0", "1", "2", "3"):
+            raise InvalidAction(f"{text.strip()!r} is not a digit from 0 to 3")
+        return int(text.strip())
+
+class DigitLake:
+    def __init__(self):
+        self.env = GymTextEnv("FrozenLake-v1", interface=Digits, is_slippery=False)
+    def reset(self, seed=None):
+        return self.env.reset(seed)
+    def step(self, action):
+        return self.env.step(action)
 class FourTuple:
     def reset(self, seed=None):
         return "start", {}
@@ -73,6 +95,15 @@ def test_a_plain_observation_and_kwargs_reach_the_class(client: Client) -> None:
     assert out == {"ok": True, "observation": "size 5 seed 7", "info": {}}
     step = client(op="step", action="hi")
     assert step["observation"] == "HI" and step["info"] == {"echo": "hi"} and step["terminated"]
+
+
+def test_a_user_env_brings_its_own_text_interface_to_a_gymnasium_env(client: Client) -> None:
+    first = client(op="reset", env_id="py:odd_envs:DigitLake", seed=0)
+    assert first["ok"] and first["observation"].startswith("Move with a digit") and "cell 0" in first["observation"]
+    moved = client(op="step", action="2")
+    assert moved["ok"] and "cell 1" in moved["observation"] and not moved["terminated"]
+    bad = client(op="step", action="left")
+    assert bad["ok"] and bad["reward"] == -0.1 and bad["terminated"] and "is not a digit from 0 to 3" in bad["observation"]
 
 
 @pytest.mark.parametrize(
