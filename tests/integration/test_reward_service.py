@@ -23,6 +23,7 @@ from rewards.client import (
     RewardServiceBadAnswer,
     RewardServiceUnavailable,
 )
+from tests.unit.test_rewards_registry import BUILTINS
 
 pytestmark = pytest.mark.integration
 
@@ -112,7 +113,7 @@ async def test_scores_an_episode(service_url: str) -> None:
         assert result.details["turns"] == 1
         success = await client.score(REQ.model_copy(update={"reward_fn": "success"}))
         assert success.reward == 1.0
-        assert await client.reward_fns() == ["env_final", "env_outcome", "success", "success_or_penalty"]
+        assert await client.reward_fns() == BUILTINS
 
 
 @pytest.mark.asyncio
