@@ -10,7 +10,8 @@ How it is made (no image registry is reachable, so everything is built here):
 - The service's runtime dependencies, pinned to the versions in the project's environment, are fetched on the
   host with `pip wheel` (`imagebuild.wheels.download_wheels`) and installed by a build stage with pip run from
   its own wheel, so the wheels and pip stay out of the final image.
-- The sources of the `rewards/` and `contracts/` packages are copied in (and byte-compiled).
+- The sources of the `rewards/` and `contracts/` packages and of `envs/verify.py` (the verifier rewards' answer
+  checkers) are copied in (and byte-compiled).
 The tag is a hash of the base tag, the requirements, the wheels' sha256, the copied sources and the Dockerfile
 text, so it rebuilds only when one of them changes; a cached call costs a few file hashes and image lookups.
 
@@ -54,10 +55,19 @@ REWARD_REQUIREMENTS: tuple[str, ...] = (
     "h11==0.16.0",
     "click==8.5.1",
     "opentelemetry-api==1.45.2",
+    # the verifier rewards (math_verify, through envs/verify.py) and their dependencies
+    "math-verify==0.9.0",
+    "latex2sympy2_extended==1.11.0",
+    "antlr4-python3-runtime==4.13.2",
+    "sympy==1.14.0",
+    "mpmath==1.3.0",
 )
 
 SOURCE_PACKAGES: tuple[str, ...] = ("contracts", "rewards")
-"""The project's packages copied into the image (the service imports nothing else of the project)."""
+"""The project's packages copied into the image whole."""
+SOURCE_FILES: tuple[str, ...] = ("envs/__init__.py", "envs/verify.py")
+"""Single modules copied beside them: the answer checkers of the verifier rewards (the service imports nothing
+else of the project)."""
 REPO_ROOT = Path(__file__).resolve().parent.parent
 APP_DIR = "/opt/trajflow/app"
 SITE_DIR = "/opt/trajflow/site"
@@ -73,6 +83,8 @@ def source_files(root: Path = REPO_ROOT) -> dict[str, bytes]:
         for path in sorted((root / package).rglob("*.py")):
             if "__pycache__" not in path.parts:
                 files[path.relative_to(root).as_posix()] = path.read_bytes()
+    for name in SOURCE_FILES:
+        files[name] = (root / name).read_bytes()
     return files
 
 

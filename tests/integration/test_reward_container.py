@@ -119,6 +119,17 @@ async def test_scores_with_env_outcome(service: Service) -> None:
     assert result.reward_fn == "env_outcome"
 
 
+async def test_scores_a_dataset_answer_with_math_verify(service: Service) -> None:
+    """The verifier rewards work in the container (Math-Verify installed, run from the service's threads): 1/2 is
+    0.5, and 1/3 is not."""
+    half = ["\\boxed{\\frac{1}{2}}"]
+    request = ScoreRequest(env_id="data:x", reward_fn="math_verify", actions=half, final_info={"answer": "0.5"})
+    async with RewardClient(service.url, timeout_s=30) as client:
+        right = await client.score(request)
+        wrong = await client.score(request.model_copy(update={"actions": ["\\boxed{1/3}"]}))
+    assert (right.reward, right.details["correct"], wrong.reward) == (1.0, True, 0.0)
+
+
 async def test_unknown_reward_fn_is_rejected(service: Service) -> None:
     async with RewardClient(service.url, timeout_s=10) as client:
         with pytest.raises(RewardRequestRejected) as info:

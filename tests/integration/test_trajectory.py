@@ -260,7 +260,7 @@ class FailingImages:
         self.failures = failures
         self.calls = 0
 
-    def image_for(self, env_id: str) -> str:
+    def image_for(self, env_id: str, package: str = "") -> str:
         from sandbox.errors import ImageBuildError
 
         self.calls += 1
