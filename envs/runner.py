@@ -184,11 +184,9 @@ class EnvHost:
         self._env = None
         try:
             env = gem.make(env_id, **env_kwargs)
-            observation, info = env.reset(seed=seed)
         except Exception as e:
             raise RequestError("EnvError", _describe(e, f"reset of {env_id!r} failed")) from e
-        self._env = env
-        return {"ok": True, "observation": str(observation), "info": json_safe_info(info)}
+        return self._begin(env, seed, repr(env_id))
 
     def _reset_shell(self, task: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
         shell = _shell_module()
@@ -199,12 +197,7 @@ class EnvHost:
             raise RequestError("UnknownEnv", str(e)) from e
         except TypeError as e:
             raise RequestError("BadRequest", f"bad env_kwargs for a shell task: {e}") from e
-        try:
-            observation, info = env.reset(seed=seed)
-        except Exception as e:
-            raise RequestError("EnvError", _describe(e, f"reset of shell task {task!r} failed")) from e
-        self._env = env
-        return {"ok": True, "observation": observation, "info": json_safe_info(info)}
+        return self._begin(env, seed, f"shell task {task!r}")
 
     def _reset_user(self, env_id: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
         module_name, _, cls_name = env_id[len(USER_PREFIX) :].partition(":")
@@ -252,12 +245,7 @@ class EnvHost:
         except (TypeError, ValueError) as e:
             kind = "EnvError" if isinstance(e, dataset.DatasetError) else "BadRequest"
             raise RequestError(kind, f"data:{name}: {e}") from e
-        try:
-            observation, info = env.reset(seed=seed)
-        except Exception as e:
-            raise RequestError("EnvError", _describe(e, f"reset of dataset {name!r} failed")) from e
-        self._env = env
-        return {"ok": True, "observation": observation, "info": json_safe_info(info)}
+        return self._begin(env, seed, f"dataset {name!r}")
 
     def _reset_gym(self, name: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
         self._env = None
@@ -275,12 +263,16 @@ class EnvHost:
             raise RequestError("BadRequest", f"bad env_kwargs for gymnasium environment {name!r}: {e}") from e
         except Exception as e:
             raise RequestError("EnvError", _describe(e, f"making gymnasium environment {name!r} failed")) from e
+        return self._begin(env, seed, f"gymnasium environment {name!r}")
+
+    def _begin(self, env: Any, seed: int, what: str) -> Response:
+        """Reset `env` with `seed` and make it this host's env: the reset's answer (its failure is the env's)."""
         try:
-            observation, info = env.reset(seed)
+            observation, info = env.reset(seed=seed)
         except Exception as e:
-            raise RequestError("EnvError", _describe(e, f"reset of gymnasium environment {name!r} failed")) from e
+            raise RequestError("EnvError", _describe(e, f"reset of {what} failed")) from e
         self._env = env
-        return {"ok": True, "observation": observation, "info": json_safe_info(info)}
+        return {"ok": True, "observation": str(observation), "info": json_safe_info(info)}
 
     def _step(self, request: dict[str, Any]) -> Response:
         action = _field(request, "action", str)

@@ -220,6 +220,16 @@ def store(tmp_path: Path):  # type: ignore[no-untyped-def]
     return LocalStore(tmp_path / "store")
 
 
+@pytest.fixture()
+def package_images(docker_client, cache_dir, store):  # type: ignore[no-untyped-def]
+    """An image resolver as an env worker makes one: `py:` and `data:` envs from their packages in `store`."""
+    from sandbox.images import ImageResolver
+    from userenvs.packages import unpack
+
+    images = cache_dir / "images"
+    return ImageResolver(docker_client, images, unpack=lambda uri: unpack(store, uri, images))
+
+
 @dataclass
 class Stack:
     """In-process workers of every pool kind on fresh queues, against the session's real services."""

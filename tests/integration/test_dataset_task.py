@@ -5,18 +5,15 @@ the reward service's Math-Verify verifier; with attempts, the env's own feedback
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
 from contracts.records import TrajectoryRecord
 from contracts.trajectory import TrajectoryStatus
 from envs.dataset import HELD_OUT_FROM
-from rl.engines.scripted import ScriptedEngine
 from sandbox.images import ImageResolver
 from tests.conftest import ROOT, running_stack
-from userenvs.packages import unpack
+from tests.integration.test_user_env import script
 from userenvs.submit import package_env
 
 pytestmark = pytest.mark.integration
@@ -34,12 +31,8 @@ def package(store, cache_dir) -> str:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture()
-def images(docker_client, cache_dir, store) -> ImageResolver:  # type: ignore[no-untyped-def]
-    return ImageResolver(docker_client, cache_dir / "images", unpack=lambda uri: unpack(store, uri, cache_dir / "images"))
-
-
-def script(tiny_model: Path, replies: list[str]) -> ScriptedEngine:
-    return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), replies)
+def images(package_images) -> ImageResolver:  # type: ignore[no-untyped-def]
+    return package_images
 
 
 async def test_single_turn_rows_are_scored_by_the_verifier(

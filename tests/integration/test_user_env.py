@@ -21,7 +21,6 @@ from sandbox.pool import WarmPool
 from sandbox.user_images import USER_REPO
 from tests.conftest import ROOT, running_stack
 from tests.integration.test_trajectory import GatedEngine
-from userenvs.packages import unpack
 from userenvs.submit import package_env
 
 pytestmark = pytest.mark.integration
@@ -36,8 +35,8 @@ def package(store, cache_dir) -> str:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture()
-def images(docker_client, cache_dir, store) -> ImageResolver:  # type: ignore[no-untyped-def]
-    return ImageResolver(docker_client, cache_dir / "images", unpack=lambda uri: unpack(store, uri, cache_dir / "images"))
+def images(package_images) -> ImageResolver:  # type: ignore[no-untyped-def]
+    return package_images
 
 
 def script(tiny_model: Path, replies: list[str]) -> ScriptedEngine:
