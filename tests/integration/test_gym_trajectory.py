@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from contracts.records import TrajectoryRecord
 from contracts.trajectory import TrajectoryStatus
 from rl.engines.scripted import ScriptedEngine
 from tests.conftest import running_stack
+from tests.integration.test_trajectory import load_record
 
 pytestmark = pytest.mark.integration
 
@@ -21,11 +21,6 @@ SAFE_PATH = ["down", "down", "right", "right", "down", "right"]
 
 def scripted(tiny_model, replies: list[str]) -> ScriptedEngine:  # type: ignore[no-untyped-def]
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), replies)
-
-
-def load_record(store, uri: str | None) -> TrajectoryRecord:  # type: ignore[no-untyped-def]
-    assert uri is not None, "the trajectory saved no record"
-    return TrajectoryRecord.model_validate(store.get_json(uri))
 
 
 async def test_a_policy_that_walks_the_safe_path_reaches_the_goal(
