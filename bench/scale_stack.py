@@ -62,21 +62,11 @@ def _server_pid() -> int | None:
     return None
 
 
-async def _wait_pollers(client: Client, queues: list[tuple[str, bool]], procs: dict[str, subprocess.Popen[bytes]],
-                        timeout_s: float = 120.0) -> None:  # fmt: skip
-    import asyncio
-
-    from infra.temporal import pollers
-
-    deadline = time.monotonic() + timeout_s
-    for queue, activity in queues:
-        while await pollers(client, queue, activity=activity) < 1:
-            dead = [role for role, p in procs.items() if p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"bench worker(s) {dead} exited at start")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no worker polls {queue} after {timeout_s:.0f} s")
-            await asyncio.sleep(0.2)
+def _alive(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Raises when a bench worker has exited (it would never poll)."""
+    dead = [role for role, p in procs.items() if p.poll() is not None]
+    if dead:
+        raise RuntimeError(f"bench worker(s) {dead} exited at start")
 
 
 @asynccontextmanager
@@ -87,6 +77,7 @@ async def scale_stack(
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
+    from infra.stack import wait_for_queues
     from infra.temporal import dev_server_args, temporal_binary
 
     shm = Path("/dev/shm")
@@ -117,10 +108,13 @@ async def scale_stack(
         for role in ROLES:
             argv = [sys.executable, "-m", "bench.scale_workers", role, *common]
             procs[role] = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        await _wait_pollers(
+        await wait_for_queues(
             env.client,
             [(queue, False), (names.decode_queue(pool), True), (names.env_queue(pool), True), (names.reward_queue(pool), True)],
-            procs,
+            progress=lambda _line: None,
+            deadline=time.monotonic() + 120.0,
+            check=lambda: _alive(procs),
+            who="bench worker",
         )
         server = _server_pid()
         pids = {role: p.pid for role, p in procs.items()} | {"reward_service": reward_proc.pid, "driver": os.getpid()}

@@ -189,7 +189,7 @@ class EnvHost:
         return self._begin(env, seed, repr(env_id))
 
     def _reset_shell(self, task: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
-        shell = _shell_module()
+        shell = _sibling("shell")
         self._env = None
         try:
             env = shell.ShellEnv(task, **env_kwargs)
@@ -250,7 +250,7 @@ class EnvHost:
     def _reset_gym(self, name: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
         self._env = None
         try:
-            adapter = _gym_module()
+            adapter = _sibling("gym_adapter")  # imports gymnasium
         except ImportError as e:
             raise RequestError("EnvError", f"cannot import gymnasium: {type(e).__name__}: {e}") from e
         try:
@@ -296,18 +296,9 @@ class EnvHost:
         }
 
 
-def _shell_module() -> ModuleType:
-    return _sibling("shell")
-
-
 def _sibling(name: str) -> ModuleType:
     """`envs/<name>.py`: beside this file in the sandbox image, in the `envs` package on the host."""
     return importlib.import_module(f"envs.{name}" if __package__ else name)
-
-
-def _gym_module() -> ModuleType:
-    """`envs/gym_adapter.py`, which imports gymnasium."""
-    return _sibling("gym_adapter")
 
 
 def _field(request: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:

@@ -216,10 +216,22 @@ async def _wait_for_pollers(settings: Settings, config: RunConfig, progress: Pro
 async def wait_for_pollers(
     client: Client, config: RunConfig, progress: Progress, deadline: float, check: Callable[[], None], who: str
 ) -> None:
-    """Until every queue of `config` has a poller (each reported once as ready), calling `check` between rounds
-    (it raises when a process or container that should poll has died); a TimeoutError names the queues still
-    without a `who` at the monotonic `deadline`."""
-    pending = expected_queues(config)
+    """Until every queue of `config` has a poller: `wait_for_queues` on `expected_queues(config)`."""
+    await wait_for_queues(client, expected_queues(config), progress, deadline, check, who)
+
+
+async def wait_for_queues(
+    client: Client,
+    queues: list[tuple[str, bool]],
+    progress: Progress,
+    deadline: float,
+    check: Callable[[], None],
+    who: str,
+) -> None:
+    """Until every (queue, is-activity-queue) has a poller (each reported once as ready), calling `check` between
+    rounds (it raises when a process or container that should poll has died); a TimeoutError names the queues
+    still without a `who` at the monotonic `deadline`."""
+    pending = list(queues)
     while pending:
         check()
         still = []

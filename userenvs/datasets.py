@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from envs.dataset import SUFFIXES, DatasetError, read_rows, splits
+from envs.runner import DATA_PREFIX
 from userenvs.source import MAX_SOURCE_BYTES, EnvSourceError
 
-PREFIX = "data:"
+PREFIX = DATA_PREFIX
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 
 

@@ -23,7 +23,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-PREFIX = "py:"
+from envs.runner import USER_PREFIX
+
+PREFIX = USER_PREFIX
 REQUIREMENTS_FILE = "requirements.txt"
 MAX_SOURCE_BYTES = 20 * 1024 * 1024
 """The packed source rides through the object store to every env worker; data sets belong elsewhere."""

@@ -11,7 +11,6 @@ import pytest
 from contracts.records import TrajectoryRecord
 from contracts.trajectory import TrajectoryStatus
 from envs.dataset import HELD_OUT_FROM
-from sandbox.images import ImageResolver
 from tests.conftest import ROOT, running_stack
 from tests.integration.test_user_env import script
 from userenvs.submit import package_env
@@ -30,18 +29,14 @@ def package(store, cache_dir) -> str:  # type: ignore[no-untyped-def]
     return package_env(DATA, str(SHIPPED), store, cache_dir / "images", print)
 
 
-@pytest.fixture()
-def images(package_images) -> ImageResolver:  # type: ignore[no-untyped-def]
-    return package_images
-
-
 async def test_single_turn_rows_are_scored_by_the_verifier(
-    temporal_env, reward_service, store, sandbox_manager, tiny_model, images, package
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, package
 ) -> None:
     seed = 5
     row = TRAIN[seed % len(TRAIN)]
     engine = script(tiny_model, [f"The sum is \\boxed{{{row['answer']}}}", "\\boxed{123456}"])
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=images) as st:
+    stack = running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images)
+    async with stack as st:
         right = await st.run(st.request(env_id=DATA, env_package=package, seed=seed, max_turns=1, reward_fn="math_verify"))
         held = st.request(env_id=DATA, env_package=package, seed=HELD_OUT_FROM + 3, max_turns=1, reward_fn="math_verify")
         wrong = await st.run(held)
@@ -54,11 +49,12 @@ async def test_single_turn_rows_are_scored_by_the_verifier(
 
 
 async def test_attempts_get_feedback_from_the_env(
-    temporal_env, reward_service, store, sandbox_manager, tiny_model, images, package
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, package
 ) -> None:
     row = TRAIN[0]
     engine = script(tiny_model, ["\\boxed{999}", f"\\boxed{{{row['answer']}}}"])
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=images) as st:
+    stack = running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images)
+    async with stack as st:
         kwargs = {"attempts": 2}
         req = st.request(env_id=DATA, env_package=package, seed=0, env_kwargs=kwargs, max_turns=2, reward_fn="math_verify")
         result = await st.run(req)

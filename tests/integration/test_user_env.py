@@ -16,7 +16,6 @@ from contracts.records import TrajectoryRecord
 from contracts.trajectory import TrajectoryStatus
 from replay.env_only import replay_env
 from rl.engines.scripted import ScriptedEngine
-from sandbox.images import ImageResolver
 from sandbox.pool import WarmPool
 from sandbox.user_images import USER_REPO
 from tests.conftest import ROOT, running_stack
@@ -34,20 +33,16 @@ def package(store, cache_dir) -> str:  # type: ignore[no-untyped-def]
     return package_env(FACTOR, str(ROOT / "examples" / "factoring"), store, cache_dir / "images", print)
 
 
-@pytest.fixture()
-def images(package_images) -> ImageResolver:  # type: ignore[no-untyped-def]
-    return package_images
-
-
 def script(tiny_model: Path, replies: list[str]) -> ScriptedEngine:
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), replies)
 
 
 async def test_a_trajectory_of_a_user_env_runs_in_its_own_layer(
-    temporal_env, reward_service, store, sandbox_manager, tiny_model, images, package, docker_client
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, package, docker_client
 ) -> None:
     engine = script(tiny_model, [WRONG, RIGHT])
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=images) as st:
+    stack = running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images)
+    async with stack as st:
         req = st.request(env_id=FACTOR, env_package=package, seed=3, max_turns=3, reward_fn="success_or_penalty")
         result = await st.run(req)
         lines: list[str] = []  # the replay tools work on it as on any env: its actions re-driven in a fresh sandbox
@@ -59,16 +54,17 @@ async def test_a_trajectory_of_a_user_env_runs_in_its_own_layer(
     assert "expands to x**2 + 3*x + 2, not the target. 2 attempt(s) left." in record.turns[0].observation
     assert record.request.env_package == package
     assert replayed == 0 and "replayed 2/2 actions" in "\n".join(lines) and "DIFFERS" not in "\n".join(lines)
-    tag = images.image_for(FACTOR, package)
+    tag = package_images.image_for(FACTOR, package)
     assert tag.startswith(f"{USER_REPO}:")
     assert docker_client.images.get(tag).labels["trajflow.layer"] == "userenv"
 
 
 async def test_a_killed_sandbox_of_a_user_env_is_restored_by_replay(
-    temporal_env, reward_service, store, sandbox_manager, tiny_model, images, package, docker_client
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, package, docker_client
 ) -> None:
     engine = GatedEngine(script(tiny_model, [WRONG, WRONG, RIGHT]), gate_at=2)
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=images) as st:
+    stack = running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images)
+    async with stack as st:
         handle = await st.start(st.request(env_id=FACTOR, env_package=package, seed=3, max_turns=3))
         await asyncio.wait_for(engine.reached.wait(), 120)
         progress = await handle.query(names.QUERY_PROGRESS)
@@ -83,17 +79,18 @@ async def test_a_killed_sandbox_of_a_user_env_is_restored_by_replay(
 
 
 async def test_a_request_without_its_package_fails_as_bad_input(
-    temporal_env, reward_service, store, sandbox_manager, tiny_model, images
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images
 ) -> None:
     engine = script(tiny_model, [RIGHT])
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=images) as st:
+    stack = running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images)
+    async with stack as st:
         result = await st.run(st.request(env_id=FACTOR, seed=3))
     assert result.status is TrajectoryStatus.FAILED and result.reward is None
     assert "needs its package (env_package)" in (result.error or "")
 
 
-def test_the_warm_pool_keeps_user_env_sandboxes(sandbox_manager, images, package) -> None:  # type: ignore[no-untyped-def]
-    tag = images.image_for(FACTOR, package)
+def test_the_warm_pool_keeps_user_env_sandboxes(sandbox_manager, package_images, package) -> None:  # type: ignore[no-untyped-def]
+    tag = package_images.image_for(FACTOR, package)
     pool = WarmPool(sandbox_manager, size=1)
     try:
         first, hit = pool.take_noting_hit(FACTOR, tag)

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 if TYPE_CHECKING:
     from contracts.config import RunConfig
+
+T = TypeVar("T")
 
 app = typer.Typer(help="trajflow: agentic RL where every trajectory is a durable Temporal workflow.", no_args_is_help=True)
 
@@ -54,18 +57,24 @@ def publish_envs(config: RunConfig) -> RunConfig:
     """`config` with its `py:` tasks' envs (and `data:` tasks' files) checked, their requirements resolved and
     their packages put into the stack's object store (`userenvs/`); a bad one exits 2 saying what to fix, before
     anything starts."""
-    from userenvs.source import EnvSourceError
-    from userenvs.submit import packaged
+    from userenvs.submit import packaged, publish_config
 
     if not any(packaged(t.env_id) or t.env_path for t in config.tasks):
         return config
+    return published(lambda store, wheel_cache: publish_config(config, store, wheel_cache, say))
+
+
+def published(publish: Callable[[Any, Path], T]) -> T:
+    """`publish(store, wheel_cache)` (a `userenvs.submit` step) on the stack's object store (an
+    `infra.store.ObjectStore`, not imported here: the CLI's module level stays light) and wheel cache; a bad env
+    definition exits 2 with its message."""
     from infra.settings import load_settings
     from infra.store import open_store_from
-    from userenvs.submit import publish_config
+    from userenvs.source import EnvSourceError
 
     settings = load_settings()
     try:
-        return publish_config(config, open_store_from(settings), settings.cache_dir / "images", say)
+        return publish(open_store_from(settings), settings.cache_dir / "images")
     except EnvSourceError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2) from None

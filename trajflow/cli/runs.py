@@ -15,9 +15,11 @@ from trajflow.cli.common import DEFAULT_CONFIG, ConfigOpt, app
 from trajflow.cli.common import exit_now as _exit
 from trajflow.cli.common import load_config as _config
 from trajflow.cli.common import publish_envs as _publish_envs
+from trajflow.cli.common import published as _published
 from trajflow.cli.common import say as _say
 
 if TYPE_CHECKING:
+    from contracts.config import RunConfig
     from contracts.trajectory import TrajectoryRequest
 
 
@@ -47,40 +49,31 @@ def rollout(
     """Run one trajectory on the stack and print its transcript, reward, status and timing."""
     from commands.rollout import request_from_config, run_and_report
 
+    run_config = _config(config)
     try:
-        req = request_from_config(_config(config), task, env, seed, max_turns, temperature, request)
+        req = request_from_config(run_config, task, env, seed, max_turns, temperature, request)
     except ValueError as e:  # bad input: say what to fix, exit 2 before touching the stack
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2) from None
-    req = _publish_request(req, config, task, env, env_path)
+    req = _publish_request(req, run_config, task, env, env_path)
     _exit(asyncio.run(run_and_report(req, workflow_id, as_json)))
 
 
 def _publish_request(
-    req: TrajectoryRequest, config: Path, task: str | None, env: str | None, env_path: Path | None
+    req: TrajectoryRequest, config: RunConfig, task: str | None, env: str | None, env_path: Path | None
 ) -> TrajectoryRequest:
-    """`req` with its `py:` env packaged: from --env-path, else (the config's own env) the task's env_path."""
-    from userenvs.source import EnvSourceError
-    from userenvs.submit import packaged
+    """`req` with its `py:`/`data:` env packaged: from --env-path, else (the config's own env) the task's env_path."""
+    from userenvs.submit import packaged, publish_request
 
     if not packaged(req.env_id) and env_path is None:
         return req
-    from infra.settings import load_settings
-    from infra.store import open_store_from
-    from userenvs.submit import publish_request
-
     if env_path is not None:
         path = str(env_path)
     elif env is not None:  # another env than the task's: its source must be named
         path = ""
     else:
-        path = next(t for t in _config(config).tasks if task is None or t.name == task).env_path
-    settings = load_settings()
-    try:
-        return publish_request(req, path, open_store_from(settings), settings.cache_dir / "images", _say)
-    except EnvSourceError as e:
-        typer.secho(str(e), fg="red", err=True)
-        raise typer.Exit(2) from None
+        path = next(t for t in config.tasks if task is None or t.name == task).env_path
+    return _published(lambda store, wheel_cache: publish_request(req, path, store, wheel_cache, _say))
 
 
 @app.command()
