@@ -6,16 +6,23 @@ Rows: `prompt` (str), `answer` (str; numbers are read as their text), optional `
 `held_out_from` (the eval's first seed, 1,000,000 by default) index the train rows (seed mod their count), seeds
 from it on index the test rows, so training never sees the held-out prompts and each eval seed is one test row.
 
-Single-turn by default: one reply ends the episode, with the reference in the final info for the reward service's
-verifier (`rewards.registry`: `math_verify`, `exact_match`, `regex_match`) and env reward 0. With `attempts` > 1
-the env judges each reply itself (`envs/verify.py`, checker `check`): a right one ends the episode with reward 1.0,
-a wrong one gets "not correct" and another try, the last wrong one ends it with 0.
+Every reply is judged here: by the checker `check` (`envs/verify.py`: math, exact or regex), or by the task's own
+`verifier` ("MODULE:FUNCTION", a function of the user's package on the image's path, `userenvs/verifiers.py`),
+whose value (True is 1.0) is the verdict. Single-turn by default: one reply ends the episode with the verdict as
+the env reward, and the reference and verdict (`answer`, `verified`) in the final info for the reward service
+(`rewards.registry`: `math_verify`, `exact_match`, `regex_match` judge the reference again; `verifier` takes the
+verdict). With `attempts` > 1 a verdict of at least 1.0 ends the episode, a lower one gets "not correct" and another
+try, and the last one ends it with its verdict.
 Limits: the whole file is read at reset (datasets of tens of MB at most; the package limit is 20 MiB).
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +79,41 @@ def splits(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[
     return [r for i, r in enumerate(rows) if i % 10 != 9], [r for i, r in enumerate(rows) if i % 10 == 9]
 
 
+def load_verifier(spec: str) -> Callable[[str, str, dict[str, Any]], float]:
+    """The user's verifier "MODULE:FUNCTION" (importable: the user env layer is on the path) as a function of
+    (response, reference, metadata) -> verdict; DatasetError when it cannot be loaded."""
+    module_name, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), name)
+    except Exception as e:  # the user's module fails to import, or lacks the function
+        raise DatasetError(f"verifier {spec!r} cannot be loaded: {type(e).__name__}: {e}") from e
+    try:
+        params = inspect.signature(fn).parameters.values()
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+        three = len(positional) >= 3 or any(p.kind is p.VAR_POSITIONAL for p in positional)
+    except (TypeError, ValueError):  # a builtin without a signature: called with two
+        three = False
+
+    def verdict(response: str, reference: str, metadata: dict[str, Any]) -> float:
+        value = fn(response, reference, metadata) if three else fn(response, reference)
+        if isinstance(value, bool):
+            return float(value)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise DatasetError(f"verifier {spec!r} returned {value!r:.80}; a verifier returns a finite float or a bool")
+        return float(value)
+
+    return verdict
+
+
 class DatasetEnv:
-    def __init__(self, path: str | Path, attempts: int = 1, check: str = "math", held_out_from: int = HELD_OUT_FROM) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        attempts: int = 1,
+        check: str = "math",
+        held_out_from: int = HELD_OUT_FROM,
+        verifier: str = "",
+    ) -> None:
         if attempts < 1:
             raise ValueError(f"attempts must be at least 1, got {attempts}")
         if check not in verify.CHECKERS:
@@ -82,6 +122,7 @@ class DatasetEnv:
         if not self.train:
             raise DatasetError(f"{Path(path).name}: no train rows")
         self.attempts, self.check, self.held_out_from = attempts, check, held_out_from
+        self.verifier = load_verifier(verifier) if verifier else None
         self.row: dict[str, Any] = {}
         self.tries = 0
 
@@ -104,14 +145,22 @@ class DatasetEnv:
     def answer(self) -> str:
         return str(self.row["answer"])
 
+    def judge(self, action: str) -> float:
+        """The reply's verdict: the user's verifier's value, else 1.0 or 0.0 by the checker."""
+        if self.verifier is not None:
+            metadata = self.row.get("metadata")
+            return self.verifier(action, self.answer, metadata if isinstance(metadata, dict) else {})
+        return 1.0 if verify.check(self.check, action, self.answer) else 0.0
+
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self.tries += 1
-        final = {"answer": self.answer, "tries": self.tries}
+        verdict = self.judge(action)
+        final = {"answer": self.answer, "tries": self.tries, "verified": verdict, "solved": verdict >= 1.0}
         if self.attempts == 1:
-            return "Answer recorded.", 0.0, True, False, final
-        if verify.check(self.check, action, self.answer):
-            return "Correct.", 1.0, True, False, {**final, "solved": True}
+            return "Answer recorded.", verdict, True, False, final
+        if verdict >= 1.0:
+            return "Correct.", verdict, True, False, final
         left = self.attempts - self.tries
         if left <= 0:
-            return "That is not correct.", 0.0, True, False, {**final, "solved": False}
+            return "That is not correct.", verdict, True, False, final
         return f"That is not correct. {left} attempt(s) left.", 0.0, False, False, {"tries": self.tries}

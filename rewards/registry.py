@@ -16,6 +16,10 @@ Built-ins:
   1.0 when the last reply's answer (its last `\boxed{...}`, else its last line) matches the reference answer the
   env gives in its final info, by Math-Verify, exact text or a regular expression (`envs/verify.py`), else 0.0.
   An episode without a reference is rejected (`RewardInputError`): the task is misconfigured, not failed.
+- `verifier`: the verdict the dataset env gave the last reply in the sandbox (final info `verified`): the task's
+  own verifier function from the user's package (`env_kwargs = { verifier = "MODULE:FUNCTION" }`), else the env's
+  checker. User code runs in the task's sandbox, where its requirements are installed, never in this service; an
+  episode without a verdict is rejected (`RewardInputError`).
 
 Not covered here: model-based rewards or verifiers that need I/O; register them from their own module with
 `@register("name")` (the service sees every function registered by the time it starts).
@@ -144,6 +148,20 @@ def _verified(req: ScoreRequest, checker: str, name: str) -> ScoreResult:
     return ScoreResult(reward=1.0 if right else 0.0, reward_fn=name, details=details)
 
 
+@register("verifier")
+def verifier(req: ScoreRequest) -> ScoreResult:
+    """The dataset env's verdict on the last reply (final info `verified`): the task's own verifier, or its checker."""
+    verdict = req.final_info.get("verified")
+    if isinstance(verdict, bool) or not isinstance(verdict, (int, float)) or not math.isfinite(verdict):
+        raise RewardInputError(
+            f"verifier scores the verdict a data: task's env gives in its final info (final_info['verified']), which "
+            f"{req.env_id!r} did not give{f' (it gave {verdict!r:.40})' if verdict is not None else ''}: use it with "
+            "data: tasks, with env_kwargs verifier = \"MODULE:FUNCTION\" for your own"
+        )
+    details = _details(req) | {"verified": float(verdict), "reference": str(req.final_info.get("answer", ""))[:200]}
+    return ScoreResult(reward=float(verdict), reward_fn="verifier", details=details)
+
+
 @register("math_verify")
 def math_verify(req: ScoreRequest) -> ScoreResult:
     """1.0 when the last reply's answer equals the reference mathematically (Math-Verify), else 0.0."""
@@ -177,4 +195,5 @@ __all__ = [
     "score",
     "success",
     "success_or_penalty",
+    "verifier",
 ]

@@ -11,6 +11,7 @@ from pathlib import Path
 from envs.dataset import SUFFIXES, DatasetError, read_rows, splits
 from envs.runner import DATA_PREFIX
 from userenvs.source import MAX_SOURCE_BYTES, EnvSourceError
+from userenvs.verifiers import VerifierSource, check_verifier
 
 PREFIX = DATA_PREFIX
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
@@ -26,13 +27,20 @@ class DatasetSource:
     path: Path
     train_rows: int
     test_rows: int
+    verifier: VerifierSource | None = None
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        return self.verifier.requirements if self.verifier else ()
 
     def files(self) -> dict[str, bytes]:
-        return {f"{self.name}{self.path.suffix}": self.path.read_bytes()}
+        files = self.verifier.files() if self.verifier else {}
+        return files | {f"{self.name}{self.path.suffix}": self.path.read_bytes()}
 
 
-def check_dataset(env_id: str, env_path: str | Path) -> DatasetSource:
-    """The dataset of `env_id` in file `env_path`, checked; raises EnvSourceError saying what to fix."""
+def check_dataset(env_id: str, env_path: str | Path, verifier: object = None) -> DatasetSource:
+    """The dataset of `env_id` in file `env_path` (and its `verifier`, "MODULE:FUNCTION" beside the file, when the
+    task names one), checked; raises EnvSourceError saying what to fix."""
     name = env_id.removeprefix(PREFIX)
     if not _NAME.fullmatch(name):
         raise EnvSourceError(f"{env_id!r}: a dataset task's id is data:NAME, NAME in lower-case letters, digits, - and _")
@@ -49,4 +57,5 @@ def check_dataset(env_id: str, env_path: str | Path) -> DatasetSource:
         raise EnvSourceError(f"{env_id}: {e}") from None
     if not train:
         raise EnvSourceError(f"{env_id}: {path.name} has no train rows")
-    return DatasetSource(name, path, len(train), len(test))
+    checked = None if verifier is None else check_verifier(verifier, path.parent, env_id)
+    return DatasetSource(name, path, len(train), len(test), checked)

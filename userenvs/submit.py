@@ -15,12 +15,13 @@ from imagebuild import wheels
 from infra.store import ObjectStore
 from userenvs.datasets import check_dataset, is_dataset
 from userenvs.packages import publish
-from userenvs.source import EnvSource, EnvSourceError, check_source, is_user_env
+from userenvs.source import REQUIREMENTS_FILE, EnvSource, EnvSourceError, check_source, is_user_env
+from userenvs.verifiers import VerifierSource
 
 Say = Callable[[str], None]
 
 
-def resolve_requirements(source: EnvSource, wheel_cache: Path, say: Say) -> None:
+def resolve_requirements(source: EnvSource | VerifierSource, wheel_cache: Path, say: Say) -> None:
     """Download the wheels of `source`'s requirements into `wheel_cache` (once per requirement set); raises
     EnvSourceError naming the requirements when pip cannot resolve them."""
     if not source.requirements or wheels.cached_wheels(wheel_cache, source.requirements) is not None:
@@ -30,7 +31,7 @@ def resolve_requirements(source: EnvSource, wheel_cache: Path, say: Say) -> None
         wheels.download_wheels(wheel_cache, lambda _line: None, source.requirements)
     except RuntimeError as e:
         raise EnvSourceError(
-            f"the requirements of {source.root / 'requirements.txt'} cannot be resolved into wheels for CPython "
+            f"the requirements of {source.root / REQUIREMENTS_FILE} cannot be resolved into wheels for CPython "
             f"3.11 on Linux x86_64 ({', '.join(source.requirements)}); pip said:\n{e}"
         ) from None
 
@@ -40,12 +41,18 @@ def packaged(env_id: str) -> bool:
     return is_user_env(env_id) or is_dataset(env_id)
 
 
-def package_env(env_id: str, env_path: str, store: ObjectStore, wheel_cache: Path, say: Say) -> str:
-    """Check, resolve and publish the user env or dataset `env_id` from `env_path`; returns its package URI."""
+def package_env(
+    env_id: str, env_path: str, store: ObjectStore, wheel_cache: Path, say: Say, env_kwargs: dict | None = None
+) -> str:
+    """Check, resolve and publish the user env or dataset `env_id` from `env_path` (a dataset's own verifier, named
+    in `env_kwargs`, with it); returns its package URI."""
     if is_dataset(env_id):
-        data = check_dataset(env_id, env_path)
+        data = check_dataset(env_id, env_path, (env_kwargs or {}).get("verifier"))
+        if data.verifier:
+            resolve_requirements(data.verifier, wheel_cache, say)
         uri = publish(data.files(), store)
-        say(f"{env_id}: packaged {data.path} ({data.train_rows} train, {data.test_rows} test rows) as {uri}")
+        own = f", verifier {data.verifier.module}:{data.verifier.function}" if data.verifier else ""
+        say(f"{env_id}: packaged {data.path} ({data.train_rows} train, {data.test_rows} test rows{own}) as {uri}")
         return uri
     source = check_source(env_id, env_path)
     resolve_requirements(source, wheel_cache, say)
@@ -61,7 +68,7 @@ def publish_task(task: TaskConfig, store: ObjectStore, wheel_cache: Path, say: S
             raise EnvSourceError(f"task {task.name!r}: env_path is for py: and data: envs, not {task.env_id!r}")
         return task
     try:
-        uri = package_env(task.env_id, task.env_path, store, wheel_cache, say)
+        uri = package_env(task.env_id, task.env_path, store, wheel_cache, say, task.env_kwargs)
     except EnvSourceError as e:
         raise EnvSourceError(f"task {task.name!r}: {e}") from None
     return task.model_copy(update={"env_package": uri})
@@ -84,4 +91,5 @@ def publish_request(
         return req
     if req.env_package and not env_path:  # published with its task
         return req
-    return req.model_copy(update={"env_package": package_env(req.env_id, env_path, store, wheel_cache, say)})
+    uri = package_env(req.env_id, env_path, store, wheel_cache, say, req.env_kwargs)
+    return req.model_copy(update={"env_package": uri})

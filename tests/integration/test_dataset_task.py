@@ -72,3 +72,24 @@ async def test_a_verifier_reward_on_an_env_without_a_reference_fails_as_misconfi
         result = await st.run(st.request(env_id="game:GuessTheNumber-v0-easy", seed=1, max_turns=1, reward_fn="math_verify"))
     assert result.status is TrajectoryStatus.FAILED and result.reward is None
     assert "final_info['answer']" in (result.error or "")
+
+
+async def test_the_tasks_own_verifier_judges_in_the_sandbox_and_the_reward_service_scores_its_verdict(
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, cache_dir
+) -> None:
+    kwargs = {"verifier": "sum_check:check"}  # examples/arithmetic/sum_check.py, packed with the dataset
+    package = package_env(DATA, str(SHIPPED), store, cache_dir / "images", print, kwargs)
+    row = TRAIN[2]
+    replies = [f"\\boxed{{{row['answer']}.0}}", f"the answer is {row['answer']}"]  # math_verify-right, but no box
+    engine = script(tiny_model, replies)
+    stack = running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images)
+    async with stack as st:
+        runs = [
+            st.request(env_id=DATA, env_package=package, env_kwargs=kwargs, seed=2, max_turns=1, reward_fn="verifier")
+            for _ in replies
+        ]
+        results = [await st.run(req) for req in runs]
+    assert [r.status for r in results] == [TrajectoryStatus.COMPLETED] * 2, [r.error for r in results]
+    assert [r.reward for r in results] == [1.0, -0.1]  # sum_check's verdicts: right, and unboxed
+    record = TrajectoryRecord.model_validate(store.get_json(results[1].trajectory_uri))
+    assert record.reward_details["verified"] == -0.1 and record.turns[0].env_reward == -0.1

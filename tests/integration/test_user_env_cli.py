@@ -108,3 +108,35 @@ def test_a_bad_env_is_refused_at_submission(tmp_path: Path, source: str, require
         assert proc.returncode == 2, proc.stderr
         assert "task 'mine'" in proc.stderr or command[0] == "rollout"
         assert says in proc.stderr
+
+
+def test_rollout_of_the_own_verifier_example(cli_stack) -> None:  # type: ignore[no-untyped-def]
+    config = ROOT / "examples" / "arithmetic" / "own_verifier.toml"
+    proc = cli_stack.trajflow("rollout", "-c", str(config), "--seed", "3", "--json", timeout=900)
+    out = json.loads(proc.stdout)
+    assert out["status"] == "completed" and out["reward"] in (1.0, 0.0, -0.1), out  # sum_check's three verdicts
+    assert "verifier sum_check:check" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("verifier", "source", "says"),
+    [
+        ("checks:check", "def other(response, reference): ...\n", "defines no function 'check'"),
+        ("checks:check", "def check(response): ...\n", "takes 1 positional argument"),
+        ("nowhere:check", "", "no verifier module 'nowhere'"),
+    ],
+    ids=["missing-function", "wrong-signature", "missing-module"],
+)
+def test_a_bad_verifier_is_refused_at_submission(tmp_path: Path, verifier: str, source: str, says: str) -> None:
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "1+1?", "answer": 2}\n')
+    (tmp_path / "checks.py").write_text(source)
+    config = tmp_path / "bad.toml"
+    config.write_text(
+        f'[[tasks]]\nname = "mine"\nenv_id = "data:rows"\nenv_path = "rows.jsonl"\nmax_turns = 1\n'
+        f'reward_fn = "verifier"\nenv_kwargs = {{ verifier = "{verifier}" }}\n'
+    )
+    env = {**os.environ, "TRAJFLOW_STATE_DIR": str(tmp_path / "state"), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:9"}
+    trajflow = str(Path(sys.executable).parent / "trajflow")
+    for command in (["train", str(config)], ["rollout", "-c", str(config)]):
+        proc = subprocess.run([trajflow, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and says in proc.stderr, proc.stderr

@@ -1,4 +1,5 @@
-"""Every file in configs/ parses; a config that sends a stage to an undeclared pool is rejected clearly."""
+"""Every file in configs/ and every example's config parses; a config that sends a stage to an undeclared pool is
+rejected clearly."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ import pytest
 from contracts.config import RunConfig, load_run_config
 from contracts.trajectory import TrajectoryRequest
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.toml"))
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted([*(ROOT / "configs").glob("*.toml"), *(ROOT / "examples").glob("*/*.toml")])
 
 
 def test_there_are_configs() -> None:
     assert len(CONFIGS) >= 3
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_config_parses_and_builds_requests(path: Path) -> None:
     cfg = load_run_config(path)
     for task in cfg.tasks:

@@ -49,7 +49,10 @@ def test_seeds_index_train_rows_and_held_out_seeds_index_test_rows(tmp_path: Pat
 def test_a_single_turn_reply_ends_the_episode_with_the_reference_for_the_verifier(tmp_path: Path) -> None:
     env = DatasetEnv(jsonl(tmp_path, [{"prompt": "2+2?", "answer": 4, "metadata": {"level": 1}}]))
     assert env.reset(seed=0) == ("2+2?", {"split": "train", "row": 0, "metadata.level": 1})
-    assert env.step("\\boxed{5}") == ("Answer recorded.", 0.0, True, False, {"answer": "4", "tries": 1})
+    final = {"answer": "4", "tries": 1, "verified": 0.0, "solved": False}
+    assert env.step("\\boxed{5}") == ("Answer recorded.", 0.0, True, False, final)
+    env.reset(seed=0)
+    assert env.step("\\boxed{4}") == ("Answer recorded.", 1.0, True, False, final | {"verified": 1.0, "solved": True})
 
 
 def test_attempts_give_feedback_and_a_second_try(tmp_path: Path) -> None:
@@ -57,7 +60,7 @@ def test_attempts_give_feedback_and_a_second_try(tmp_path: Path) -> None:
     env.reset(seed=0)
     assert env.step("\\boxed{1/3}") == ("That is not correct. 1 attempt(s) left.", 0.0, False, False, {"tries": 1})
     obs, reward, done, _, info = env.step("It is \\boxed{0.5}")
-    assert (obs, reward, done, info["solved"], info["answer"]) == ("Correct.", 1.0, True, True, "1/2")
+    assert (obs, reward, done, info["solved"], info["answer"], info["verified"]) == ("Correct.", 1.0, True, True, "1/2", 1.0)
     env.reset(seed=0)
     env.step("1")
     assert env.step("2")[1:3] == (0.0, True)
