@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from contracts import names
@@ -76,8 +76,12 @@ def is_env_fault(err: BaseException) -> bool:
 
 
 def describe(err: BaseException) -> str:
+    """`Type: message` of an activity's failure, the type said once (the SDK's str of an ApplicationError already
+    starts with its type, and our activities' messages often do too)."""
     cause = err.cause if isinstance(err, ActivityError) and err.cause else err
-    return f"{error_type(err) or type(cause).__name__}: {cause}"
+    kind = error_type(err) or type(cause).__name__
+    message = cause.message if isinstance(cause, FailureError) else str(cause)
+    return message if message.startswith(f"{kind}: ") else f"{kind}: {message}"
 
 
 async def env_reset(pool: str, inp: EnvResetInput) -> EnvResetResult:

@@ -220,3 +220,13 @@ def test_the_stubs_refuse_an_activity_input_over_the_payload_limit_without_retry
     assert info.value.message.startswith("env.reset: its input would be 3,00")
     assert f"{MAX_PAYLOAD_BYTES:,} bytes" in info.value.message
     assert names.ERR_PAYLOADS_TOO_LARGE in stubs.ENV_FATAL and names.ERR_PAYLOADS_TOO_LARGE in stubs.REWARD_FATAL
+
+
+def test_an_activity_failure_is_described_once_by_its_type() -> None:
+    from temporalio.exceptions import ApplicationError
+
+    from workflows import stubs
+
+    assert stubs.describe(ApplicationError("EnvError: step failed: boom", type="EnvError")) == "EnvError: step failed: boom"
+    assert stubs.describe(ApplicationError("step failed: boom", type="EnvError")) == "EnvError: step failed: boom"
+    assert stubs.describe(ValueError("bad")) == "ValueError: bad"
