@@ -4,7 +4,9 @@
 `build_all` builds every layer that is missing, `list_images` finds the layers by repository name and marks each
 current (what today's sources and wheel cache hash to) or stale, and `prune_images` removes the stale ones,
 children first, keeping any that a container uses. "Current" is relative to this checkout and this cache:
-another checkout's layers look stale from here.
+another checkout's layers look stale from here. The layers of users' envs and datasets (`user_images.py`, built
+from a run's package) are current while the runtime they are built on is: which packages runs will still name
+cannot be known here, so they go when the runtime does.
 Limits: intermediate images that a build leaves untagged are not tracked.
 """
 
@@ -36,10 +38,11 @@ from sandbox.images import (
     task_files,
     task_image_tag,
 )
+from sandbox.user_images import USER_REPO
 
-Layer = Literal["base", "runtime", "task"]
-LAYER_REPOS: dict[str, Layer] = {BASE_REPO: "base", RUNTIME_REPO: "runtime", TASK_REPO: "task"}
-LAYERS: tuple[Layer, ...] = ("base", "runtime", "task")
+Layer = Literal["base", "runtime", "task", "userenv"]
+LAYER_REPOS: dict[str, Layer] = {BASE_REPO: "base", RUNTIME_REPO: "runtime", TASK_REPO: "task", USER_REPO: "userenv"}
+LAYERS: tuple[Layer, ...] = ("base", "runtime", "task", "userenv")
 """Parents before children."""
 
 
@@ -108,13 +111,15 @@ class ImageInfo:
 
 
 def list_images(client: docker.DockerClient, cache_dir: Path) -> list[ImageInfo]:
-    """Every tag in the trajflow-base, trajflow-runtime and trajflow-task repositories, base first."""
+    """Every tag in the trajflow-base, trajflow-runtime, trajflow-task and trajflow-userenv repositories, base
+    first; a userenv layer is current when the runtime it is built on is."""
     current = current_tags(cache_dir)
     used = {container["ImageID"] for container in client.api.containers(all=True)}
     found: list[ImageInfo] = []
     for repo, layer in LAYER_REPOS.items():
         for image in client.api.images(name=repo):  # the summaries: no inspect per image
             created = datetime.fromtimestamp(image["Created"], UTC).isoformat(timespec="seconds")
+            parent = (image.get("Labels") or {}).get("trajflow.base")
             for tag in image.get("RepoTags") or ():
                 if tag.partition(":")[0] != repo:  # the same image may carry other names too
                     continue
@@ -124,9 +129,9 @@ def list_images(client: docker.DockerClient, cache_dir: Path) -> list[ImageInfo]
                         layer=layer,
                         size_mb=round(image["Size"] / 1e6, 1),
                         created=created,
-                        current=tag in current,
+                        current=(parent in current) if layer == "userenv" else tag in current,
                         in_use=image["Id"] in used,
-                        parent=(image.get("Labels") or {}).get("trajflow.base"),
+                        parent=parent,
                     )
                 )
     return sorted(found, key=lambda info: (LAYERS.index(info.layer), info.tag))

@@ -7,7 +7,8 @@ builds once per host and an edited env gets a new layer. The wheels are download
 (`imagebuild.wheels`, one directory per requirement set) and installed in a build stage, so the build is offline.
 The user's packages go first on the image's PYTHONPATH (/opt/trajflow/userenv, then its requirements, then the
 runtime's own site), so the env's pins win over GEM's.
-Limits: `trajflow images list|prune` do not list or prune these layers; requirements that have no wheel for CPython
+`trajflow images list|prune` (`layers.py`) count these layers current while their runtime is.
+Limits: requirements that have no wheel for CPython
 3.11 on Linux x86_64 and need a compiler to build fail (the base image has none).
 """
 

@@ -96,8 +96,12 @@ class FakeEngine:
     """The Docker calls of `list_images` and `prune_images` (`client.api.containers`, `client.api.images`,
     `client.images.remove`) over an in-memory table of tag -> image id."""
 
-    def __init__(self, tags: dict[str, str], used: set[str], refuse: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, tags: dict[str, str], used: set[str], refuse: frozenset[str] = frozenset(), bases: dict[str, str] | None = None
+    ) -> None:
         self.tags = dict(tags)
+        self.bases = bases or {}
+        """image id -> its `trajflow.base` label"""
         self.used = used
         self.refuse = refuse
         self.removed: list[str] = []
@@ -110,7 +114,8 @@ class FakeEngine:
     def _images(self, name: str) -> list[dict[str, object]]:
         ids = {image_id for tag, image_id in self.tags.items() if tag.startswith(f"{name}:")}
         names = {i: [tag for tag, j in self.tags.items() if j == i] for i in sorted(ids)}
-        return [{"Id": i, "RepoTags": n, "Size": 5e6, "Created": 0, "Labels": None} for i, n in names.items()]
+        labels = {i: {"trajflow.base": self.bases[i]} if i in self.bases else None for i in ids}
+        return [{"Id": i, "RepoTags": n, "Size": 5e6, "Created": 0, "Labels": labels[i]} for i, n in names.items()]
 
     def _remove(self, tag: str) -> None:
         if tag in self.refuse:
@@ -172,3 +177,16 @@ def test_prune_without_wheel_cache_leaves_runtime_and_task_layers(tmp_path: Path
     said: list[str] = []
     assert layers.prune_images(_docker(engine), empty, progress=said.append) == []
     assert "no runtime or task layer is pruned" in said[0]
+
+
+def test_user_env_layers_are_current_while_their_runtime_is_and_go_before_it(tmp_path: Path) -> None:
+    engine = _engine(tmp_path)
+    runtime = next(t for t in layers.current_tags(tmp_path) if t.startswith("trajflow-runtime:"))
+    engine.tags |= {"trajflow-userenv:on-new": "sha256:un", "trajflow-userenv:on-old": "sha256:uo"}
+    engine.bases = {"sha256:un": runtime, "sha256:uo": "trajflow-runtime:old"}
+    listing = {i.tag: i for i in layers.list_images(_docker(engine), tmp_path)}
+    assert listing["trajflow-userenv:on-new"].current and not listing["trajflow-userenv:on-old"].current
+    assert listing["trajflow-userenv:on-new"].layer == "userenv"
+    removed = layers.prune_images(_docker(engine), tmp_path)
+    assert removed.index("trajflow-userenv:on-old") < removed.index("trajflow-runtime:old")
+    assert "trajflow-userenv:on-new" in engine.tags
