@@ -46,6 +46,7 @@ from infra import monitoring
 from infra.processes import ProcessTable, is_alive, start_detached
 from infra.settings import Settings
 from infra.stack import Progress, wait_for_pollers
+from infra.store import ObjectStore, open_store
 from infra.temporal import dev_server_command, wait_until_reachable
 
 LABEL_HOSTS = "trajflow.hosts"
@@ -84,6 +85,22 @@ def layout_file(settings: Settings) -> Path:
 def load_layout(settings: Settings) -> Layout | None:
     path = layout_file(settings)
     return Layout(**json.loads(path.read_text())) if path.exists() else None
+
+
+def hosts_store(settings: Settings) -> ObjectStore | None:
+    """The S3 store of the stack `up --hosts` runs (None when it runs none): the machine's embedded moto store, at
+    the address the hosts reach it by (the network's gateway, one of this machine's own), or the s3:// store it was
+    started with."""
+    layout = load_layout(settings)
+    if layout is None:
+        return None
+    embedded = layout.s3_endpoint_url == f"http://{layout.gateway}:{settings.hosts_s3_port}"  # what `up` started
+    return open_store(
+        layout.store_url,
+        s3_endpoint_url=layout.s3_endpoint_url,
+        s3_region=settings.s3_region,
+        s3_credentials=(S3_KEYS["AWS_ACCESS_KEY_ID"], S3_KEYS["AWS_SECRET_ACCESS_KEY"]) if embedded else None,
+    )
 
 
 def hosts_of(config: RunConfig) -> list[HostConfig]:

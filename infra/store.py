@@ -243,6 +243,7 @@ class S3Store:
         endpoint_url: str | None = None,
         region: str = "us-east-1",
         create_bucket: bool = False,
+        credentials: tuple[str, str] | None = None,
     ) -> None:
         import boto3  # imported here so `infra` stays importable (and fast) where S3 is not used
         from botocore.config import Config
@@ -252,10 +253,13 @@ class S3Store:
         self.bucket = bucket
         self.prefix = check_key(prefix.strip("/")) + "/" if prefix.strip("/") else ""
         self.endpoint_url = endpoint_url
+        key_id, secret = credentials or (None, None)  # None: boto3's own chain (environment, profile, role)
         self._client = boto3.client(
             "s3",
             endpoint_url=endpoint_url,
             region_name=region,
+            aws_access_key_id=key_id,
+            aws_secret_access_key=secret,
             config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60),
         )
         if create_bucket:
@@ -347,6 +351,7 @@ def open_store(
     s3_endpoint_url: str | None = None,
     s3_region: str = "us-east-1",
     create_bucket: bool = False,
+    s3_credentials: tuple[str, str] | None = None,
 ) -> ObjectStore:
     """The store a URL names: `file:///path` or a plain path → LocalStore, `s3://bucket/prefix` → S3Store."""
     if not url:
@@ -361,6 +366,7 @@ def open_store(
             endpoint_url=s3_endpoint_url,
             region=s3_region,
             create_bucket=create_bucket,
+            credentials=s3_credentials,
         )
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
@@ -373,7 +379,15 @@ def open_store(
 
 def open_store_from(settings: Settings) -> ObjectStore:
     """The store of these process settings: `TRAJFLOW_STORE_URL` (default: a directory under the state dir), with
-    the S3 endpoint, region and bucket creation of `TRAJFLOW_S3_*`."""
+    the S3 endpoint, region and bucket creation of `TRAJFLOW_S3_*`. A process that names no store while
+    `trajflow up --hosts` runs the stack (its layout in the run dir) gets the hosts' S3 store, so that a command on
+    this machine publishes env packages and reads trajectories where the hosts do."""
+    if settings.store_url is None:
+        from infra.hosts import hosts_store  # only here: infra.hosts imports the Docker SDK
+
+        shared = hosts_store(settings)
+        if shared is not None:
+            return shared
     return open_store(
         settings.resolved_store_url,
         s3_endpoint_url=settings.s3_endpoint_url,

@@ -2,7 +2,9 @@
 service) in containers of the worker image, each with its own network namespace, CPU set and memory limit; the
 store on S3 (moto on this machine), Temporal over TCP at the network's gateway. A short training run on the tiny
 policy goes on while the env host is `docker kill`ed and `docker start`ed: the run finishes, and its own records
-(chaos.audit) show no trajectory lost or consumed twice. `status` shows the hosts and `down` removes exactly them.
+(chaos.audit) show no trajectory lost or consumed twice. Then a dataset task with its own verifier, submitted
+from this machine, runs on the env host from its package in the S3 store. `status` shows the hosts and `down`
+removes exactly them.
 Also: the compose file of the same layout validates with Debian's docker-compose.
 
 Cold cache cost: the worker image (about 4 min here, once; content-hashed afterwards) and the containers' start.
@@ -151,6 +153,15 @@ def test_training_across_four_hosts_survives_a_killed_env_host(hosts_stack, monk
     assert report["counts"]["steps_completed"] == report["counts"]["steps_configured"] == 4, report
     assert report["killed_sandboxes_reaped"], report
     _metrics_and_traces_of_every_host(env, state_dir, prefix, run)
+
+    # a dataset task with its own verifier, submitted from this machine: the package goes to the S3 store, the env
+    # host builds the task's layer from it and the verifier judges in its sandbox
+    example = ROOT / "examples" / "arithmetic" / "own_verifier.toml"
+    rollout = run("rollout", "-c", str(example), "--seed", "3", "--json", timeout=600)
+    assert rollout.returncode == 0, rollout.stderr[-4000:]
+    done = json.loads(rollout.stdout)
+    assert done["status"] == "completed" and done["reward"] in (1.0, 0.0, -0.1), done
+    assert "s3://" in rollout.stderr and "env-packages/" in rollout.stderr, rollout.stderr[-2000:]
 
     down = run("down", timeout=180)
     assert down.returncode == 0 and "stopped 4 host container(s)" in down.stdout, down.stdout + down.stderr

@@ -4,6 +4,7 @@ settings name (`infra.store.open_store_from`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from infra import layout
@@ -63,3 +64,21 @@ def test_open_store_from_settings(tmp_path: Path) -> None:
     assert local.uri_for("k") == (tmp_path / "store" / "k").resolve().as_uri()
     s3 = open_store_from(Settings(state_dir=tmp_path, store_url="s3://b/p", s3_endpoint_url="http://127.0.0.1:1"))
     assert isinstance(s3, S3Store) and (s3.bucket, s3.prefix) == ("b", "p/")
+
+
+def test_a_command_on_the_machine_of_an_up_hosts_stack_uses_the_hosts_store(tmp_path: Path) -> None:
+    from infra import hosts
+
+    settings = Settings(state_dir=tmp_path, hosts_s3_port=9555)
+    layout = hosts.Layout("p", "p-net", "img", "172.30.0.1", ["env"], "s3://trajflow/store", "http://172.30.0.1:9555")
+    hosts.layout_file(settings).parent.mkdir(parents=True, exist_ok=True)
+    hosts.layout_file(settings).write_text(json.dumps(layout.__dict__))
+    shared = open_store_from(settings)
+    assert isinstance(shared, S3Store) and (shared.bucket, shared.prefix) == ("trajflow", "store/")
+    assert shared.endpoint_url == "http://172.30.0.1:9555"
+    credentials = shared._client._request_signer._credentials  # the embedded moto store's keys, not the machine's
+    assert (credentials.access_key, credentials.secret_key) == ("trajflow", "trajflow")
+    own = open_store_from(Settings(state_dir=tmp_path, store_url=str(tmp_path / "mine")))
+    assert isinstance(own, LocalStore)  # a store the process names wins
+    hosts.layout_file(settings).unlink()
+    assert isinstance(open_store_from(settings), LocalStore)
