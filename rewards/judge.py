@@ -32,7 +32,7 @@ def parse_score(reply: str, spec: JudgeModelConfig) -> float:
     pattern = _SCORE_LINE if spec.score_format == "score_line" else _ANY_NUMBER
     found = pattern.findall(reply)
     if not found:
-        what = 'a "Score: N" line' if spec.score_format == "score_line" else "a number"
+        what = '"Score: N" line' if spec.score_format == "score_line" else "number"
         raise ValueError(f"the judge's reply has no {what}")
     raw = float(found[-1])
     if not spec.min_score <= raw <= spec.max_score:
