@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
@@ -48,6 +48,17 @@ def detect_mode(model_dir: Path) -> Mode:
     """`classifier` for a `*ForSequenceClassification` checkpoint, else `yes_no` (a causal LM)."""
     architectures = AutoConfig.from_pretrained(model_dir).architectures or []
     return "classifier" if any(a.endswith("ForSequenceClassification") for a in architectures) else "yes_no"
+
+
+def verifier_text(tokenizer: Any, item: LocalScoreRequest) -> str:
+    """The yes/no verifier's input for `item`: the rubric in the tokenizer's chat template, up to the generation
+    prompt (plain text when the tokenizer has no template)."""
+    rubric = VERIFIER_PROMPT if item.reference is None else VERIFIER_REFERENCE
+    content = rubric.format(prompt=item.prompt, response=item.response, reference=item.reference)
+    if not getattr(tokenizer, "chat_template", None):
+        return f"{VERIFIER_SYSTEM}\n\n{content}\nAnswer:"
+    chat = [{"role": "system", "content": VERIFIER_SYSTEM}, {"role": "user", "content": content}]
+    return str(tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
 
 
 class Scorer:
@@ -81,12 +92,7 @@ class Scorer:
                 return f"{item.prompt}\n\n{item.response}"
             chat = [{"role": "user", "content": item.prompt}, {"role": "assistant", "content": item.response}]
             return str(self.tokenizer.apply_chat_template(chat, tokenize=False))
-        rubric = VERIFIER_PROMPT if item.reference is None else VERIFIER_REFERENCE
-        content = rubric.format(prompt=item.prompt, response=item.response, reference=item.reference)
-        if not self._has_chat():
-            return f"{VERIFIER_SYSTEM}\n\n{content}\nAnswer:"
-        chat = [{"role": "system", "content": VERIFIER_SYSTEM}, {"role": "user", "content": content}]
-        return str(self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+        return verifier_text(self.tokenizer, item)
 
     @torch.inference_mode()
     def score(self, items: Sequence[LocalScoreRequest]) -> list[Scored]:
