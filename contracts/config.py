@@ -14,6 +14,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from contracts.base import Contract
 from contracts.hardware import HardwareConfig
+from contracts.reward_models import RewardModelConfig, check_model_name, model_name
 from contracts.tasks import TaskConfig
 from contracts.tracking import TrackingConfig
 from contracts.training import EvalConfig, TrainingRunConfig, TrainSettings
@@ -115,6 +116,11 @@ class RunConfig(Contract):
     (`contracts.hardware`). Empty: the embedded defaults."""
     tracking: TrackingConfig = TrackingConfig()
     """Where `trajflow train` logs metrics (`contracts.tracking`): TensorBoard by default."""
+    reward_models: dict[Annotated[str, AfterValidator(check_model_name)], RewardModelConfig] = Field(
+        default_factory=dict
+    )
+    """Reward models by name (`[reward_models.NAME]`, `contracts.reward_models`): an LLM judge (`kind = "judge"`) or a
+    local reward-model server (`kind = "local"`); a task uses one with `reward_fn = "model:NAME"`."""
 
     def training_run(self) -> TrainingRunConfig:
         """The training workflow's config: the [train] section with this config's tasks."""
@@ -155,7 +161,28 @@ class RunConfig(Contract):
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise ValueError(f"task names must be unique, got {names}")
+        # frozen: the tasks with their reward model's spec replace the parsed ones once, here
+        object.__setattr__(self, "tasks", [self._with_reward_model(t) for t in self.tasks])
         return self
+
+    def _with_reward_model(self, task: TaskConfig) -> TaskConfig:
+        """`task` carrying the spec of the reward model its `reward_fn = "model:NAME"` names (a ValueError naming the
+        declared models when NAME is not one of them)."""
+        name = model_name(task.reward_fn)
+        if name is None:
+            if task.reward_model is not None:
+                raise ValueError(f"task {task.name!r} has a reward_model but reward_fn {task.reward_fn!r} is not model:NAME")
+            return task
+        spec = self.reward_models.get(name)
+        if spec is None:
+            declared = ", ".join(sorted(self.reward_models)) or "none"
+            raise ValueError(
+                f"task {task.name!r} scores with reward_fn {task.reward_fn!r}, but no [reward_models.{name}] is declared "
+                f"(declared: {declared})"
+            )
+        if task.reward_model is not None and task.reward_model != spec:
+            raise ValueError(f"task {task.name!r}: its reward_model differs from [reward_models.{name}]; drop it from the task")
+        return task.model_copy(update={"reward_model": spec})
 
 
 def load_run_config(path: str | Path) -> RunConfig:

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from contracts.base import Contract
 from contracts.limits import EnvId, EnvKwargs, EnvPackage, Name, SystemPrompt
+from contracts.reward_models import RewardModelConfig
 from contracts.trajectory import (
     DEFAULT_ENV_ID,
     DEFAULT_SYSTEM_PROMPT,
@@ -31,6 +32,10 @@ class TaskConfig(Contract):
     system_prompt: SystemPrompt = DEFAULT_SYSTEM_PROMPT
     sampling: SamplingParams = SamplingParams()
     reward_fn: Name = "env_outcome"
+    """A reward function of the reward service (`rewards.registry`), or `model:NAME` for the reward model declared
+    as `[reward_models.NAME]` in the run config."""
+    reward_model: RewardModelConfig | None = None
+    """Filled in by the run config from `[reward_models.NAME]` when `reward_fn = "model:NAME"`; not written by hand."""
     pools: StagePools = StagePools()
     """Which pool serves each stage of this task (hardware affinity)."""
     weight: Annotated[float, Field(gt=0.0)] = 1.0
@@ -47,6 +52,7 @@ class TaskConfig(Contract):
             "system_prompt": self.system_prompt,
             "sampling": self.sampling,
             "reward_fn": self.reward_fn,
+            "reward_model": self.reward_model,
             "pools": self.pools,
             "task": self.name,
         }

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from contracts.base import Contract, FiniteFloat
 from contracts.limits import EnvId, EnvKwargs, EnvPackage, Name, PoolName, SystemPrompt, WorkflowIdRef
+from contracts.reward_models import RewardModelConfig
 
 JsonScalar = str | int | float | bool | None
 """What env kwargs and env info values may hold, so they stay JSON-serialisable and small."""
@@ -110,7 +111,11 @@ class TrajectoryRequest(Contract):
     sampling: SamplingParams = SamplingParams()
     pools: StagePools = StagePools()
     reward_fn: Name = "env_outcome"
-    """Name of a reward function registered in the reward service."""
+    """Name of a reward function registered in the reward service, or `model:NAME` for a reward model (with
+    `reward_model`)."""
+    reward_model: RewardModelConfig | None = None
+    """The reward model of `reward_fn = "model:NAME"` (`contracts.reward_models`), filled in from the run config's
+    `[reward_models.NAME]` by `TaskConfig.request`; None for rule rewards."""
     run_id: WorkflowIdRef = ""
     """The training run this trajectory belongs to (empty for a standalone rollout). With `report_to` unset,
     the trajectory reports to the run's training workflow (whose workflow id is the run id)."""
@@ -153,11 +158,22 @@ class TrajectoryRequest(Contract):
         )
 
     def score_request(
-        self, actions: list[str], env_rewards: list[float], terminated: bool, truncated: bool, final_info: dict
+        self,
+        actions: list[str],
+        env_rewards: list[float],
+        terminated: bool,
+        truncated: bool,
+        final_info: dict,
+        observations: list[str] | None = None,
     ) -> ScoreRequest:
-        """What the reward service scores: the episode's actions, env rewards and how it ended."""
+        """What the reward service scores: the episode's actions, env rewards and how it ended; with a reward model,
+        also the spec and the env's observations (a judge reads the task from them; a rule reward does not, so
+        they are left out of its payload)."""
+        with_model = self.reward_model is not None
         return ScoreRequest(
             reward_fn=self.reward_fn,
+            reward_model=self.reward_model,
+            observations=list(observations or []) if with_model else [],
             env_id=self.env_id,
             seed=self.seed,
             actions=actions,
@@ -256,6 +272,11 @@ class ScoreRequest(Contract):
     terminated: bool = False
     truncated: bool = False
     final_info: dict[str, JsonScalar] = Field(default_factory=dict)
+    reward_model: RewardModelConfig | None = None
+    """The reward model of `reward_fn = "model:NAME"`; None for rule rewards."""
+    observations: list[str] = Field(default_factory=list)
+    """The env's observations in order, the first one the task's prompt (after reset), then one after each action;
+    sent only with a reward model."""
 
 
 class ScoreResult(Contract):

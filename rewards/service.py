@@ -4,16 +4,19 @@ Routes:
 - `POST /score`: a `ScoreRequest` JSON body → a `ScoreResult`. An unknown `reward_fn` → 404; a body that is
   not JSON, has wrong types or unknown fields → 422. Every error body is JSON with a `message` that says what
   is wrong (and, for 404, `known`: the registered names; for 422, `detail`: pydantic's per-field errors).
+  `reward_fn = "model:NAME"` scores with the request's `reward_model` (`rewards.model_rewards`): an LLM judge or a
+  local reward-model server that is down → 503, one that answers no score → 502, never a zero reward.
 - `GET /healthz` → `{"ok": true}` (readiness / liveness).
-- `GET /reward-fns` → the registered names, a JSON list of strings.
+- `GET /reward-fns` → the registered names, a JSON list of strings (reward models, `model:NAME`, are not listed: they
+  are named by the run config, not registered here).
 
 Stateless: nothing is kept between requests, so it runs unchanged on any platform that serves an HTTP
 container (Cloud Run, Knative, Lambda web adapters, a k8s Deployment) and scales out by running more copies.
 Run it with `python -m rewards.service [--host H] [--port N] [--workers W]`; host and port default to `$HOST`
 and `$PORT` (as container platforms set them), else 127.0.0.1:8080.
 
-Not covered: authentication, TLS and rate limiting (the platform in front provides them), reward functions
-that need GPUs or I/O (they would register here and run in the same request thread pool).
+Not covered: authentication, TLS and rate limiting (the platform in front provides them). Reward models run
+elsewhere (a judge's inference server, `trajflow reward-model serve`); this service only calls them.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import math
 import os
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from contracts.trajectory import ScoreRequest, ScoreResult
-from rewards import registry
+from rewards import model_rewards, registry
+from rewards.model_http import RewardModelFailed, RewardModelUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +71,36 @@ async def _on_fn_failed(_request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=500, content={"message": str(exc)})
 
 
-def _score(req: ScoreRequest) -> ScoreResult:
-    """Score one request; classify everything that can go wrong as 404, 422 or 500."""
+async def _on_model_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(status_code=503, content={"message": str(exc)})
+
+
+async def _on_model_failed(_request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(status_code=502, content={"message": str(exc)})
+
+
+def _check_rewards(req: ScoreRequest) -> None:
     bad = [i for i, r in enumerate(req.env_rewards) if not math.isfinite(r)]
     if bad:
         loc = ("body", "env_rewards", bad[0])
         raise RequestValidationError([{"type": "finite_number", "loc": loc, "msg": "Input should be a finite number"}])
+
+
+async def _score_with_model(req: ScoreRequest) -> ScoreResult:
+    """Score with a reward model: 503 when it is down, 502 when it answers no score, 422 for the request's faults."""
+    _check_rewards(req)
+    try:
+        return await model_rewards.score(req)
+    except registry.RewardInputError as e:
+        raise RequestValidationError([{"type": "reward_input", "loc": ("body",), "msg": str(e)}]) from e
+    except (RewardModelUnavailable, RewardModelFailed) as e:
+        log.warning("%s: %s", req.reward_fn, e)
+        raise
+
+
+def _score(req: ScoreRequest) -> ScoreResult:
+    """Score one request; classify everything that can go wrong as 404, 422 or 500."""
+    _check_rewards(req)
     fn = registry.get(req.reward_fn)  # UnknownRewardFn -> 404
     try:
         result = fn(req)
@@ -91,11 +120,15 @@ def create_app() -> FastAPI:
     app.add_exception_handler(RequestValidationError, _on_invalid_request)
     app.add_exception_handler(registry.UnknownRewardFn, _on_unknown_fn)
     app.add_exception_handler(RewardFnFailed, _on_fn_failed)
+    app.add_exception_handler(RewardModelUnavailable, _on_model_unavailable)
+    app.add_exception_handler(RewardModelFailed, _on_model_failed)
 
-    # Plain `def` routes: FastAPI runs them in its thread pool, so a CPU-heavy reward never blocks the loop.
+    # Rule rewards run in the thread pool, so a CPU-heavy one never blocks the loop; a model's call is awaited.
     @app.post("/score", response_model=ScoreResult)
-    def score(req: ScoreRequest) -> ScoreResult:
-        return _score(req)
+    async def score(req: ScoreRequest) -> ScoreResult:
+        if model_rewards.is_model_reward(req.reward_fn):
+            return await _score_with_model(req)
+        return await run_in_threadpool(_score, req)
 
     @app.get("/healthz")
     def healthz() -> dict[str, bool]:

@@ -276,7 +276,8 @@ class TrajectoryWorkflow:
                     self.req.pools.reward,
                     ScoreInput(
                         request=self.req.score_request(
-                            self.actions, env_rewards, last.terminated, last.truncated or not last.terminated, last.info
+                            self.actions, env_rewards, last.terminated, last.truncated or not last.terminated, last.info,
+                            observations=[self.first_observation, *(t.observation for t in self.turns)],
                         ),
                     ),
                 )

@@ -91,6 +91,9 @@ def _sample(annotation: Any, field: Any = None) -> Any:
 _KNOWN_VALUES: dict[str, dict[str, Any]] = {
     "HostConfig": {"runs": ["orchestrator"]},
     "OpenAIServerConfig": {"base_url": "http://127.0.0.1:8000/v1"},
+    "JudgeModelConfig": {"base_url": "http://127.0.0.1:8000/v1"},
+    "LocalModelConfig": {"url": "http://127.0.0.1:8090"},
+    "LocalScoreResult": {"batch_size": 1},
 }
 """Required fields whose valid values a type-driven sample cannot guess (checked by a validator)."""
 

@@ -38,6 +38,11 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
         set(),
     ),
     "rewards": (None, {"torch", "docker", "temporalio", "transformers"} | NOT_CORE),
+    # local reward models: torch and a web server; nothing of Temporal, Docker or the reward service
+    "rewardmodels": (
+        {"rewardmodels", "contracts", "rl", "infra", "torch", "transformers", "fastapi", "uvicorn", "pydantic"},
+        set(),
+    ),
     "activities": (None, NOT_CORE),
     # infra never imports torch, not even inside a function (DESIGN.md "Layout"); rl only through TORCH_FREE_RL
     "infra": (None, {"workflows", "activities", "torch", "transformers", "accelerate", "vllm"} | NOT_CORE),

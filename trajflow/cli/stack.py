@@ -1,5 +1,5 @@
-"""The CLI's stack commands: `setup`, `reward-image`, `up`, `down`, `status` and `worker <kind>` (one worker
-process of a pool kind). Heavy imports happen inside each command."""
+"""The CLI's stack commands: `setup`, `reward-image`, `up`, `down`, `status`, `worker <kind>` (one worker
+process of a pool kind) and `reward-model serve` (a local reward model over HTTP). Heavy imports happen inside each command."""
 
 from __future__ import annotations
 
@@ -233,3 +233,27 @@ def worker_host(
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2) from None
     raise typer.Exit(run_host(children))
+
+
+reward_model_app = typer.Typer(help="Local reward models served over HTTP, batched (`kind = \"local\"`).", no_args_is_help=True)
+app.add_typer(reward_model_app, name="reward-model")
+
+
+@reward_model_app.command("serve")
+def reward_model_serve(
+    model: Annotated[str, typer.Option("--model", "-m", help="A Hugging Face checkpoint dir, `smollm2` or `tiny`.")],
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8090,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    max_batch: Annotated[int, typer.Option(help="Most requests in one forward pass.")] = 16,
+    max_wait_ms: Annotated[float, typer.Option(help="How long a batch waits to fill, in ms.")] = 20.0,
+    squash: Annotated[bool, typer.Option(help="A one-label classifier's reward is sigmoid(logit).")] = False,
+    threads: Annotated[int, typer.Option(help="torch CPU threads (0: torch's default).")] = 0,
+) -> None:
+    """Serve a reward model on POST /score for the reward service: a *ForSequenceClassification checkpoint's score,
+    or a causal LM's P(Yes) as a yes/no verifier; concurrent requests are batched. Name it in a run config as
+    \\[reward_models.NAME] with kind = "local" and url = "http://HOST:PORT"."""
+    from rewardmodels import server
+
+    argv = ["--model", model, "--port", str(port), "--host", host, "--max-batch", str(max_batch)]
+    argv += ["--max-wait-ms", str(max_wait_ms), "--threads", str(threads), *(["--squash"] if squash else [])]
+    server.main(argv)
