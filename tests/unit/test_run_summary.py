@@ -8,7 +8,8 @@ import json
 import math
 from pathlib import Path
 
-from commands.train import summarise, verdict, write_plots
+from commands.plots import write_plots
+from commands.train import summarise, verdict
 from contracts.runs import EvalResult, RunSummary
 from contracts.training import StepRecord, TrainingCounters, TrainingResult, TrainingRunConfig
 
@@ -54,8 +55,7 @@ def test_plot_runs_and_the_run_plots_read_the_summary(tmp_path: Path) -> None:
     out = tmp_path / "runs.png"
     assert plot_runs.main(["plot_runs.py", str(out), f"α=1={path}"]) == 0
     assert out.read_bytes()[:4] == b"\x89PNG"
-    history = [StepRecord(step=1, time_s=1.0, reward_mean=0.1, trajectories=1, stale_dropped_total=0, staleness=[0])]
-    pngs = write_plots(history, summary.eval_before, summary.eval_after, tmp_path)
+    pngs = write_plots(summary, tmp_path)
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
 
 
