@@ -13,6 +13,7 @@ from pathlib import Path
 from temporalio.client import Client
 
 from commands.evaluate import Say, evaluate, greedy_success
+from commands.per_task import task_lines, task_summaries, task_verdict
 from commands.plots import write_plots
 from contracts.config import RunConfig
 from contracts.runs import EvalResult, RunSummary
@@ -47,7 +48,7 @@ def progress_line(p: TrainingProgress, first_t: float, rewards: list[float] | No
         f"[{time.monotonic() - first_t:6.0f}s] step {p.version}/{p.steps}  reward {reward}  running {p.running}  "
         f"buffered {p.buffered}  trained {c.consumed}  stale-dropped {c.dropped_stale}  failed {c.failed}+"
         f"{c.infra_failed} infra  {rate:.2f} traj/s"
-    ) + (f"\n  ADMISSION PAUSED: {p.paused}" if p.paused else "")
+    ) + "".join(f"\n{line}" for line in task_lines(p)) + (f"\n  ADMISSION PAUSED: {p.paused}" if p.paused else "")
 
 
 def _local_autocast(setting: str) -> str:
@@ -199,6 +200,7 @@ def summarise(
         reward_by_step=[round(s.reward_mean, 4) for s in result.history],
         time_by_step=[round(s.time_s, 1) for s in result.history],
         last_metrics=result.history[-1].metrics if result.history else {},
+        tasks=task_summaries([t.name for t in run.tasks], result, before, after),
     )
 
 
@@ -208,9 +210,11 @@ def verdict(summary: RunSummary, plot: Path) -> str:
     minutes = summary.wall_seconds / 60
     head = f"run {summary.run_id}: {summary.steps} steps in {minutes:.1f} min of training"
     before, after = summary.eval_before, summary.eval_after
+    per_task = task_verdict(summary.tasks)
+    per_task = f"; {per_task}" if per_task else ""
     if before is None or after is None:
-        return f"{head} (not evaluated); plot: {plot}"
+        return f"{head} (not evaluated){per_task}; plot: {plot}"
     return (
         f"{head}; held-out greedy success {greedy_success(before)} -> {greedy_success(after)}, "
-        f"mean reward {before.mean_reward:.3f} -> {after.mean_reward:.3f}; plot: {plot}"
+        f"mean reward {before.mean_reward:.3f} -> {after.mean_reward:.3f}{per_task}; plot: {plot}"
     )
