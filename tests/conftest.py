@@ -376,6 +376,9 @@ def started_cli_stack(cache_dir: Path, config: Path, prefix: str = "tf-state-") 
         "TRAJFLOW_REWARD_PORT": str(free_port()),
         "TRAJFLOW_PROMETHEUS_PORT": str(free_port()),
         "TRAJFLOW_OTLP_ENDPOINT": "",  # spans to the state dir's files (test_traces reads them), whatever the shell says
+        # this checkout's code for the `trajflow` command too (the workers, `python -m trajflow` here, have it
+        # already), not an editable install of another checkout
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
     stack = CliStack(env=env, state_dir=state_dir, ui_url=f"http://127.0.0.1:{ui_port}", config=config)
     try:
