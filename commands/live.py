@@ -19,6 +19,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from commands.per_task import task_lines
 from commands.visibility import list_trajectories, quote
 from contracts import names
 from contracts.training import TrainingProgress
@@ -139,6 +140,10 @@ def format_status(s: dict[str, Any], width: int = 100) -> str:
                 f"{last.trajectories} trajectories, staleness {last.staleness}, train {last.train_s:.2f}s"
                 + (f"\n    {metrics}" if metrics else "")
             )
+        per_task = task_lines(p)
+        if per_task:
+            lines.append("per task (trajectories trained, their mean reward and wins):")
+            lines += per_task
     lines.append(f"running trajectories ({len(s['trajectories'])}; query: {s['trajectories_query']}):")
     for t in s["trajectories"]:
         mark = f" [replay of {t['replay_of']}]" if t["replay_of"] else ""

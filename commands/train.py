@@ -13,6 +13,8 @@ from pathlib import Path
 from temporalio.client import Client
 
 from commands.evaluate import Say, evaluate, greedy_success
+from commands.per_task import task_lines, task_summaries, task_verdict
+from commands.plots import write_plots
 from contracts.config import RunConfig
 from contracts.runs import EvalResult, RunSummary
 from contracts.training import StepRecord, TrainingProgress, TrainingResult, TrainingRunConfig
@@ -46,7 +48,7 @@ def progress_line(p: TrainingProgress, first_t: float, rewards: list[float] | No
         f"[{time.monotonic() - first_t:6.0f}s] step {p.version}/{p.steps}  reward {reward}  running {p.running}  "
         f"buffered {p.buffered}  trained {c.consumed}  stale-dropped {c.dropped_stale}  failed {c.failed}+"
         f"{c.infra_failed} infra  {rate:.2f} traj/s"
-    ) + (f"\n  ADMISSION PAUSED: {p.paused}" if p.paused else "")
+    ) + "".join(f"\n{line}" for line in task_lines(p)) + (f"\n  ADMISSION PAUSED: {p.paused}" if p.paused else "")
 
 
 def _local_autocast(setting: str) -> str:
@@ -103,7 +105,7 @@ async def train(
     trackers.close()
     summary = summarise(run, run_id, result, wall, before, after)
     (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2))
-    plots = write_plots(result.history, before, after, run_dir)
+    plots = write_plots(summary, run_dir)
     say(f"summary: {run_dir / 'summary.json'}; plots: {', '.join(str(p) for p in plots)}")
     return summary
 
@@ -198,6 +200,7 @@ def summarise(
         reward_by_step=[round(s.reward_mean, 4) for s in result.history],
         time_by_step=[round(s.time_s, 1) for s in result.history],
         last_metrics=result.history[-1].metrics if result.history else {},
+        tasks=task_summaries([t.name for t in run.tasks], result, before, after),
     )
 
 
@@ -207,51 +210,11 @@ def verdict(summary: RunSummary, plot: Path) -> str:
     minutes = summary.wall_seconds / 60
     head = f"run {summary.run_id}: {summary.steps} steps in {minutes:.1f} min of training"
     before, after = summary.eval_before, summary.eval_after
+    per_task = task_verdict(summary.tasks)
+    per_task = f"; {per_task}" if per_task else ""
     if before is None or after is None:
-        return f"{head} (not evaluated); plot: {plot}"
+        return f"{head} (not evaluated){per_task}; plot: {plot}"
     return (
         f"{head}; held-out greedy success {greedy_success(before)} -> {greedy_success(after)}, "
-        f"mean reward {before.mean_reward:.3f} -> {after.mean_reward:.3f}; plot: {plot}"
+        f"mean reward {before.mean_reward:.3f} -> {after.mean_reward:.3f}{per_task}; plot: {plot}"
     )
-
-
-def write_plots(
-    history: list[StepRecord], before: EvalResult | None, after: EvalResult | None, run_dir: Path
-) -> list[Path]:
-    """reward.png (mean training reward against step and against wall time) and staleness.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [s.step for s in history]
-    rewards = [s.reward_mean for s in history]
-    times = [s.time_s / 60 for s in history]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, xs, label in ((ax1, steps, "optimizer step"), (ax2, times, "wall time (min)")):
-        ax.plot(xs, rewards, marker="o", ms=3, label="training batch mean reward")
-        ax.set_xlabel(label)
-        ax.set_ylabel("reward")
-        ax.grid(alpha=0.3)
-    for ev, style in ((before, "r--"), (after, "g--")):
-        if ev:
-            ax1.axhline(ev.mean_reward, color=style[0], ls="--", label=f"held-out mean reward v{ev.version}")
-    ax1.legend(fontsize=8)
-    fig.suptitle("trajflow training run")
-    fig.tight_layout()
-    reward_png = run_dir / "reward.png"
-    fig.savefig(reward_png, dpi=100)
-    plt.close(fig)
-
-    lags = [lag for s in history for lag in s.staleness]
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    if lags:
-        ax.hist(lags, bins=range(0, max(lags) + 2), align="left", rwidth=0.8)
-    ax.set_xlabel("staleness (trainer version - sample version)")
-    ax.set_ylabel("trajectories trained")
-    ax.set_title("staleness of trained samples")
-    fig.tight_layout()
-    stale_png = run_dir / "staleness.png"
-    fig.savefig(stale_png, dpi=100)
-    plt.close(fig)
-    return [reward_png, stale_png]

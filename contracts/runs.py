@@ -61,6 +61,31 @@ class EvalResult(Contract):
     """One row per held-out seed, in seed order."""
 
 
+class TaskEval(Contract):
+    """One task's share of an evaluation: its greedy episodes (the eval's tasks take turns over the seeds)."""
+
+    episodes: int
+    wins: int
+    success_rate: float
+    """Greedy wins over this task's episodes (0.0 when it had none)."""
+    mean_reward: float
+    """Mean reward of this task's scored greedy episodes (0.0 when none was)."""
+
+
+class TaskSummary(Contract):
+    """One task of a run as `summary.json` keeps it (`RunSummary.tasks`)."""
+
+    trajectories_trained: int
+    wins: int
+    """Of them, those whose last env reward was at least 1."""
+    reward_by_step: list[float | None] = Field(default_factory=list)
+    """Mean reward of this task's trajectories in each step's batch (None: none of them in that step)."""
+    success_by_step: list[float | None] = Field(default_factory=list)
+    """Wins over this task's trajectories in each step's batch (None: none of them in that step)."""
+    eval_before: TaskEval | None = None
+    eval_after: TaskEval | None = None
+
+
 class RunSummary(Contract):
     """A training run as `summary.json` keeps it."""
 
@@ -89,3 +114,6 @@ class RunSummary(Contract):
     """Seconds since the run started at which each step ended."""
     last_metrics: dict[str, float] = Field(default_factory=dict)
     """The last step's trainer metrics (loss, clip fraction, rollout/trainer KL, ...)."""
+    tasks: dict[str, TaskSummary] = Field(default_factory=dict)
+    """Task name (config order) -> its trajectories trained, reward and success by step, held-out eval before and
+    after (every task of the run, one-task runs too)."""

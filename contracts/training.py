@@ -107,6 +107,39 @@ class TrainRef(_Model):
     group: str
     reward: float
     policy_version: int
+    task: str = ""
+    """The task's name (`TaskConfig.name`; a user-started trajectory's own `task`, or "external")."""
+    won: bool = False
+    """Its last env reward was at least 1 (a win, as eval counts them)."""
+
+
+class TaskStats(_Model):
+    """Trajectories of one task trained on: in one step (`StepRecord.by_task`) or so far (`TrainingState.by_task`)."""
+
+    trajectories: int = 0
+    reward_mean: float = 0.0
+    wins: int = 0
+    """Of them, those whose last env reward was at least 1."""
+
+    @classmethod
+    def of(cls, refs: list[TrainRef]) -> dict[str, TaskStats]:
+        """Per task name, the stats of `refs`."""
+        out: dict[str, TaskStats] = {}
+        for name in dict.fromkeys(r.task for r in refs):
+            mine = [r for r in refs if r.task == name]
+            mean = round(sum(r.reward for r in mine) / len(mine), 6)  # short in the history the state carries
+            out[name] = cls(trajectories=len(mine), reward_mean=mean, wins=sum(r.won for r in mine))
+        return out
+
+    def plus(self, other: TaskStats) -> TaskStats:
+        n = self.trajectories + other.trajectories
+        total = self.reward_mean * self.trajectories + other.reward_mean * other.trajectories
+        return TaskStats(trajectories=n, reward_mean=total / n if n else 0.0, wins=self.wins + other.wins)
+
+    @property
+    def success(self) -> float:
+        """Wins over trajectories (0.0 for none)."""
+        return self.wins / self.trajectories if self.trajectories else 0.0
 
 
 class TrainStepInput(_Model):
@@ -203,6 +236,17 @@ class StepRecord(_Model):
     """v_train - version of every trajectory trained on in this step."""
     metrics: dict[str, float] = Field(default_factory=dict)
     train_s: float = 0.0
+    wins: int = 0
+    """Trajectories of the batch whose last env reward was at least 1."""
+    by_task: dict[str, TaskStats] = Field(default_factory=dict)
+    """In a run of several tasks, task name -> its trajectories in this step's batch (absent: none of that task);
+    empty in a one-task run (the step's own figures are that task's), so the history a run carries stays small."""
+
+    def task_stats(self, tasks: list[str]) -> dict[str, TaskStats]:
+        """Task name -> this step's trajectories of it: `by_task`, or in a one-task run the step's own figures."""
+        if self.by_task or len(tasks) != 1:
+            return self.by_task
+        return {tasks[0]: TaskStats(trajectories=self.trajectories, reward_mean=self.reward_mean, wins=self.wins)}
 
 
 class TrainingState(_Model):
@@ -222,6 +266,8 @@ class TrainingState(_Model):
     task_groups: list[int] = Field(default_factory=list)
     """Groups started so far per task (index into `TrainingRunConfig.tasks`): the weighted choice of a task."""
     history: list[StepRecord] = Field(default_factory=list)
+    by_task: dict[str, TaskStats] = Field(default_factory=dict)
+    """Task name -> every trajectory of it trained on so far (kept whole, unlike `history`)."""
     started_at: float = 0.0
     """Workflow time (seconds) when the run began, kept across continue-as-new."""
     continued: int = 0
@@ -257,6 +303,8 @@ class TrainingResult(_Model):
     counters: TrainingCounters
     history: list[StepRecord]
     wall_seconds: float
+    by_task: dict[str, TaskStats] = Field(default_factory=dict)
+    """Task name -> every trajectory of it trained on in the run."""
 
 
 class TrainingProgress(_Model):
@@ -274,6 +322,10 @@ class TrainingProgress(_Model):
     elapsed_s: float
     paused: str | None = None
     """Why admission is stopped, while it is."""
+    tasks: list[str] = Field(default_factory=list)
+    """The run's task names, in config order."""
+    by_task: dict[str, TaskStats] = Field(default_factory=dict)
+    """Task name -> every trajectory of it trained on so far (the last step's are in `last.by_task`)."""
 
 
 class WatchChildrenInput(_Model):

@@ -342,6 +342,9 @@ class TrajectoryResult(Contract):
     env_recoveries: int
     error: str | None = None
     seconds: float = 0.0
+    won: bool = False
+    """Completed, and its last env reward was at least 1: what eval calls a win (False in histories from before
+    this field)."""
 
 
 class TrajectoryProgress(Contract):
@@ -371,3 +374,5 @@ class TrajectoryReport(Contract):
     status: TrajectoryStatus
     error: str | None = None
     """Why it failed, when it did (the training workflow names it when it stops admission)."""
+    won: bool = False
+    """Completed, and its last env reward was at least 1 (what eval calls a win); False from older trajectories."""

@@ -13,7 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -363,9 +363,10 @@ def stack_state_dir(cache_dir: Path, prefix: str) -> Path:
     return state_dir
 
 
-@pytest.fixture(scope="session")
-def cli_stack(cache_dir: Path) -> Iterator[CliStack]:
-    state_dir = stack_state_dir(cache_dir, "tf-state-")
+@contextmanager
+def started_cli_stack(cache_dir: Path, config: Path, prefix: str = "tf-state-") -> Iterator[CliStack]:
+    """`trajflow up -c CONFIG` in a fresh state dir on free ports (the caches shared), `trajflow down` after."""
+    state_dir = stack_state_dir(cache_dir, prefix)
     ui_port = free_port()
     env = {
         **os.environ,
@@ -375,8 +376,11 @@ def cli_stack(cache_dir: Path) -> Iterator[CliStack]:
         "TRAJFLOW_REWARD_PORT": str(free_port()),
         "TRAJFLOW_PROMETHEUS_PORT": str(free_port()),
         "TRAJFLOW_OTLP_ENDPOINT": "",  # spans to the state dir's files (test_traces reads them), whatever the shell says
+        # this checkout's code for the `trajflow` command too (the workers, `python -m trajflow` here, have it
+        # already), not an editable install of another checkout
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
-    stack = CliStack(env=env, state_dir=state_dir, ui_url=f"http://127.0.0.1:{ui_port}", config=ROOT / "configs" / "tiny.toml")
+    stack = CliStack(env=env, state_dir=state_dir, ui_url=f"http://127.0.0.1:{ui_port}", config=config)
     try:
         stack.trajflow("up", "-c", str(stack.config))
         yield stack
@@ -385,3 +389,9 @@ def cli_stack(cache_dir: Path) -> Iterator[CliStack]:
         import shutil
 
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cli_stack(cache_dir: Path) -> Iterator[CliStack]:
+    with started_cli_stack(cache_dir, ROOT / "configs" / "tiny.toml") as stack:
+        yield stack

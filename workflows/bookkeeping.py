@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from contracts.training import (
     GroupState,
     StepRecord,
+    TaskStats,
     TrainingRunConfig,
     TrainingState,
     TrainRef,
@@ -237,7 +238,11 @@ class Book:
             staleness=[step.version - r.policy_version for r in refs],
             metrics=res.metrics,
             train_s=res.seconds,
+            wins=sum(r.won for r in refs),
+            by_task=TaskStats.of(refs) if len(self.cfg.tasks) > 1 else {},
         )
+        for name, stats in TaskStats.of(refs).items():
+            s.by_task[name] = s.by_task.get(name, TaskStats()).plus(stats)
         s.history.append(record)
         del s.history[:-HISTORY_KEPT]
         return record
@@ -286,7 +291,7 @@ class Book:
         if result is not None:
             return TrajectoryReport(workflow_id=wid, trajectory_uri=result.trajectory_uri, group=group,
                                     policy_version=result.policy_version, reward=result.reward,
-                                    status=result.status, error=result.error)  # fmt: skip
+                                    status=result.status, error=result.error, won=result.won)  # fmt: skip
         return TrajectoryReport(workflow_id=wid, trajectory_uri=None, group=group, policy_version=None, reward=None,
                                 status=TrajectoryStatus.INFRA_FAILED, error="ended without a report")  # fmt: skip
 
@@ -321,6 +326,8 @@ class Book:
                     group=key,
                     reward=report.reward,
                     policy_version=report.policy_version or 0,
+                    task=self.cfg.tasks[g.task].name if g.task >= 0 else "external",
+                    won=report.won,
                 )
             )
         else:

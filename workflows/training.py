@@ -115,6 +115,7 @@ class TrainingWorkflow:
             counters=self.s.counters,
             history=self.s.history,
             wall_seconds=workflow.time() - self.s.started_at,
+            by_task=self.s.by_task,
         )
 
     async def _admission_loop(self) -> None:
@@ -290,6 +291,8 @@ class TrainingWorkflow:
             last=s.history[-1] if s.history else None,
             elapsed_s=workflow.time() - s.started_at,
             paused=s.paused,
+            tasks=[t.name for t in self.cfg.tasks],
+            by_task=s.by_task,
         )
 
     @workflow.query(name=names.QUERY_STATE)

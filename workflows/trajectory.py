@@ -147,6 +147,8 @@ class TrajectoryWorkflow:
             env_recoveries=self.recoveries,
             error=error,
             seconds=seconds,
+            # a win as eval counts one (commands/evaluate.py): completed, the last env reward at least 1
+            won=status is TrajectoryStatus.COMPLETED and bool(self.turns) and self.turns[-1].env_reward >= 1.0,
         )
         self._record_end(result)
         await self._report(result)
@@ -313,6 +315,7 @@ class TrajectoryWorkflow:
             reward=result.reward,
             status=result.status,
             error=result.error,
+            won=result.won,
         )
         try:
             await workflow.get_external_workflow_handle(target).signal(

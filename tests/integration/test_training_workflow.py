@@ -14,6 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from contracts import names
+from contracts.records import TrajectoryRecord
 from contracts.tasks import TaskConfig
 from contracts.training import TrainingRunConfig, TrainingState, TrainRef, TrainStepInput
 from contracts.trajectory import SamplingParams, StagePools, TrajectoryReport, TrajectoryStatus
@@ -331,6 +332,15 @@ async def test_a_two_task_run_trains_on_both_tasks(temporal_env, reward_service,
         tasks = [await _task_of(st.client, r.workflow_id) for v in sorted(steps) for r in steps[v]]
     assert result.version == 3 and result.counters.consumed == 6
     assert tasks.count("heavy") == 4 and tasks.count("light") == 2, tasks
+    # each trained sample carries its task and whether it won (its last env reward at least 1, as its record says)
+    refs = [r for v in sorted(steps) for r in steps[v]]
+    for ref in refs:
+        record = TrajectoryRecord.model_validate(store.get_json(ref.trajectory_uri))
+        assert ref.task == record.request.task and ref.won == (record.turns[-1].env_reward >= 1.0), ref
+    for name in ("heavy", "light"):
+        mine = [r for r in refs if r.task == name]
+        assert result.by_task[name].trajectories == len(mine) and result.by_task[name].wins == sum(r.won for r in mine)
+    assert [sum(s.trajectories for s in step.by_task.values()) for step in result.history] == [2, 2, 2]
 
 
 async def test_continue_as_new_while_a_step_trains_issues_the_step_again(
