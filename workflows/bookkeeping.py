@@ -225,10 +225,8 @@ class Book:
 
     def finish_step(self, step: TrainStepInput, res: TrainStepResult, time_s: float) -> StepRecord:
         """The trainer took `step`: the new version and its record (`time_s`: since the run started)."""
-        s = self.s
-        refs = step.refs
-        s.version = res.version
-        s.step = None
+        s, refs, per_task = self.s, step.refs, TaskStats.of(step.refs)
+        s.version, s.step = res.version, None
         record = StepRecord(
             step=res.version,
             time_s=time_s,
@@ -239,9 +237,9 @@ class Book:
             metrics=res.metrics,
             train_s=res.seconds,
             wins=sum(r.won for r in refs),
-            by_task=TaskStats.of(refs) if len(self.cfg.tasks) > 1 else {},
+            by_task=per_task if len(self.cfg.tasks) > 1 else {},
         )
-        for name, stats in TaskStats.of(refs).items():
+        for name, stats in per_task.items():
             s.by_task[name] = s.by_task.get(name, TaskStats()).plus(stats)
         s.history.append(record)
         del s.history[:-HISTORY_KEPT]
