@@ -7,7 +7,7 @@ import pytest
 from contracts.trajectory import ScoreRequest, ScoreResult
 from rewards import registry
 
-BUILTINS = ["env_final", "env_outcome", "exact_match", "math_verify", "regex_match", "success", "success_or_penalty"]
+BUILTINS = ["env_final", "env_outcome", "exact_match", "math_verify", "regex_match", "success", "success_or_penalty", "verifier"]
 
 
 def _req(fn: str, rewards: list[float], actions: int | None = None, **kw: object) -> ScoreRequest:
