@@ -156,6 +156,20 @@ async def temporal_env():  # type: ignore[no-untyped-def]
         await env.shutdown()
 
 
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, what: str, log: Path | None = None) -> None:  # type: ignore[type-arg]
+    """Wait until the HTTP server `proc` answers 200 on `url`/healthz; fail at once (with the end of `log`) if it
+    exits first."""
+
+    def healthy() -> bool:
+        assert proc.poll() is None, f"{what} exited" + (f": {log.read_text()[-2000:]}" if log else "")
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(healthy, timeout_s, what=f"{what} health")
+
+
 @pytest.fixture(scope="session")
 def reward_service() -> Iterator[str]:
     port = free_port()
@@ -166,16 +180,8 @@ def reward_service() -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        assert proc.poll() is None, "reward service exited"
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_for(healthy, 30, what="reward service health")
+        wait_healthy(proc, url, 30, "reward service")
         yield url
     finally:
         proc.terminate()

@@ -89,6 +89,19 @@ def module_path(root: Path, module: str) -> Path | None:
     return None
 
 
+def parse_module(root: Path, module: str, where: str, kind: str = "module") -> tuple[Path, ast.Module]:
+    """The file of `module` under `root` and its syntax tree; EnvSourceError (prefixed `where`) when it is missing
+    or does not parse."""
+    path = module_path(root, module)
+    if path is None:
+        stem = "/".join(module.split("."))
+        raise EnvSourceError(f"{where}: no {kind} {module!r} in {root} (expected {stem}.py or {stem}/__init__.py)")
+    try:
+        return path, ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError as e:
+        raise EnvSourceError(f"{where}: {path}:{e.lineno}: syntax error: {e.msg}") from None
+
+
 def read_requirements(root: Path) -> tuple[str, ...]:
     """The requirement lines of `root/requirements.txt` (comments and blanks dropped), checked for form."""
     from packaging.requirements import InvalidRequirement, Requirement
@@ -122,14 +135,7 @@ def check_source(env_id: str, env_path: str | Path) -> EnvSource:
     root = Path(env_path).expanduser().resolve()
     if not root.is_dir():
         raise EnvSourceError(f"{env_id}: env_path {str(env_path)!r} is not a directory")
-    path = module_path(root, module)
-    if path is None:
-        where = "/".join(module.split("."))
-        raise EnvSourceError(f"{env_id}: no module {module!r} in {root} (expected {where}.py or {where}/__init__.py)")
-    try:
-        tree = ast.parse(path.read_text(), filename=str(path))
-    except SyntaxError as e:
-        raise EnvSourceError(f"{env_id}: {path}:{e.lineno}: syntax error: {e.msg}") from None
+    path, tree = parse_module(root, module, env_id)
     _check_class(env_id, path, tree, cls)
     total = sum(len(data) for data in source_files(root).values())
     if total > MAX_SOURCE_BYTES:
@@ -140,15 +146,19 @@ def check_source(env_id: str, env_path: str | Path) -> EnvSource:
     return EnvSource(root, module, cls, read_requirements(root))
 
 
+def bound_at_top_level(tree: ast.Module, name: str) -> bool:
+    """Whether the module imports or assigns `name` at its top level (what `ast` alone cannot look into)."""
+    return any(
+        isinstance(n, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in n.names)
+        or isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+        for n in tree.body
+    )
+
+
 def _check_class(env_id: str, path: Path, tree: ast.Module, cls: str) -> None:
     found = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
     if found is None:
-        bound = any(
-            isinstance(n, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == cls for a in n.names)
-            or isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == cls for t in n.targets)
-            for n in tree.body
-        )
-        if bound:
+        if bound_at_top_level(tree, cls):
             return  # imported or assigned at the top level: ast cannot see its methods
         classes = sorted(n.name for n in tree.body if isinstance(n, ast.ClassDef))
         raise EnvSourceError(

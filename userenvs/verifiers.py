@@ -19,7 +19,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from userenvs.source import REQUIREMENTS_FILE, EnvSourceError, module_path, read_requirements, source_files
+from userenvs.source import (
+    REQUIREMENTS_FILE,
+    EnvSourceError,
+    bound_at_top_level,
+    parse_module,
+    read_requirements,
+    source_files,
+)
 
 _SPEC = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):([A-Za-z_][A-Za-z0-9_]*)")
 SIGNATURE = "FUNCTION(response, reference) or FUNCTION(response, reference, metadata), returning a float or a bool"
@@ -57,14 +64,7 @@ def check_verifier(spec: object, root: Path, where: str) -> VerifierSource:
             f"beside the dataset file)"
         )
     module, function = match.groups()
-    path = module_path(root, module)
-    if path is None:
-        stem = "/".join(module.split("."))
-        raise EnvSourceError(f"{where}: no verifier module {module!r} in {root} (expected {stem}.py or {stem}/__init__.py)")
-    try:
-        tree = ast.parse(path.read_text(), filename=str(path))
-    except SyntaxError as e:
-        raise EnvSourceError(f"{where}: {path}:{e.lineno}: syntax error: {e.msg}") from None
+    path, tree = parse_module(root, module, where, "verifier module")
     _check_function(where, path, tree, function)
     return VerifierSource(root, module, function, read_requirements(root))
 
@@ -72,12 +72,7 @@ def check_verifier(spec: object, root: Path, where: str) -> VerifierSource:
 def _check_function(where: str, path: Path, tree: ast.Module, name: str) -> None:
     found = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name), None)
     if found is None:
-        bound = any(
-            isinstance(n, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in n.names)
-            or isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
-            for n in tree.body
-        )
-        if bound:
+        if bound_at_top_level(tree, name):
             return  # imported or assigned at the top level: ast cannot see its signature
         functions = sorted(n.name for n in tree.body if isinstance(n, ast.FunctionDef))
         raise EnvSourceError(

@@ -28,7 +28,7 @@ from contracts.reward_models import LocalModelConfig, LocalScoreRequest
 from contracts.trajectory import ScoreRequest, TrajectoryStatus
 from rewardmodels.scorer import verifier_text
 from rewards.client import RewardClient
-from tests.conftest import ROOT, free_port, running_stack, wait_for
+from tests.conftest import ROOT, free_port, running_stack, wait_healthy
 from tests.integration.test_user_env import script
 from userenvs.submit import package_env
 
@@ -65,16 +65,8 @@ def start_server(model: Path, log: Path) -> Server:
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     server = Server(f"http://127.0.0.1:{port}", proc)
-
-    def healthy() -> bool:
-        assert proc.poll() is None, f"reward-model server exited: {log.read_text()[-2000:]}"
-        try:
-            return httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        wait_for(healthy, 180, what="reward-model server health")
+        wait_healthy(proc, server.url, 180, "reward-model server", log)
     except BaseException:
         server.stop()
         raise
