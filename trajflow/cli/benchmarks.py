@@ -160,6 +160,21 @@ def bench_prefix_cache(
     _exit(prefix_main(quick, json_path, load_settings().cache_dir / "models", episodes, threads))
 
 
+@bench_app.command("reward-model")
+def bench_reward_model(
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
+    requests: Annotated[int, typer.Option("--requests", min=2, max=500, help="Requests sent at once.")] = 48,
+    max_batch: Annotated[int, typer.Option("--max-batch", min=2, help="The batched setting's largest batch.")] = 16,
+    port: Annotated[int, typer.Option("--port", help="Port the server listens on while measured.")] = 8091,
+    quick: Annotated[bool, typer.Option("--quick", help="The tiny model: a smoke test, not a measurement.")] = False,
+) -> None:
+    """A local reward model (SmolLM2 as a yes/no verifier, `trajflow reward-model serve`) at --max-batch 1 and
+    batched, side by side: requests/s, the batches formed, and that batching leaves every reward the same."""
+    from bench.reward_model import main as reward_model_main
+
+    _exit(reward_model_main(quick, json_path, requests, max_batch, port))
+
+
 @bench_app.command("scale")
 def bench_scale(
     quick: Annotated[bool, typer.Option("--quick", help="Smoke run (~1.5 min): 20 and 100 in flight, short turns.")] = False,
