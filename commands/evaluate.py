@@ -24,12 +24,10 @@ from dataclasses import dataclass
 
 from temporalio.client import Client
 
-from contracts.records import TrajectoryRecord
 from contracts.runs import EpisodeEval, EvalResult
 from contracts.tasks import TaskConfig
 from contracts.training import TrainingRunConfig
 from contracts.trajectory import SamplingParams, TrajectoryResult, TrajectoryStatus
-from infra.store import ObjectStore
 from trajflow.client import start_trajectory
 
 Say = Callable[[str], None]
@@ -85,7 +83,6 @@ class _Progress:
 
 async def evaluate(
     client: Client,
-    store: ObjectStore,
     run: TrainingRunConfig,
     say: Say,
     *,
@@ -112,7 +109,7 @@ async def evaluate(
         req = task.request(seed, sampling=sampling, policy=pinned, min_policy_version=version, group=prefix)
         async with gate:
             handle = await start_trajectory(req, client=client, workflow_id=workflow_id)
-            outcome = await _outcome(store, await handle.result())
+            outcome = _outcome(await handle.result())
         progress.tick(outcome.win)
         return outcome
 
@@ -143,12 +140,11 @@ async def evaluate(
     return result
 
 
-async def _outcome(store: ObjectStore, res: TrajectoryResult) -> _Outcome:
-    if res.status is not TrajectoryStatus.COMPLETED or res.trajectory_uri is None:
+def _outcome(res: TrajectoryResult) -> _Outcome:
+    """The episode's status, reward (None: not scored) and win (the trajectory's own `won`: last env reward >= 1)."""
+    if res.status is not TrajectoryStatus.COMPLETED:
         return _Outcome(res.status, None, False)
-    record = TrajectoryRecord.model_validate(await asyncio.to_thread(store.get_json, res.trajectory_uri))
-    win = bool(record.turns and record.turns[-1].env_reward >= 1.0)
-    return _Outcome(res.status, res.reward or 0.0, win)
+    return _Outcome(res.status, res.reward or 0.0, res.won)
 
 
 def summarise_eval(

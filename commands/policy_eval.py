@@ -117,7 +117,6 @@ class EvalPlan:
     """The config's tasks and held-out seeds (`eval.episodes` overridden by `--episodes`)."""
     spec: PolicySpec
     version: int
-    store: ObjectStore
 
 
 def plan_eval(config: RunConfig, settings: Settings, policy: str | None, episodes: int | None) -> EvalPlan:
@@ -135,7 +134,7 @@ def plan_eval(config: RunConfig, settings: Settings, policy: str | None, episode
         raise EvalError("nothing to evaluate: [train.eval] episodes is 0 (give --episodes N)")
     store = open_store_from(settings)
     version = resolve_version(store, PolicyStore(store, settings.state_dir / "cache" / "eval"), spec)
-    return EvalPlan(run, spec, version, store)
+    return EvalPlan(run, spec, version)
 
 
 async def run_eval(
@@ -158,7 +157,6 @@ async def run_eval(
     )
     return await evaluate(
         client,
-        plan.store,
         run,
         say,
         policy=spec.run,

@@ -19,7 +19,6 @@ from contracts.config import RunConfig
 from contracts.runs import EvalResult, RunSummary
 from contracts.training import StepRecord, TrainingProgress, TrainingResult, TrainingRunConfig
 from infra.settings import Settings
-from infra.store import ObjectStore
 from tracking.base import Fanout, eval_scalars, open_trackers, step_scalars
 from trajflow.client import start_training, training_progress
 
@@ -65,7 +64,6 @@ async def train(
     config: RunConfig,
     settings: Settings,
     client: Client,
-    store: ObjectStore,
     run_id: str,
     run_dir: Path,
     say: Say,
@@ -86,7 +84,7 @@ async def train(
         say(f"tracking: {', '.join(trackers.names)} (TensorBoard: tensorboard --logdir {run_dir.parent})")
     trackers.config(config.model_dump(mode="json"))
     evaluate_now = not skip_eval and run.eval.episodes > 0
-    before = await evaluate(client, store, run, say, policy=run_id, version=0) if evaluate_now else None
+    before = await evaluate(client, run, say, policy=run_id, version=0) if evaluate_now else None
     if before is not None:
         trackers.scalars(0, eval_scalars(before))
     t0 = time.monotonic()
@@ -99,7 +97,7 @@ async def train(
     for record in result.history:  # the steps the 2-s polls did not see (a fast trainer), in order
         steps.log(record)
     wall = time.monotonic() - t0
-    after = await evaluate(client, store, run, say, policy=run_id, version=result.version) if evaluate_now else None
+    after = await evaluate(client, run, say, policy=run_id, version=result.version) if evaluate_now else None
     if after is not None:
         trackers.scalars(result.version, eval_scalars(after))
     trackers.close()

@@ -69,6 +69,11 @@ class RewardServiceBadAnswer(RewardError):
     retryable = False
 
 
+def retryable_status(status: int) -> bool:
+    """A 5xx, or 408 (request timeout) or 429 (throttled): the server says "try later" (see the module docstring)."""
+    return status >= 500 or status in (408, 429)
+
+
 def _service_message(response: httpx.Response) -> str:
     """The `message` (or `detail`) of a JSON error body, else the first characters of the body."""
     try:
@@ -138,7 +143,7 @@ class RewardClient:
         status = response.status_code
         if 200 <= status < 300:
             return response
-        if status >= 500 or status in (408, 429):
+        if retryable_status(status):
             raise RewardServiceUnavailable(f"{method} {url} answered {status}: {_service_message(response)}")
         if 400 <= status < 500:
             raise RewardRequestRejected(status, _service_message(response))

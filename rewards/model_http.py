@@ -18,6 +18,8 @@ import json
 
 import httpx
 
+from rewards.client import retryable_status
+
 EXCERPT = 200
 """How much of a model's reply details and error messages quote."""
 
@@ -43,7 +45,7 @@ async def post_json(url: str, body: dict, headers: dict[str, str], timeout_s: fl
         raise RewardModelUnavailable(f"{what} at {url}: {type(e).__name__}: {e}") from None
     status = response.status_code
     said = response.text[:EXCERPT]
-    if status >= 500 or status in (408, 429):
+    if retryable_status(status):
         raise RewardModelUnavailable(f"{what} at {url} answered {status}: {said!r}")
     if not 200 <= status < 300:
         hint = {401: " (check the API key)", 403: " (check the API key)", 404: " (check the URL and the model name)"}

@@ -93,7 +93,6 @@ def train(
     from commands.train import verdict
     from contracts.runs import RunSummary
     from infra.settings import load_settings
-    from infra.store import open_store_from
     from infra.temporal import connect
     from trajflow.client import new_run_id
 
@@ -121,8 +120,7 @@ def train(
 
     async def main() -> RunSummary:
         client = await connect(settings)
-        store = open_store_from(settings)
-        return await run_training(config, settings, client, store, rid, run_dir, _say, skip_eval=no_eval)
+        return await run_training(config, settings, client, rid, run_dir, _say, skip_eval=no_eval)
 
     summary = asyncio.run(main())
     if json_summary:
