@@ -19,15 +19,15 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from chaos.audit import ChaosCounts, audit, collect
+from chaos.containers import ContainerKills, kill_sandboxes, sleep_or
 from contracts import names
 from contracts.config import RunConfig
 from contracts.training import TrainingProgress, TrainingResult, TrainingRunConfig
-from contracts.trajectory import TrajectoryProgress
 from infra import stack
 from infra.settings import Settings
 from infra.temporal import wait_until_reachable
@@ -49,15 +49,6 @@ class FaultRecord:
     """Until the run moved on after the restart (`recovered`)."""
     step_attempt: int = 0
     """For the trainer: the train step's attempt seen after the kill (>= 2: the kill interrupted it)."""
-
-
-@dataclass
-class ContainerKills:
-    episodes_seen: int = 0
-    targeted: int = 0
-    killed: int = 0
-    ended_before_kill: int = 0
-    killed_ids: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -117,12 +108,10 @@ def chaos_run_config(config: RunConfig, quick: bool) -> TrainingRunConfig:
 
 class Chaos:
     def __init__(  # type: ignore[no-untyped-def]
-        self, settings: Settings, client, store, run_id: str, run: TrainingRunConfig, say: Say, *, kill_rate: float, seed: int
+        self, settings: Settings, client, store, run_id: str, run: TrainingRunConfig, say: Say
     ) -> None:
         self.settings, self.client, self.store = settings, client, store
         self.run_id, self.run, self.say = run_id, run, say
-        self.kill_rate = kill_rate
-        self.rng = random.Random(seed)
         self.handle = client.get_workflow_handle(run_id, result_type=TrainingResult)
         self.t0 = time.monotonic()
         self.faults: list[FaultRecord] = []
@@ -146,13 +135,13 @@ class Chaos:
                 self.timeline.append((self.now(), ended(p), p.version))
             except Exception:  # noqa: BLE001 - server restarting or between continue-as-new runs
                 pass
-            await _sleep_or(done, 1.0)
+            await sleep_or(done, 1.0)
 
     async def until(self, predicate: Callable[[TrainingProgress], bool], done: asyncio.Event) -> bool:
         while not done.is_set():
             if self.progress is not None and predicate(self.progress):
                 return True
-            await _sleep_or(done, 0.2)
+            await sleep_or(done, 0.2)
         return False
 
     # --- process faults -------------------------------------------------------------------------------------
@@ -205,7 +194,7 @@ class Chaos:
                     running &= started
             except Exception:  # noqa: BLE001 - between continue-as-new runs
                 pass
-            await _sleep_or(done, 0.1)
+            await sleep_or(done, 0.1)
         return False
 
     async def _time_recovery(self, record: FaultRecord, before: TrainingProgress, done: asyncio.Event) -> None:
@@ -241,8 +230,6 @@ class Chaos:
                 record.recovered_after_s = round(self.now() - record.at_s, 1)
                 record.detail += "; recovered by the run's end (the last samples missed it)"
 
-    # --- sandbox kills --------------------------------------------------------------------------------------
-
     async def _step_retried(self, record: FaultRecord, done: asyncio.Event) -> None:
         """Watch the pending train step until it shows a second attempt: proof the kill interrupted it."""
         while not done.is_set():
@@ -253,50 +240,7 @@ class Chaos:
                         return
             except Exception:  # noqa: BLE001 - server restarting, between continue-as-new runs
                 pass
-            await _sleep_or(done, 0.5)
-
-    async def kill_containers(self, done: asyncio.Event) -> None:
-        """Pick `kill_rate` of the run's episodes; kill each one's sandbox container once the episode has one."""
-        import docker
-
-        from sandbox.labels import SANDBOX_ID
-
-        engine = docker.from_env()
-        decided: dict[str, bool] = {}
-        query = (
-            f"WorkflowType = '{names.TRAJECTORY_WORKFLOW}' AND {names.SA_RUN} = '{self.run_id}' "
-            "AND ExecutionStatus = 'Running'"
-        )
-        c = self.containers
-        while not done.is_set():
-            try:
-                running = [wf.id async for wf in self.client.list_workflows(query)]
-            except Exception:  # noqa: BLE001 - server restarting
-                running = []
-            for wid in running:
-                if wid not in decided:
-                    decided[wid] = self.rng.random() < self.kill_rate
-                    c.episodes_seen += 1
-                    c.targeted += decided[wid]
-                if not decided[wid] or wid in c.killed_ids:
-                    continue
-                try:
-                    p = await self.client.get_workflow_handle(wid).query(
-                        names.QUERY_PROGRESS, result_type=TrajectoryProgress
-                    )
-                except Exception:  # noqa: BLE001 - it ended meanwhile, or the server restarts
-                    continue
-                if p.sandbox:
-                    found = await asyncio.to_thread(
-                        engine.containers.list, filters={"label": f"{SANDBOX_ID}={p.sandbox}"}
-                    )
-                    for container in found:
-                        await asyncio.to_thread(container.kill)
-                    if found:
-                        c.killed += 1
-                        c.killed_ids.append(wid)
-            await _sleep_or(done, 0.5)
-        c.ended_before_kill = c.targeted - c.killed
+            await sleep_or(done, 0.5)
 
 
 def fault_moments(trajectories: int, faults: int) -> list[int]:
@@ -319,13 +263,6 @@ def recovered(fault: str, now: TrainingProgress, before: TrainingProgress) -> bo
 def ended(p: TrainingProgress) -> int:
     c = p.counters
     return c.completed + c.failed + c.infra_failed
-
-
-async def _sleep_or(event: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(event.wait(), timeout=seconds)
-    except TimeoutError:
-        pass
 
 
 async def run_chaos(
@@ -351,11 +288,13 @@ async def run_chaos(
         f"chaos run {run_id}: {run.steps} steps of B={run.batch_size}, alpha={run.alpha}; faults: "
         f"{', '.join(PROCESS_FAULTS)}; {kill_rate:.0%} of episodes lose their sandbox container mid-episode"
     )
-    chaos = Chaos(settings, client, store, run_id, run, say, kill_rate=kill_rate, seed=seed)
+    chaos = Chaos(settings, client, store, run_id, run, say)
     await start_training(run, run_id=run_id, client=client)
     done = asyncio.Event()
     watcher = asyncio.create_task(chaos.watch(done))
-    killer = asyncio.create_task(chaos.kill_containers(done))
+    killer = asyncio.create_task(
+        kill_sandboxes(client, run_id, chaos.containers, done, kill_rate=kill_rate, rng=random.Random(seed))
+    )
     faults = asyncio.create_task(chaos.inject_process_faults(done))
     result = await follow_run(chaos.handle, say)
     done.set()

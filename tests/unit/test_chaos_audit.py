@@ -119,7 +119,7 @@ class _Client:
 
 def test_the_runs_end_counts_as_recovery_when_it_moved_past_the_fault() -> None:
     run = TrainingRunConfig.model_validate({"steps": 6, "batch_size": 8, "group_size": 4})
-    chaos = Chaos(None, _Client(), None, "r", run, print, kill_rate=0.0, seed=0)  # type: ignore[arg-type]
+    chaos = Chaos(None, _Client(), None, "r", run, print)  # type: ignore[arg-type]
     chaos.faults = [FaultRecord("temporal", 80.0, "killed"), FaultRecord("decode", 85.0, "killed")]
     chaos.before = {0: progress(version=5, completed=48), 1: progress(version=6, completed=48)}
     result = TrainingResult(run_id="r", version=6, counters=TrainingCounters(completed=48), history=[], wall_seconds=90.0)
