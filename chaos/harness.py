@@ -3,7 +3,8 @@
 Faults, in this order, each at its moment (`fault_moments`) and once the one before has recovered:
     decode, env, reward, orchestrator   kill -9 of that worker process, restarted at once (a crash + supervisor)
     temporal                            kill -9 of the Temporal dev server, restarted on the same database
-    trainer                             kill -9 as a `trainer.train_step` starts (mid-step), restarted
+    trainer                             kill -9 as a `trainer.train_step` starts (mid-step), restarted; a kill
+                                        that missed (the step finished first) is repeated at the next step
 and throughout the run, `--container-kill-rate` (10%) of episodes get their sandbox container killed while the
 episode runs. When the run has ended, `chaos.audit` counts from Temporal and the store: started, completed,
 failed, infra-failed, lost, consumed twice, infra failures scored, steps completed vs configured.
@@ -49,6 +50,8 @@ class FaultRecord:
     """Until the run moved on after the restart (`recovered`)."""
     step_attempt: int = 0
     """For the trainer: the train step's attempt seen after the kill (>= 2: the kill interrupted it)."""
+    kills: int = 1
+    """For the trainer: the kills it took to land one mid-step (a step that finished first is killed again)."""
 
 
 @dataclass
@@ -156,27 +159,60 @@ class Chaos:
                 lambda p, d=due, r=previous: ended(p) >= d and (r is None or r.recovered_after_s is not None), done
             ):
                 return list(PROCESS_FAULTS[i:])
-            if fault == "trainer" and not await self._wait_for_train_step(done):
-                return list(PROCESS_FAULTS[i:])
+            if fault == "trainer":
+                landed = await self._kill_trainer_mid_step(done)
+                if landed is None:
+                    return list(PROCESS_FAULTS[i:])
+                record, before = landed
+            else:
+                before = self.progress
+                assert before is not None
+                at = self.now()
+                old, new = await asyncio.to_thread(stack.crash_and_restart, self.settings, fault, self.say)
+                if fault == "temporal":
+                    await wait_until_reachable(self.settings, timeout_s=120, quiet=True)
+                record = FaultRecord(fault, at, f"pid {old.pid} killed -9, restarted as pid {new.pid}")
+                self.faults.append(record)
+            self.before[len(self.faults) - 1] = before
+            asyncio.create_task(self._time_recovery(record, before, done))
+            if fault == "trainer" and not record.step_attempt:
+                return ["trainer (mid-step)"]
+        return []
+
+    async def _kill_trainer_mid_step(self, done: asyncio.Event) -> tuple[FaultRecord, TrainingProgress] | None:
+        """kill -9 the trainer as a train step starts, until a kill lands mid-step: the step's retry (attempt >= 2)
+        proves it. A tiny model's step can take half a second, and on a loaded machine the step may finish before
+        the kill lands; then the next step gets the next kill. Returns the fault (`step_attempt` 0 when the run
+        ended before any kill landed) and the progress before it, or None when no step started."""
+        record: FaultRecord | None = None
+        missed = 0
+        while (step := await self._wait_for_train_step(done)) is not None:
             before = self.progress
             assert before is not None
             at = self.now()
-            old, new = await asyncio.to_thread(stack.crash_and_restart, self.settings, fault, self.say)
-            if fault == "temporal":
-                await wait_until_reachable(self.settings, timeout_s=120, quiet=True)
-            detail = f"pid {old.pid} killed -9, restarted as pid {new.pid}"
-            if fault == "trainer":
-                detail += f" while training v{before.version + 1}"
-            record = FaultRecord(fault, at, detail)
-            self.faults.append(record)
-            self.before[len(self.faults) - 1] = before
-            asyncio.create_task(self._time_recovery(record, before, done))
-        return []
+            old, new = await asyncio.to_thread(stack.crash_and_restart, self.settings, "trainer", self.say)
+            detail = f"pid {old.pid} killed -9, restarted as pid {new.pid} while training v{before.version + 1}"
+            if missed:
+                detail += f" ({missed} earlier kill(s) missed: the step finished first)"
+            if record is None:
+                record = FaultRecord("trainer", at, detail)
+                self.faults.append(record)
+            record.at_s, record.detail, record.kills = at, detail, missed + 1
+            record.step_attempt = await self._step_retried(step, done)
+            if record.step_attempt:
+                record.detail += f"; mid-step confirmed: the step was retried (attempt {record.step_attempt})"
+                return record, before
+            missed += 1
+            self.say(f"trainer kill {missed} missed (the step finished first): killing again as the next step starts")
+        if record is not None:
+            record.detail += "; the step finished before the kill landed, and no later step was left to kill"
+            return record, before
+        return None
 
-    async def _wait_for_train_step(self, done: asyncio.Event) -> bool:
-        """Poll until a train step starts on a trainer worker, and return at once (so the kill lands mid-step). A
-        step already running when the wait begins is skipped: it may be about to finish, and a tiny model's step
-        takes about a second."""
+    async def _wait_for_train_step(self, done: asyncio.Event) -> str | None:
+        """Poll until a train step starts on a trainer worker, and return its activity id at once (so the kill
+        lands mid-step); None if the run ended first. A step already running when the wait begins is skipped: it
+        may be about to finish, and a tiny model's step takes about a second."""
         running: set[str] | None = None
         while not done.is_set():
             try:
@@ -189,25 +225,16 @@ class Chaos:
                 if running is None:
                     running = started
                 elif started - running:
-                    return True
+                    return min(started - running)
                 else:
                     running &= started
             except Exception:  # noqa: BLE001 - between continue-as-new runs
                 pass
             await sleep_or(done, 0.1)
-        return False
+        return None
 
     async def _time_recovery(self, record: FaultRecord, before: TrainingProgress, done: asyncio.Event) -> None:
-        retried = asyncio.create_task(self._step_retried(record, done)) if record.fault == "trainer" else None
-        moved = await self.until(lambda p: recovered(record.fault, p, before), done)
-        if retried is not None:
-            retried.cancel()
-            record.detail += (
-                f"; mid-step confirmed: the step was retried (attempt {record.step_attempt})"
-                if record.step_attempt
-                else "; the step finished before the kill landed (not retried)"
-            )
-        if moved:
+        if await self.until(lambda p: recovered(record.fault, p, before), done):
             record.recovered_after_s = round(self.now() - record.at_s, 1)
 
     def finish(self, result: TrainingResult) -> None:
@@ -230,17 +257,24 @@ class Chaos:
                 record.recovered_after_s = round(self.now() - record.at_s, 1)
                 record.detail += "; recovered by the run's end (the last samples missed it)"
 
-    async def _step_retried(self, record: FaultRecord, done: asyncio.Event) -> None:
-        """Watch the pending train step until it shows a second attempt: proof the kill interrupted it."""
+    async def _step_retried(self, activity_id: str, done: asyncio.Event) -> int:
+        """Watch the killed train step: its attempt once it shows a second one (proof the kill interrupted it), or
+        0 once it is no longer pending without one (it finished before the kill landed) or the run ended."""
         while not done.is_set():
             try:
-                for a in (await self.handle.describe()).raw_description.pending_activities:
-                    if a.activity_type.name == names.TRAIN_STEP and a.attempt >= 2:
-                        record.step_attempt = a.attempt
-                        return
+                pending = [
+                    a
+                    for a in (await self.handle.describe()).raw_description.pending_activities
+                    if a.activity_type.name == names.TRAIN_STEP and a.activity_id == activity_id
+                ]
             except Exception:  # noqa: BLE001 - server restarting, between continue-as-new runs
-                pass
-            await sleep_or(done, 0.5)
+                pending = None
+            if pending == []:
+                return 0
+            if pending and pending[0].attempt >= 2:
+                return pending[0].attempt
+            await sleep_or(done, 0.2)
+        return 0
 
 
 def fault_moments(trajectories: int, faults: int) -> list[int]:

@@ -1,11 +1,18 @@
 """The chaos verdict (`chaos.audit.audit`) on hand-made records: it passes a clean run and catches each
 kind of violation it exists to catch, so a chaos run that reports 0 lost means the check could have said more.
-Also when a fault counts as recovered from (`chaos.harness.recovered`) and when each is due (`fault_moments`)."""
+Also when a fault counts as recovered from (`chaos.harness.recovered`), when each is due (`fault_moments`), and
+that a trainer kill which missed its step is repeated at the next step."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
 from chaos.audit import RunRecords, StoredOutcome, TrajectoryRow, audit
 from chaos.harness import Chaos, FaultRecord, fault_moments, recovered
+from contracts import names
 from contracts.training import TrainingCounters, TrainingProgress, TrainingResult, TrainingRunConfig, TrainRef
 
 
@@ -127,3 +134,71 @@ def test_the_runs_end_counts_as_recovery_when_it_moved_past_the_fault() -> None:
     assert chaos.faults[0].recovered_after_s is not None, "v6 was published after the server came back"
     assert "by the run's end" in chaos.faults[0].detail
     assert chaos.faults[1].recovered_after_s is None, "nothing moved after this one: not a recovery"
+
+
+class _ScriptedRun:
+    """A training run's handle whose `describe` shows the pending train steps a script lists, one entry a call
+    (the last repeats)."""
+
+    def __init__(self, script: list[list[tuple[str, int]]]) -> None:
+        self.script = script
+
+    async def describe(self) -> SimpleNamespace:
+        pending = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        activities = [
+            SimpleNamespace(activity_type=SimpleNamespace(name=names.TRAIN_STEP), activity_id=i, attempt=n, state=2)
+            for i, n in pending
+        ]
+        return SimpleNamespace(raw_description=SimpleNamespace(pending_activities=activities))
+
+
+def test_a_trainer_kill_that_missed_its_step_is_repeated_at_the_next_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra import stack
+
+    kills: list[str] = []
+
+    def crash_and_restart(settings: object, name: str, say: object) -> tuple[SimpleNamespace, SimpleNamespace]:
+        kills.append(name)
+        return SimpleNamespace(pid=len(kills)), SimpleNamespace(pid=100 + len(kills))
+
+    monkeypatch.setattr(stack, "crash_and_restart", crash_and_restart)
+    run = TrainingRunConfig.model_validate({"steps": 6, "batch_size": 8, "group_size": 4})
+    chaos = Chaos(None, _Client(), None, "r", run, print)  # type: ignore[arg-type]
+    chaos.progress = progress(version=4, completed=40)
+    chaos.handle = _ScriptedRun(
+        [
+            [],  # nothing running when the wait begins
+            [("5", 1)],  # step 5 starts: killed
+            [],  # ... but it had finished: a miss
+            [],
+            [("6", 1)],  # step 6 starts: killed again
+            [("6", 1)],  # the heartbeat has not timed out yet
+            [("6", 2)],  # retried: the kill landed mid-step
+        ]
+    )
+    landed = asyncio.run(chaos._kill_trainer_mid_step(asyncio.Event()))
+    assert landed is not None
+    record, _ = landed
+    assert kills == ["trainer", "trainer"]
+    assert (record.kills, record.step_attempt) == (2, 2)
+    assert chaos.faults == [record], "one fault, however many kills it took"
+    assert "1 earlier kill(s) missed" in record.detail and "retried (attempt 2)" in record.detail
+
+
+def test_a_run_that_ends_before_a_kill_lands_reports_the_miss(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra import stack
+
+    monkeypatch.setattr(stack, "crash_and_restart", lambda *_: (SimpleNamespace(pid=1), SimpleNamespace(pid=2)))
+    run = TrainingRunConfig.model_validate({"steps": 6, "batch_size": 8, "group_size": 4})
+    chaos = Chaos(None, _Client(), None, "r", run, print)  # type: ignore[arg-type]
+    chaos.progress = progress(version=5, completed=48)
+    chaos.handle = _ScriptedRun([[], [("6", 1)], []])  # the last step starts, finishes before the kill, no more
+
+    async def until_the_run_ends() -> tuple[FaultRecord, TrainingProgress] | None:
+        done = asyncio.Event()
+        asyncio.get_running_loop().call_later(1.0, done.set)
+        return await chaos._kill_trainer_mid_step(done)
+
+    landed = asyncio.run(until_the_run_ends())
+    assert landed is not None
+    assert landed[0].step_attempt == 0 and "no later step was left" in landed[0].detail
