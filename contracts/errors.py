@@ -44,8 +44,9 @@ def _problem(model: type[BaseModel], error: typing.Any) -> str:
         return f"{where}: not a field{hint}"
     if kind == "missing":
         return f"{where}: {error['msg']}"
-    if kind == "value_error":  # a validator's own message, which names the value already
-        return f"{where}: {str(error['msg']).removeprefix('Value error, ')}"
+    if kind == "value_error":  # a validator's own message, which names the value already (a whole model's: no loc)
+        said = str(error["msg"]).removeprefix("Value error, ")
+        return f"{where}: {said}" if where else said
     return f"{where}: {error['msg']} (got {_shown(error.get('input'))})"
 
 

@@ -10,11 +10,11 @@ import hashlib
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from contracts.base import Contract, FiniteFloat
 from contracts.limits import EnvId, EnvKwargs, EnvPackage, Name, PoolName, SystemPrompt, WorkflowIdRef
-from contracts.reward_models import RewardModelConfig
+from contracts.reward_models import RewardModelConfig, model_name
 
 JsonScalar = str | int | float | bool | None
 """What env kwargs and env info values may hold, so they stay JSON-serialisable and small."""
@@ -137,6 +137,19 @@ class TrajectoryRequest(Contract):
     replay_of: WorkflowIdRef = ""
     """Set by `trajflow replay`: the workflow id this trajectory re-runs. A replay reports to nobody (neither
     `report_to` nor the run), so a training run never counts or trains on it."""
+
+    @model_validator(mode="after")
+    def _reward_model_spec(self) -> TrajectoryRequest:
+        """`model:NAME` carries its spec, a rule reward none: checked at the start, not after the whole episode."""
+        name = model_name(self.reward_fn)
+        if name is not None and self.reward_model is None:
+            raise ValueError(
+                f"reward_fn {self.reward_fn!r} needs the model's spec in reward_model (a run config's "
+                f"[reward_models.{name}]; trajflow fills it in from the config)"
+            )
+        if name is None and self.reward_model is not None:
+            raise ValueError(f"reward_model is set but reward_fn {self.reward_fn!r} is not model:NAME")
+        return self
 
     def report_target(self) -> str | None:
         if self.replay_of:

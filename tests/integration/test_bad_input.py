@@ -128,6 +128,7 @@ BAD_TRAJECTORY_INPUTS = [
     pytest.param([1, 2], ["Input should be an object", "use {} for every default"], id="not-an-object"),
     pytest.param({"env_id": "GuessTheNumber"}, ["env_id: 'GuessTheNumber' is not an env id", "game:"], id="env-id-form"),
     pytest.param({"pools": {"env": ""}}, ["pools.env: String should have at least 1 character"], id="empty-pool"),
+    pytest.param({"reward_fn": "model:rm"}, ["reward_fn 'model:rm' needs the model's spec"], id="model-without-spec"),
     pytest.param(
         {"system_prompt": "x" * 1_000_000},
         ["system_prompt: String should have at most 32000 characters", "a str of 1000000"],

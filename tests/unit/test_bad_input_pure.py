@@ -79,6 +79,20 @@ def test_env_ids_of_the_wrong_form_are_refused_with_examples(env_id: str) -> Non
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
+        ({"reward_fn": "model:rm"}, "TrajectoryRequest: reward_fn 'model:rm' needs the model's spec in reward_model"),
+        (
+            {"reward_model": {"kind": "local", "url": "http://127.0.0.1:8090"}},
+            "TrajectoryRequest: reward_model is set but reward_fn 'env_outcome' is not model:NAME",
+        ),
+    ],
+)
+def test_a_reward_model_and_its_spec_go_together(fields: dict, expected: str) -> None:  # type: ignore[type-arg]
+    assert expected in message(TrajectoryRequest, fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
         ({"env_kwargs": {f"k{i}": i for i in range(65)}}, "env_kwargs: Dictionary should have at most 64 items"),
         ({"env_kwargs": {"k": "v" * 5000}}, "env_kwargs.k: a string of 5000 characters; an env kwarg may hold at most 4096"),
         ({"env_kwargs": {"k": [1, 2]}}, "env_kwargs.k: an env kwarg is a string, number, boolean or null, not list"),
