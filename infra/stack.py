@@ -91,6 +91,15 @@ def expected_queues(config: RunConfig) -> list[tuple[str, bool]]:
     return queues
 
 
+def started_config(records: list[ProcessRecord]) -> Path | None:
+    """The run config `trajflow up` started the workers with: the `--config` of its trainer (or decode) worker's
+    command line; None when no such worker was started."""
+    for rec in sorted(records, key=lambda r: r.name != "trainer"):
+        if rec.name in ("trainer", "decode") and "--config" in rec.argv[:-1]:
+            return Path(rec.argv[rec.argv.index("--config") + 1])
+    return None
+
+
 def running(settings: Settings) -> list[ProcessRecord]:
     return [r for r in ProcessTable(settings.run_dir).load() if is_alive(r)]
 

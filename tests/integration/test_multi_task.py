@@ -57,8 +57,9 @@ def test_three_tasks_train_in_their_weighted_shares_each_on_its_own_pools(multi_
     stack = multi_task_stack
     config = load_run_config(CONFIG)
     tasks = {t.name: t for t in config.tasks}
-    # `up` started a poller on every declared pool's queue
-    listed = stack.trajflow("status", "-c", str(CONFIG)).stdout
+    # `up` started a poller on every declared pool's queue; `status` lists the queues of the config `up` started with
+    listed = stack.trajflow("status").stdout
+    assert f"queues of {CONFIG.resolve()}" in listed, listed
     for pool in ("game", "shell", "data"):
         for queue in (names.decode_queue(pool), names.env_queue(pool), names.reward_queue(pool)):
             assert f"queue {queue:40} pollers 1" in listed or f"queue {queue:40} pollers 2" in listed, listed

@@ -65,3 +65,16 @@ def test_a_started_process_is_pinned_and_keeps_its_placement_on_restart(tmp_path
     again = restart(first, tmp_path)
     wait_for(lambda: not is_alive(again), what="the restarted probe to exit")
     assert Path(first.log).read_text().splitlines() == ["[0] 1", "[0] 1"]
+
+
+def test_status_finds_the_config_up_started_the_workers_with(tmp_path: Path) -> None:
+    from infra.processes import ProcessRecord
+    from infra.stack import started_config
+
+    config_path = tmp_path / "mine.toml"
+    records = [
+        ProcessRecord(name=c.name, pid=1, start_ticks=1, argv=c.argv, log="l")
+        for c in components(Settings(state_dir=tmp_path), RunConfig(), config_path)
+    ]
+    assert started_config(records) == config_path.resolve()
+    assert started_config([r for r in records if r.name not in ("trainer", "decode")]) is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -102,7 +103,9 @@ def status(
     run: Annotated[str | None, typer.Argument(metavar="[RUN]", help="A training run id or a trajectory's workflow id.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="With RUN: print JSON only.")] = False,
     limit: Annotated[int, typer.Option(help="With RUN: query at most this many running trajectories.")] = 100,
-    config: ConfigOpt = DEFAULT_CONFIG,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Run config whose queues to list (default: the one `up` started).")
+    ] = None,
 ) -> None:
     """Show the stack's processes and queue pollers; with RUN, the live state of that run (or trajectory)."""
     if run is not None:
@@ -131,6 +134,12 @@ def status(
 
         for line in hosts.report(settings):
             typer.echo(line)
+    if config is None:
+        config = stack.started_config(records)
+        if config is None or not config.exists():
+            config = DEFAULT_CONFIG
+        elif records:
+            typer.echo(f"queues of {config} (the config `trajflow up` started with; -c for another)")
     try:
         report = asyncio.run(stack.queue_report(settings, _config(config)))
     except (TimeoutError, RuntimeError, ValueError) as e:
