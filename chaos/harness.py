@@ -187,10 +187,9 @@ class Chaos:
         record: FaultRecord | None = None
         missed = 0
         while (step := await self._wait_for_train_step(done)) is not None:
-            before = self.progress
-            assert before is not None
             at = self.now()
             old, new = await asyncio.to_thread(stack.crash_and_restart, self.settings, "trainer", self.say)
+            before = await self._progress_now()  # no version is published while the trainer is down
             detail = f"pid {old.pid} killed -9, restarted as pid {new.pid} while training v{before.version + 1}"
             if missed:
                 detail += f" ({missed} earlier kill(s) missed: the step finished first)"
@@ -208,6 +207,14 @@ class Chaos:
             record.detail += "; the step finished before the kill landed, and no later step was left to kill"
             return record, before
         return None
+
+    async def _progress_now(self) -> TrainingProgress:
+        """The run's progress queried now; the last 1-s sample if the query fails."""
+        try:
+            return await self.handle.query(names.QUERY_PROGRESS, result_type=TrainingProgress)
+        except Exception:  # noqa: BLE001 - server restarting, between continue-as-new runs
+            assert self.progress is not None
+            return self.progress
 
     async def _wait_for_train_step(self, done: asyncio.Event) -> str | None:
         """Poll until a train step starts on a trainer worker, and return its activity id at once (so the kill
