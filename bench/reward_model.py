@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.real_report import machine
+from bench.stack import stop_process, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET = ROOT / "examples" / "arithmetic" / "chain_sum.jsonl"
@@ -53,20 +54,8 @@ async def _measure(model: str, max_batch: int, bodies: list[dict[str, str]], por
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
+        await wait_healthy(proc, url, START_S, "the reward-model server")
         async with httpx.AsyncClient(timeout=600) as http:
-            deadline = time.monotonic() + START_S
-            while True:
-                if proc.poll() is not None:
-                    err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
-                    raise RuntimeError(f"the reward-model server exited ({proc.returncode}): {err}")
-                try:
-                    if (await http.get(f"{url}/healthz")).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the reward-model server did not answer within {START_S:.0f} s")
-                await asyncio.sleep(0.5)
             await http.post(f"{url}/score", json=bodies[0])  # warm-up: first-call costs out of the figure
             started = time.monotonic()
             answers = await asyncio.gather(*(http.post(f"{url}/score", json=b) for b in bodies))
@@ -76,8 +65,7 @@ async def _measure(model: str, max_batch: int, bodies: list[dict[str, str]], por
                 raise RuntimeError(f"the server answered {bad[:5]} to some requests")
             health = (await http.get(f"{url}/healthz")).json()
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_process(proc)
     sizes = dict(health["batch_sizes"])
     sizes["1"] = sizes.get("1", 0) - 1  # the warm-up
     result = {

@@ -61,19 +61,30 @@ async def start_reward_service(timeout_s: float = 30.0) -> tuple[subprocess.Pope
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_healthy(proc, url, timeout_s, "the reward service")
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc, url
+
+
+async def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float, what: str) -> None:
+    """Until the HTTP server `proc` answers 200 on `url`/healthz. RuntimeError (with the end of its stderr when that
+    is piped) if it exits first; TimeoutError past `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(timeout=1.0) as http:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"the reward service exited with {proc.returncode} at start")
+                err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+                raise RuntimeError(f"{what} exited with {proc.returncode} at start{': ' + err if err else ''}")
             try:
                 if (await http.get(f"{url}/healthz")).status_code == 200:
-                    return proc, url
+                    return
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                stop_process(proc)
-                raise TimeoutError(f"the reward service at {url} was not healthy within {timeout_s} s")
+                raise TimeoutError(f"{what} at {url} was not healthy within {timeout_s} s")
             await asyncio.sleep(0.1)
 
 

@@ -138,7 +138,7 @@ def status(
         config = stack.started_config(records)
         if config is None or not config.exists():
             config = DEFAULT_CONFIG
-        elif records:
+        else:
             typer.echo(f"queues of {config} (the config `trajflow up` started with; -c for another)")
     try:
         report = asyncio.run(stack.queue_report(settings, _config(config)))
