@@ -17,9 +17,9 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from contracts import names
-from contracts.training import ChildOutcome, WatchChildrenInput, WatchChildrenResult
-from contracts.trajectory import TrajectoryResult
+from trajflow.contracts import names
+from trajflow.contracts.training import ChildOutcome, WatchChildrenInput, WatchChildrenResult
+from trajflow.contracts.trajectory import TrajectoryResult
 
 
 class ChildWatchActivities:

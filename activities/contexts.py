@@ -18,8 +18,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from contracts.records import TurnContext, TurnDelta
 from infra.store import ObjectStore
+from trajflow.contracts.records import TurnContext, TurnDelta
 
 DEFAULT_CACHED_TOKENS = 2_000_000
 """About 200 MB of Python lists: e.g. 250 trajectories of 8k tokens in flight on one decode worker."""

@@ -18,14 +18,14 @@ from temporalio.exceptions import ApplicationError
 
 from activities.contexts import ContextStore
 from activities.heartbeats import with_heartbeats
-from contracts import metrics, names
-from contracts.records import TurnContext
-from contracts.trajectory import GenerateInput, GenerateResult
 from infra.layout import context_key
 from infra.store import ObjectStore
-from rl.chat import append_completion, append_user
-from rl.engines.base import Completion, Engine, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
-from telemetry.metrics import record
+from trajflow.contracts import metrics, names
+from trajflow.contracts.records import TurnContext
+from trajflow.contracts.trajectory import GenerateInput, GenerateResult
+from trajflow.observability.metrics import record
+from trajflow.rl.chat import append_completion, append_user
+from trajflow.rl.engines.base import Completion, Engine, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
 
 HEARTBEAT_EVERY_S = 5.0
 """Below a fifth of the heartbeat timeout in workflows/stubs.py."""

@@ -19,9 +19,9 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
-from contracts import metrics, names
-from contracts.limits import ENV_ID_HELP, MAX_OBSERVATION_CHARS
-from contracts.trajectory import (
+from trajflow.contracts import metrics, names
+from trajflow.contracts.limits import ENV_ID_HELP, MAX_OBSERVATION_CHARS
+from trajflow.contracts.trajectory import (
     EnvCloseInput,
     EnvResetInput,
     EnvResetResult,
@@ -29,12 +29,12 @@ from contracts.trajectory import (
     EnvStepResult,
     SandboxHandle,
 )
-from envs.formatting import cap_observation, observation_message
-from sandbox.errors import EnvError, SandboxError, SandboxLost, SandboxStartError, SandboxStepTimeout
-from sandbox.images import ImageResolver, UnknownTask
-from sandbox.manager import SandboxManager
-from sandbox.pool import WarmPool
-from telemetry.metrics import record
+from trajflow.envs.formatting import cap_observation, observation_message
+from trajflow.observability.metrics import record
+from trajflow.sandbox.errors import EnvError, SandboxError, SandboxLost, SandboxStartError, SandboxStepTimeout
+from trajflow.sandbox.images import ImageResolver, UnknownTask
+from trajflow.sandbox.manager import SandboxManager
+from trajflow.sandbox.pool import WarmPool
 
 T = TypeVar("T")
 RESET_HEARTBEAT_EVERY_S = 5.0

@@ -15,18 +15,18 @@ from temporalio.exceptions import ApplicationError
 
 from activities.contexts import ContextStore
 from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
-from contracts import metrics, names
-from contracts.records import TrajectoryRecord
-from contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult, ScoreInput, ScoreResult
 from infra.layout import trajectory_record_key
 from infra.store import ObjectStore
-from rewards.client import (
+from trajflow.contracts import metrics, names
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult, ScoreInput, ScoreResult
+from trajflow.observability.metrics import record
+from trajflow.rewards.client import (
     RewardClient,
     RewardRequestRejected,
     RewardServiceBadAnswer,
     RewardServiceUnavailable,
 )
-from telemetry.metrics import record
 
 
 class RewardActivities:

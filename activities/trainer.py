@@ -8,11 +8,11 @@ this order: the trainer checkpoint (model + optimizer + version) of version v+1,
 policy weights of v+1 and the `latest` pointer decode workers follow. Old checkpoints and versions are pruned.
 
 The step loads the referenced trajectory records and turns them into training samples with
-`rl.samples.samples_from_records` (advantages from the groups and rewards the workflow recorded in the refs);
+`trajflow.rl.samples.samples_from_records` (advantages from the groups and rewards the workflow recorded in the refs);
 a batch holding an unscored or token-less trajectory fails without retry (`ERR_BAD_REQUEST`).
 
 Under `accelerate launch` this activity runs on rank 0 only: each step goes to every rank as an
-`rl.distributed.StepOrder` and is trained by all of them (`TrainerRanks.lead`); rank 0 alone writes to the store.
+`trajflow.rl.distributed.StepOrder` and is trained by all of them (`TrainerRanks.lead`); rank 0 alone writes to the store.
 A step that breaks the rank group fails with `ERR_TRAINER_RANKS` (retried) and `on_broken` is called, so the
 worker stops and the launcher restarts every rank; `keep_followers` pings idle ranks, `release_followers` lets
 them exit. A single process is a group of one and trains exactly as before.
@@ -32,17 +32,17 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeats import with_heartbeats
-from contracts import metrics, names
-from contracts.records import TrajectoryRecord
-from contracts.training import TrainStepInput, TrainStepResult
 from infra.layout import checkpoint_prefix, manifest_key, policy_version_prefix, step_key
 from infra.policies import PolicyStore, delete_prefix, get_dir, put_dir
 from infra.policies import safe_name as _safe
 from infra.store import ObjectNotFound, ObjectStore
-from telemetry.metrics import record
+from trajflow.contracts import metrics, names
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.training import TrainStepInput, TrainStepResult
+from trajflow.observability.metrics import record
 
 if TYPE_CHECKING:
-    from rl.distributed import TrainerRanks
+    from trajflow.rl.distributed import TrainerRanks
 
 HEARTBEAT_EVERY_S = 5.0
 """Below a fifth of the heartbeat timeout in workflows/stubs.py."""
@@ -63,9 +63,9 @@ class TrainerActivities:
         device: str = "auto",
     ) -> None:
         """`export_dtype`: the dtype published weights are written in, the decode workers' choice
-        (`rl.engines.load.decode_precision`); they cast on load, so another dtype still works, at a cost in bytes
+        (`trajflow.rl.engines.load.decode_precision`); they cast on load, so another dtype still works, at a cost in bytes
         (float32) or precision (bfloat16). `ranks`: the launched rank group this process leads (None: this
-        process alone, built on the first step, computing on `device`: a setting, `rl.devices`). `on_broken`:
+        process alone, built on the first step, computing on `device`: a setting, `trajflow.rl.devices`). `on_broken`:
         called (on the event loop) when a step broke the rank group."""
         self.store = store
         self.policies = policies
@@ -102,7 +102,7 @@ class TrainerActivities:
             return done.model_copy(update={"resumed": True})
         if not inp.refs:
             raise ApplicationError("a train step needs at least one trajectory", type=names.ERR_BAD_REQUEST)
-        from rl.distributed import RankGroupBroken
+        from trajflow.rl.distributed import RankGroupBroken
 
         try:
             result = await asyncio.get_running_loop().run_in_executor(self._executor, self._train, inp)
@@ -116,7 +116,7 @@ class TrainerActivities:
     @property
     def ranks(self) -> TrainerRanks:
         if self._ranks is None:
-            from rl.distributed import TrainerRanks
+            from trajflow.rl.distributed import TrainerRanks
 
             self._ranks = TrainerRanks(self.model_path, self.device)
         return self._ranks
@@ -124,7 +124,7 @@ class TrainerActivities:
     async def keep_followers(self, every_s: float) -> None:
         """Ping the other ranks every `every_s` seconds between steps (on the training thread, so pings and steps
         never interleave), until cancelled or the group breaks."""
-        from rl.distributed import RankGroupBroken
+        from trajflow.rl.distributed import RankGroupBroken
 
         loop = asyncio.get_running_loop()
         while True:
@@ -139,7 +139,7 @@ class TrainerActivities:
 
     async def release_followers(self) -> None:
         """Tell the other ranks to exit (after the Temporal worker stopped); nothing if the group is broken."""
-        from rl.distributed import RankGroupBroken
+        from trajflow.rl.distributed import RankGroupBroken
 
         if self.ranks.broken:
             return
@@ -158,8 +158,8 @@ class TrainerActivities:
             return None
 
     def _train(self, inp: TrainStepInput) -> TrainStepResult:
-        from rl.distributed import StepOrder
-        from rl.samples import samples_from_records
+        from trajflow.rl.distributed import StepOrder
+        from trajflow.rl.samples import samples_from_records
 
         started = time.monotonic()
         records = [TrajectoryRecord.model_validate(self.store.get_json(r.trajectory_uri)) for r in inp.refs]

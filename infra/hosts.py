@@ -1,7 +1,7 @@
 """`trajflow up --hosts`: every host of the run config's hardware section in its own container, on one machine.
 
 Each host (`[[hardware.hosts]]`, or one host per worker kind for a config that places nothing:
-`HardwareConfig.with_defaults`) is a container of the worker image (`imagebuild.worker_image`) running `trajflow
+`HardwareConfig.with_defaults`) is a container of the worker image (`trajflow.sandbox.builder.worker_image`) running `trajflow
 worker host NAME`, named `<prefix>-<host>` (prefix: `TRAJFLOW_HOSTS_PREFIX`, default `trajflow`) on its own
 user-defined bridge network `<prefix>-net`: its own network namespace, its own CPU set (`--cpuset-cpus` from
 `cpus`), memory limit (`memory`) and GPUs (a device request from `gpus`; untested here, no GPU). Nothing is shared
@@ -40,14 +40,14 @@ import docker.errors
 import docker.types
 import httpx
 
-from contracts.config import RunConfig
-from contracts.hardware import POOL_KINDS, HostConfig
 from infra import monitoring
 from infra.processes import ProcessTable, is_alive, start_detached
 from infra.settings import Settings
 from infra.stack import Progress, wait_for_pollers
 from infra.store import ObjectStore, open_store
 from infra.temporal import dev_server_command, wait_until_reachable
+from trajflow.contracts.config import RunConfig
+from trajflow.contracts.hardware import POOL_KINDS, HostConfig
 
 LABEL_HOSTS = "trajflow.hosts"
 LABEL_HOST = "trajflow.host"
@@ -339,7 +339,7 @@ def down(settings: Settings, progress: Progress) -> int:
         c.remove(force=True)
         stopped += 1
         progress(f"host {c.labels.get(LABEL_HOST)}: stopped and removed {c.name}")
-    from sandbox import labels
+    from trajflow.sandbox import labels
 
     owners = {layout.container(h) for h in layout.hosts}
     for sb in client.containers.list(all=True, filters={"label": f"{labels.SANDBOX}=1"}, ignore_removed=True):

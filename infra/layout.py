@@ -32,12 +32,12 @@ def trajectory_key(trajectory_id: str, name: str) -> str:
 
 
 def trajectory_record_key(workflow_id: str, run_id: str) -> str:
-    """Where a trajectory workflow run's record (`contracts.records.TrajectoryRecord`) is saved."""
+    """Where a trajectory workflow run's record (`trajflow.contracts.records.TrajectoryRecord`) is saved."""
     return trajectory_key(f"{workflow_id}/{run_id}", "trajectory.json")
 
 
 def context_key(trajectory_id: str, turn: int, attempt: int = 1) -> str:
-    """Where turn `turn` stores what it added to the decode context (`contracts.records.TurnDelta`: token ids,
+    """Where turn `turn` stores what it added to the decode context (`trajflow.contracts.records.TurnDelta`: token ids,
     logprobs, masks); `trajectory_id` is `<workflow id>/<run id>`. A retried attempt writes its own key, so an
     earlier attempt that finishes late never overwrites the delta the workflow went on with."""
     suffix = "" if attempt <= 1 else f"-attempt{attempt}"

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from infra.ports import free_port, port_free
 from infra.processes import ProcessRecord, ProcessTable, is_alive, start_detached
 from infra.settings import Settings
-from telemetry import prometheus
-from telemetry.prometheus import Target
+from trajflow.observability import prometheus
+from trajflow.observability.prometheus import Target
 
 METRICS_PORT_VAR = "TRAJFLOW_METRICS_PORT"
 SCRAPED = ("orchestrator", "decode", "env", "reward", "trainer")

@@ -1,5 +1,5 @@
 """Placement of one worker process: the `TRAJFLOW_*` and runtime variables its launcher gives it, and the CPUs it
-is pinned to, from the run config's hardware-affinity section (`contracts.hardware`).
+is pinned to, from the run config's hardware-affinity section (`trajflow.contracts.hardware`).
 
 Whoever starts a worker (the embedded stack, `trajflow up --hosts`, a user's own container platform) sets these
 variables; the worker reads them through `infra.settings` (`device`, `threads`) and never looks at where it runs.
@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from contracts.config import RunConfig
-from contracts.hardware import POOL_KINDS, TORCH_KINDS, parse_cpuset
+from trajflow.contracts.config import RunConfig
+from trajflow.contracts.hardware import POOL_KINDS, TORCH_KINDS, parse_cpuset
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ Layout under `runs/<run>/policy/` (keys from `infra.layout`):
 A version is published by writing its files, then its manifest, then moving the pointer, so a reader never sees
 a pointer to a half-written version. `PolicyStore` is also the `WeightSource` the engines use: `latest_version`
 reads the pointer (cached for `pointer_ttl_s`), `latest` downloads a version once into a local cache directory.
-A policy pinned to a version (`RUN@V`, `contracts.trajectory.split_policy`) is served at exactly V, never the
+A policy pinned to a version (`RUN@V`, `trajflow.contracts.trajectory.split_policy`) is served at exactly V, never the
 newest: its version is V once V's manifest exists (0 before, so a request that needs V waits for it), and its
 weights are V's (a missing V raises `ObjectNotFound` rather than serving other weights). Simulated runs
 (benchmarks) publish pointers without weights (`weights: false`).
@@ -31,10 +31,10 @@ import time
 import uuid
 from pathlib import Path
 
-from contracts.trajectory import split_policy
 from infra.layout import dir_file_key, manifest_key, policy_latest_key, policy_prefix, policy_version_prefix
 from infra.store import ObjectNotFound, ObjectStore
-from rl.engines.base import PolicyWeights
+from trajflow.contracts.trajectory import split_policy
+from trajflow.rl.engines.base import PolicyWeights
 
 
 class PolicyStore:

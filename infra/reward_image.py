@@ -1,16 +1,17 @@
 """A locally built, content-hashed container image of the reward service: `trajflow-reward:<hash>`.
 
-It is the proof that `rewards.service` runs on any platform that serves an HTTP container: the image starts
-the service with `python3 -m rewards.service`, which listens on `$HOST` (`0.0.0.0` in the image) and `$PORT`
+It is the proof that `trajflow.rewards.service` runs on any platform that serves an HTTP container: the image starts
+the service with `python3 -m trajflow.rewards.service`, which listens on `$HOST` (`0.0.0.0` in the image) and `$PORT`
 (8080 unless the platform sets it), as an unprivileged user (uid 65534, nobody), with nothing else in it.
 
 How it is made (no image registry is reachable, so everything is built here):
-- `FROM` the Debian base layer that the sandbox layers use too (`imagebuild.base.ensure_base_image`: bookworm
+- `FROM` the Debian base layer that the sandbox layers use too (`trajflow.sandbox.builder.base.ensure_base_image`: bookworm
   minbase + python3, no pip).
 - The service's runtime dependencies, pinned to the versions in the project's environment, are fetched on the
-  host with `pip wheel` (`imagebuild.wheels.download_wheels`) and installed by a build stage with pip run from
+  host with `pip wheel` (`trajflow.sandbox.builder.wheels.download_wheels`) and installed by a build stage with pip run from
   its own wheel, so the wheels and pip stay out of the final image.
-- The sources of the `rewards/` and `contracts/` packages and of `envs/verify.py` (the verifier rewards' answer
+- The sources of the `trajflow/rewards/` and `trajflow/contracts/` packages and of `trajflow/envs/verify.py` (the
+  verifier rewards' answer
   checkers) are copied in (and byte-compiled).
 The tag is a hash of the base tag, the requirements, the wheels' sha256, the copied sources and the Dockerfile
 text, so it rebuilds only when one of them changes; a cached call costs a few file hashes and image lookups.
@@ -30,16 +31,24 @@ from pathlib import Path
 
 import docker
 
-from imagebuild.base import ensure_base_image
-from imagebuild.docker_build import UNPRIVILEGED_UID, Progress, build_from_context, digest, file_lock, image_exists, quiet
-from imagebuild.wheels import PIP_REQUIREMENT, cached_wheels, download_wheels, wheel_build_stage, wheel_dir
+from trajflow.sandbox.builder.base import ensure_base_image
+from trajflow.sandbox.builder.docker_build import (
+    UNPRIVILEGED_UID,
+    Progress,
+    build_from_context,
+    digest,
+    file_lock,
+    image_exists,
+    quiet,
+)
+from trajflow.sandbox.builder.wheels import PIP_REQUIREMENT, cached_wheels, download_wheels, wheel_build_stage, wheel_dir
 
 REWARD_REPO = "trajflow-reward"
 REWARD_FORMAT = 1
 """Bump when the image changes in a way that the hashed inputs (Dockerfile text, sources, wheels) do not show."""
 
 REWARD_REQUIREMENTS: tuple[str, ...] = (
-    # what rewards.service, rewards.registry and contracts import, pinned as in pyproject.toml ...
+    # what trajflow.rewards.service, trajflow.rewards.registry and contracts import, pinned as in pyproject.toml ...
     "fastapi==0.165.0",
     "uvicorn==0.54.0",
     "pydantic==2.13.4",
@@ -55,11 +64,11 @@ REWARD_REQUIREMENTS: tuple[str, ...] = (
     "h11==0.16.0",
     "click==8.5.1",
     "opentelemetry-api==1.45.2",
-    # the reward models' HTTP client (rewards.model_http: LLM judges, local reward-model servers)
+    # the reward models' HTTP client (trajflow.rewards.model_http: LLM judges, local reward-model servers)
     "httpx==0.28.1",
     "httpcore==1.0.9",
     "certifi==2026.10.19.post1",
-    # the verifier rewards (math_verify, through envs/verify.py) and their dependencies
+    # the verifier rewards (math_verify, through trajflow/envs/verify.py) and their dependencies
     "math-verify==0.9.0",
     "latex2sympy2_extended==1.11.0",
     "antlr4-python3-runtime==4.13.2",
@@ -67,9 +76,9 @@ REWARD_REQUIREMENTS: tuple[str, ...] = (
     "mpmath==1.3.0",
 )
 
-SOURCE_PACKAGES: tuple[str, ...] = ("contracts", "rewards")
+SOURCE_PACKAGES: tuple[str, ...] = ("trajflow/contracts", "trajflow/rewards")
 """The project's packages copied into the image whole."""
-SOURCE_FILES: tuple[str, ...] = ("envs/__init__.py", "envs/verify.py")
+SOURCE_FILES: tuple[str, ...] = ("trajflow/__init__.py", "trajflow/envs/__init__.py", "trajflow/envs/verify.py")
 """Single modules copied beside them: the answer checkers of the verifier rewards (the service imports nothing
 else of the project)."""
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +115,7 @@ ENV PYTHONPATH={APP_DIR}:{SITE_DIR} HOME=/tmp PYTHONUNBUFFERED=1 PYTHONDONTWRITE
 WORKDIR /tmp
 USER {SERVICE_UID}:{SERVICE_UID}
 EXPOSE {DEFAULT_PORT}
-CMD ["python3", "-m", "rewards.service"]
+CMD ["python3", "-m", "trajflow.rewards.service"]
 """
 
 

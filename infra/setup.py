@@ -2,7 +2,7 @@
 
 Idempotent and cached: a second call finds everything ready in about a second. Installing Docker itself is
 the job of `scripts/bootstrap.sh` (it needs root and apt); here a missing engine is a clear error. The policy
-model is not prepared here (infra never imports torch): `rl.engines.load.prepare_model` does it, called by the
+model is not prepared here (infra never imports torch): `trajflow.rl.engines.load.prepare_model` does it, called by the
 commands after `prepare`.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from contracts.config import RunConfig
 from infra.settings import Settings
+from trajflow.contracts.config import RunConfig
 
 
 def docker_client():  # type: ignore[no-untyped-def]
@@ -31,7 +31,7 @@ def docker_client():  # type: ignore[no-untyped-def]
 
 
 def prepare(settings: Settings, config: RunConfig, say: Callable[[str], None]) -> None:
-    from sandbox.images import ensure_runtime_image
+    from trajflow.sandbox.images import ensure_runtime_image
 
     for d in (settings.state_dir, settings.cache_dir, settings.log_dir, settings.run_dir, settings.sandbox_dir):
         d.mkdir(parents=True, exist_ok=True)

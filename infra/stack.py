@@ -21,14 +21,14 @@ from pathlib import Path
 import httpx
 from temporalio.client import Client
 
-from contracts import names
-from contracts.config import RunConfig
 from infra import monitoring
 from infra.placement import Placement, placement
 from infra.ports import port_free
 from infra.processes import ProcessRecord, ProcessTable, is_alive, kill, restart, start_detached, stop
 from infra.settings import Settings
 from infra.temporal import dev_server_command, ensure_search_attributes, pollers, wait_until_reachable
+from trajflow.contracts import names
+from trajflow.contracts.config import RunConfig
 
 Progress = Callable[[str], None]
 
@@ -52,7 +52,7 @@ def _pool_args(pools: list[str]) -> list[str]:
 def components(settings: Settings, config: RunConfig, config_path: Path) -> list[Component]:
     cfg = str(config_path.resolve())
     reward_service = [
-        sys.executable, "-m", "rewards.service", "--host", settings.reward_host, "--port", str(settings.reward_port)
+        sys.executable, "-m", "trajflow.rewards.service", "--host", settings.reward_host, "--port", str(settings.reward_port)
     ]  # fmt: skip
     workers = [
         Component("reward-service", reward_service),

@@ -20,9 +20,9 @@ from temporalio.client import Client, Plugin
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
-from contracts.names import SEARCH_ATTRIBUTES
 from infra.connection import TemporalConnectionError, connect_options, explain_failure
 from infra.settings import Settings
+from trajflow.contracts.names import SEARCH_ATTRIBUTES
 
 
 def temporal_binary() -> str:
@@ -86,7 +86,7 @@ def dev_server_command(settings: Settings, metrics_port: int | None = None) -> l
 async def connect(settings: Settings, *, quiet: bool = False, plugins: Sequence[Plugin] = ()) -> Client:
     """A client with the pydantic converter. `quiet`: the SDK core logs errors only (no warning per retried call
     while the server restarts, for commands that ride out restarts on purpose). `plugins`: the client's (a traced
-    worker's, `telemetry.tracing.plugins`); its workers get them too.
+    worker's, `trajflow.observability.tracing.plugins`); its workers get them too.
 
     Raises `infra.connection.ConnectionSettingsError` (a ValueError) for TLS files that cannot work, before
     connecting, and `TemporalConnectionError` (a RuntimeError) saying what is probably wrong when connecting fails.
@@ -110,10 +110,10 @@ _QUIET: list = []
 
 
 def _runtime(settings: Settings, quiet: bool):  # type: ignore[no-untyped-def]
-    """A worker with a metrics port serves `/metrics` through its runtime (`telemetry.metrics`); `quiet`: errors
+    """A worker with a metrics port serves `/metrics` through its runtime (`trajflow.observability.metrics`); `quiet`: errors
     only; else the SDK's default runtime."""
     if settings.metrics_port is not None:
-        from telemetry.metrics import runtime_for
+        from trajflow.observability.metrics import runtime_for
 
         return runtime_for(f"{settings.metrics_host}:{settings.metrics_port}")
     return _quiet_runtime() if quiet else None
@@ -131,7 +131,7 @@ def _quiet_runtime():  # type: ignore[no-untyped-def]
 async def ensure_search_attributes(client: Client) -> list[str]:
     """Register the project's custom search attributes that the server lacks; returns the names added.
 
-    A dev server started before an attribute joined `contracts.names.SEARCH_ATTRIBUTES` does not know it, and a
+    A dev server started before an attribute joined `trajflow.contracts.names.SEARCH_ATTRIBUTES` does not know it, and a
     workflow that upserts an unknown attribute fails its workflow task (retried until it is registered); so
     `trajflow up` calls this on every start, including when the server was already running. A cluster may not let
     this client register them (Temporal Cloud takes them only from its UI or `tcld`): then a RuntimeError lists

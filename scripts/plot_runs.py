@@ -4,7 +4,7 @@ Usage: python scripts/plot_runs.py OUT.png LABEL=RUN_DIR/summary.json [LABEL=...
 
 Each summary is the `summary.json` that `trajflow train` writes; the held-out mean reward after training is
 marked at each run's last step. Limits: needs matplotlib (a project dependency) and trajflow importable (the
-project's venv, or PYTHONPATH=.: the summaries are read as `contracts.runs.RunSummary`); reads only the summaries.
+project's venv, or PYTHONPATH=.: the summaries are read as `trajflow.contracts.runs.RunSummary`); reads only the summaries.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from contracts.runs import RunSummary
+from trajflow.contracts.runs import RunSummary
 
 
 def main(argv: list[str]) -> int:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from temporalio.client import Client
 
     from infra.store import ObjectStore
-    from rl.engines.base import Engine
+    from trajflow.rl.engines.base import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("TRAJFLOW_TEST_CACHE", Path.home() / ".cache" / "trajflow-tests"))
@@ -81,7 +81,7 @@ async def pending_work(client, run_id: str) -> str:  # type: ignore[no-untyped-d
     import sys
     import traceback
 
-    from contracts import names
+    from trajflow.contracts import names
 
     lines = []
     query = f"(WorkflowId = '{run_id}' OR TrajflowRun = '{run_id}') AND ExecutionStatus = 'Running'"
@@ -133,7 +133,7 @@ def cache_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(cache_dir: Path) -> Path:
-    from rl.models import build_tiny_model
+    from trajflow.rl.models import build_tiny_model
 
     return build_tiny_model(cache_dir / "models" / "tiny")
 
@@ -174,7 +174,7 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, what: str, 
 def reward_service() -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rewards.service", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "trajflow.rewards.service", "--host", "127.0.0.1", "--port", str(port)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -199,14 +199,14 @@ def docker_client():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def runtime_image(docker_client, cache_dir: Path) -> str:  # type: ignore[no-untyped-def]
-    from sandbox.images import ensure_runtime_image
+    from trajflow.sandbox.images import ensure_runtime_image
 
     return ensure_runtime_image(docker_client, cache_dir / "images")
 
 
 @pytest.fixture(scope="session")
 def sandbox_manager(docker_client, runtime_image: str, tmp_path_factory):  # type: ignore[no-untyped-def]
-    from sandbox.manager import SandboxManager
+    from trajflow.sandbox.manager import SandboxManager
 
     manager = SandboxManager(
         docker_client,
@@ -229,8 +229,8 @@ def store(tmp_path: Path):  # type: ignore[no-untyped-def]
 @pytest.fixture()
 def package_images(docker_client, cache_dir, store):  # type: ignore[no-untyped-def]
     """An image resolver as an env worker makes one: `py:` and `data:` envs from their packages in `store`."""
-    from sandbox.images import ImageResolver
-    from userenvs.packages import unpack
+    from trajflow.envs.user.packages import unpack
+    from trajflow.sandbox.images import ImageResolver
 
     images = cache_dir / "images"
     return ImageResolver(docker_client, images, unpack=lambda uri: unpack(store, uri, images))
@@ -250,7 +250,7 @@ class Stack:
     """The in-process workers, for tests that stop some of them (a host that dies)."""
 
     def request(self, **fields):  # type: ignore[no-untyped-def]
-        from contracts.trajectory import StagePools, TrajectoryRequest
+        from trajflow.contracts.trajectory import StagePools, TrajectoryRequest
 
         fields.setdefault("pools", StagePools(decode=self.pools, env=self.pools, reward=self.pools))
         return TrajectoryRequest(**fields)
@@ -289,8 +289,8 @@ async def running_stack(
     import asyncio
     import tempfile
 
-    from bench.sim_trainer import simulated_trainer_workers
-    from rewards.client import RewardClient
+    from trajflow.lab.bench.sim_trainer import simulated_trainer_workers
+    from trajflow.rewards.client import RewardClient
     from workers.decode import decode_workers
     from workers.env import env_workers
     from workers.orchestrator import orchestrator_workers

@@ -2,7 +2,7 @@
 
     import asyncio
     from trajflow.client import run_trajectory
-    from contracts.trajectory import TrajectoryRequest
+    from trajflow.contracts.trajectory import TrajectoryRequest
 
     result = asyncio.run(run_trajectory(TrajectoryRequest(env_id="game:GuessTheNumber-v0-easy", seed=3)))
     print(result.status, result.reward, result.trajectory_uri)
@@ -19,13 +19,13 @@ import uuid
 
 from temporalio.client import Client, WorkflowHandle
 
-from contracts import names
-from contracts.records import TrajectoryRecord
-from contracts.training import TrainingProgress, TrainingResult, TrainingRunConfig, TrainingStart
-from contracts.trajectory import TrajectoryRequest, TrajectoryResult
 from infra.settings import Settings, load_settings
 from infra.store import open_store_from
 from infra.temporal import connect
+from trajflow.contracts import names
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.training import TrainingProgress, TrainingResult, TrainingRunConfig, TrainingStart
+from trajflow.contracts.trajectory import TrajectoryRequest, TrajectoryResult
 
 
 def new_workflow_id(req: TrajectoryRequest) -> str:

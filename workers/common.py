@@ -16,7 +16,7 @@ from temporalio.worker import Worker
 
 from infra.settings import Settings
 from infra.temporal import wait_until_reachable
-from telemetry import tracing
+from trajflow.observability import tracing
 
 log = logging.getLogger("trajflow.worker")
 
@@ -28,7 +28,7 @@ def new_worker_id() -> str:
 
 async def connect_worker(settings: Settings, role: str) -> Client:
     """The worker's client once the server answers, tracing its trajectories' activities when the settings say so
-    (`telemetry.tracing`: OTLP or a JSON-lines file under the state dir)."""
+    (`trajflow.observability.tracing`: OTLP or a JSON-lines file under the state dir)."""
     where = tracing.configure(settings.traces, settings.otlp_endpoint, settings.traces_dir, role)
     if where is not None:
         log.info("traces to %s", where)

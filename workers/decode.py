@@ -10,11 +10,11 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.decode import DecodeActivities
-from contracts import names
-from contracts.config import ModelConfig
 from infra.settings import Settings
 from infra.store import ObjectStore, open_store_from
-from rl.engines.base import Engine
+from trajflow.contracts import names
+from trajflow.contracts.config import ModelConfig
+from trajflow.rl.engines.base import Engine
 from workers.common import connect_worker, new_worker_id, run_until_signalled
 
 log = logging.getLogger("trajflow.decode")
@@ -37,8 +37,8 @@ def decode_workers(
 
 async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> None:
     from infra.policies import PolicyStore, sweep_dead_worker_caches
-    from rl import devices
-    from rl.engines.load import decode_device, decode_precision, load_engine
+    from trajflow.rl import devices
+    from trajflow.rl.engines.load import decode_device, decode_precision, load_engine
 
     threads = devices.set_threads(settings.threads)
     store = open_store_from(settings)

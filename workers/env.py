@@ -3,7 +3,7 @@
 At start it builds (or finds cached) the runtime image and reaps sandboxes left by dead env workers. It polls
 each pool's shared queue for resets and its own host queue for the steps of the sandboxes it holds. A warm pool
 keeps `sandbox_warm_pool` started sandboxes waiting for each env it has served. A user's `py:` env gets its
-image layer from its package in the object store on first use (`userenvs/`, `sandbox/user_images.py`).
+image layer from its package in the object store on first use (`trajflow/envs/user/`, `trajflow/sandbox/user_images.py`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.env import EnvActivities
-from contracts import names
 from infra.settings import Settings
 from infra.store import open_store_from
-from sandbox.images import ImageResolver
-from sandbox.manager import SandboxLimits, SandboxManager
-from sandbox.pool import WarmPool
-from userenvs.packages import unpack
+from trajflow.contracts import names
+from trajflow.envs.user.packages import unpack
+from trajflow.sandbox.images import ImageResolver
+from trajflow.sandbox.manager import SandboxLimits, SandboxManager
+from trajflow.sandbox.pool import WarmPool
 from workers.common import connect_worker, new_worker_id, run_until_signalled
 
 log = logging.getLogger("trajflow.env")
@@ -53,8 +53,8 @@ def env_workers(
 def build_manager(settings: Settings, worker_id: str) -> SandboxManager:
     import docker
 
-    from sandbox.images import ensure_runtime_image
-    from sandbox.reaper import reap_orphans
+    from trajflow.sandbox.images import ensure_runtime_image
+    from trajflow.sandbox.reaper import reap_orphans
 
     client = docker.from_env()
     reaped = reap_orphans(client, host_name=settings.host_name or "")
@@ -84,7 +84,7 @@ async def serve(settings: Settings, pools: Sequence[str]) -> None:
     client = await connect_worker(settings, "env")
 
     warm = WarmPool(manager, settings.sandbox_warm_pool)  # fills per env on first use
-    store = open_store_from(settings)  # where `py:` envs' packages are (userenvs/)
+    store = open_store_from(settings)  # where `py:` envs' packages are (trajflow/envs/user/)
     image_cache = settings.cache_dir / "images"
     images = ImageResolver(
         manager.client, image_cache, progress=log.info, unpack=lambda uri: unpack(store, uri, image_cache)

@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.config import RunConfig
-from contracts.hardware import POOL_KINDS
 from infra.monitoring import HOST_PORTS, METRICS_PORT_VAR
 from infra.placement import worker_env
+from trajflow.contracts.config import RunConfig
+from trajflow.contracts.hardware import POOL_KINDS
 
 log = logging.getLogger("trajflow.host")
 
@@ -57,7 +57,7 @@ def host_plan(
     children = []
     for kind in host.kinds():
         if kind == "reward-service":
-            argv = [sys.executable, "-m", "rewards.service", "--host", "0.0.0.0", "--port", str(reward_port)]
+            argv = [sys.executable, "-m", "trajflow.rewards.service", "--host", "0.0.0.0", "--port", str(reward_port)]
             children.append(Child(kind, argv, {}))
         elif kind == "orchestrator":
             children.append(Child(kind, [*trajflow, kind], _metrics_env(kind, metrics)))

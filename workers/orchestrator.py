@@ -7,8 +7,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.children import ChildWatchActivities
-from contracts import names
 from infra.settings import Settings
+from trajflow.contracts import names
 from workers.common import connect_worker, run_until_signalled
 from workflows.replay_env import ReplayEnvWorkflow
 from workflows.training import TrainingWorkflow

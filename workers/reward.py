@@ -8,10 +8,10 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.reward import RewardActivities
-from contracts import names
 from infra.settings import Settings
 from infra.store import ObjectStore, open_store_from
-from rewards.client import RewardClient
+from trajflow.contracts import names
+from trajflow.rewards.client import RewardClient
 from workers.common import connect_worker, run_until_signalled
 
 

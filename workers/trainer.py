@@ -1,7 +1,7 @@
 """Trainer worker: one process per trainer pool host, keeping one run's model and optimizer in memory and
 taking that run's optimizer steps one at a time.
 
-Under `accelerate launch` (or torchrun) it is one rank of a group (`rl.distributed`): rank 0 is the Temporal
+Under `accelerate launch` (or torchrun) it is one rank of a group (`trajflow.rl.distributed`): rank 0 is the Temporal
 worker and leads; every other rank only follows rank 0's step orders and never talks to Temporal. When a step
 breaks the group, rank 0 stops its worker and exits non-zero, so the launcher (`--max_restarts`) restarts
 every rank."""
@@ -18,11 +18,11 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.trainer import TrainerActivities
-from contracts import names
-from contracts.config import ModelConfig
 from infra.policies import PolicyStore, sweep_dead_worker_caches
 from infra.settings import Settings
 from infra.store import ObjectStore, open_store_from
+from trajflow.contracts import names
+from trajflow.contracts.config import ModelConfig
 from workers.common import connect_worker, new_worker_id, run_until_signalled
 
 log = logging.getLogger("trajflow.trainer")
@@ -62,10 +62,10 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
 
     import torch
 
-    from rl import devices, distributed
-    from rl.engines.load import decode_precision
-    from rl.models import resolve_model
-    from rl.precision import choose_precision
+    from trajflow.rl import devices, distributed
+    from trajflow.rl.engines.load import decode_precision
+    from trajflow.rl.models import resolve_model
+    from trajflow.rl.precision import choose_precision
 
     threads = devices.set_threads(settings.threads)
     device = devices.resolve_device(settings.device)

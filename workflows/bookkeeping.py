@@ -17,7 +17,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from contracts.training import (
+from trajflow.contracts.training import (
     GroupState,
     StepRecord,
     TaskStats,
@@ -27,7 +27,7 @@ from contracts.training import (
     TrainStepInput,
     TrainStepResult,
 )
-from contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
+from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
 
 HISTORY_KEPT = 200
 """Step records kept in workflow state; the trainer also writes every step's record to the store."""

@@ -26,8 +26,8 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from contracts import names
-    from contracts.errors import explain_invalid
+    from trajflow.contracts import names
+    from trajflow.contracts.errors import explain_invalid
 
 M = TypeVar("M")
 

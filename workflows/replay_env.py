@@ -20,9 +20,9 @@ from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from contracts import names
-    from contracts.replay import EnvReplayInput, EnvReplayResult, EnvReplayStep
-    from contracts.trajectory import EnvResetInput, SandboxHandle
+    from trajflow.contracts import names
+    from trajflow.contracts.replay import EnvReplayInput, EnvReplayResult, EnvReplayStep
+    from trajflow.contracts.trajectory import EnvResetInput, SandboxHandle
 
 from workflows import stubs
 

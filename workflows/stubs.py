@@ -1,6 +1,6 @@
 """Typed stubs for calling activities by name from workflows, each with its timeouts, routing and retries.
 
-Workflows never import activity code: they call names from `contracts.names` with contracts models, and these
+Workflows never import activity code: they call names from `trajflow.contracts.names` with contracts models, and these
 stubs fix the options in one place. Error classification of activity failures lives here too.
 
 Payload sizes: an activity input over `MAX_PAYLOAD_BYTES` is refused here with a non-retryable `PayloadsTooLarge`
@@ -19,10 +19,10 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from contracts import names
-    from contracts.limits import MAX_PAYLOAD_BYTES
-    from contracts.training import TrainStepInput, TrainStepResult, WatchChildrenInput, WatchChildrenResult
-    from contracts.trajectory import (
+    from trajflow.contracts import names
+    from trajflow.contracts.limits import MAX_PAYLOAD_BYTES
+    from trajflow.contracts.training import TrainStepInput, TrainStepResult, WatchChildrenInput, WatchChildrenResult
+    from trajflow.contracts.trajectory import (
         EnvCloseInput,
         EnvResetInput,
         EnvResetResult,

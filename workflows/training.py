@@ -34,8 +34,8 @@ from temporalio.exceptions import ApplicationError, ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from contracts import metrics, names
-    from contracts.training import (
+    from trajflow.contracts import metrics, names
+    from trajflow.contracts.training import (
         GroupState,
         TrainingProgress,
         TrainingResult,
@@ -45,8 +45,8 @@ with workflow.unsafe.imports_passed_through():
         TrainStepInput,
         WatchChildrenInput,
     )
-    from contracts.trajectory import TrajectoryReport, TrajectoryResult
-    from telemetry.metrics import record
+    from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult
+    from trajflow.observability.metrics import record
     from workflows.bookkeeping import Book, ReportOutcome
 
 from workflows import stubs

@@ -4,7 +4,7 @@ reset a sandbox on the env pool -> per turn: LLM step on the decode pool, env st
 queue -> score on the reward pool -> save the trajectory to the store -> report. A lost sandbox (container
 death, hung step, dead env host) is replaced by a fresh one restored by replaying the recorded actions, within
 a budget; past it the trajectory ends as infra-failed and is never scored. History holds one turn's text and
-store references, so it grows O(turns). Each episode is one OpenTelemetry trace (`telemetry.spans`): a root
+store references, so it grows O(turns). Each episode is one OpenTelemetry trace (`trajflow.observability.spans`): a root
 `trajectory` span and a span per activity call.
 """
 
@@ -18,8 +18,8 @@ from temporalio.common import RawValue, SearchAttributeKey, SearchAttributeUpdat
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
-    from contracts import metrics, names
-    from contracts.trajectory import (
+    from trajflow.contracts import metrics, names
+    from trajflow.contracts.trajectory import (
         EnvResetInput,
         EnvStepResult,
         SandboxHandle,
@@ -32,8 +32,8 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryStatus,
         TurnSummary,
     )
-    from telemetry import spans
-    from telemetry.metrics import record
+    from trajflow.observability import spans
+    from trajflow.observability.metrics import record
 
 from workflows import stubs
 from workflows.inputs import NO_INPUT, decode_input
@@ -147,7 +147,7 @@ class TrajectoryWorkflow:
             env_recoveries=self.recoveries,
             error=error,
             seconds=seconds,
-            # a win as eval counts one (commands/evaluate.py): completed, the last env reward at least 1
+            # a win as eval counts one (trajflow/cli/commands/evaluate.py): completed, the last env reward at least 1
             won=status is TrajectoryStatus.COMPLETED and bool(self.turns) and self.turns[-1].env_reward >= 1.0,
         )
         self._record_end(result)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts import names
-from sandbox.errors import SandboxStartError
+from trajflow.contracts import names
+from trajflow.sandbox.errors import SandboxStartError
 
 GUESS = "I guess \\boxed{999}"  # valid format, out of range: the game goes on to its turn limit
 

@@ -30,9 +30,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from contracts import names
-from contracts.training import TrainingProgress
-from contracts.trajectory import (
+from tests.conftest import async_wait_for
+from trajflow.contracts import names
+from trajflow.contracts.training import TrainingProgress
+from trajflow.contracts.trajectory import (
     EnvCloseInput,
     EnvResetInput,
     EnvResetResult,
@@ -51,7 +52,6 @@ from contracts.trajectory import (
     TrajectoryResult,
     TrajectoryStatus,
 )
-from tests.conftest import async_wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -19,13 +19,13 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from transformers import AutoTokenizer
 
-from contracts import names
-from contracts.limits import MAX_OBSERVATION_CHARS
-from contracts.records import TrajectoryRecord
-from contracts.trajectory import SamplingParams, TrajectoryStatus
-from rl.engines.scripted import ScriptedEngine
-from sandbox.images import ImageResolver
 from tests.conftest import running_stack
+from trajflow.contracts import names
+from trajflow.contracts.limits import MAX_OBSERVATION_CHARS
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
+from trajflow.rl.engines.scripted import ScriptedEngine
+from trajflow.sandbox.images import ImageResolver
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ async def test_an_unknown_env_id_fails_after_one_reset_saying_how_to_find_valid_
     assert tries == [1]  # non-retryable: one reset (one container), not three
     error = result.error or ""
     assert "env.reset: EnvError" in error and "UnknownEnv" in error and "'game:NoSuchGame-v0'" in error
-    assert "ENV_REGISTRY" in error and "envs/shell_tasks" in error  # how to find the valid ones
+    assert "ENV_REGISTRY" in error and "trajflow/envs/shell_tasks" in error  # how to find the valid ones
 
 
 async def test_a_reward_service_answering_garbage_fails_the_trajectory_unscored_after_one_attempt(

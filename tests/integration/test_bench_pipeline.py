@@ -15,16 +15,16 @@ import pytest
 from temporalio.worker import Worker
 from transformers import AutoTokenizer
 
-from bench.batch_rollout import BatchRolloutWorkflow
-from bench.contracts import BATCH_ROLLOUT_WORKFLOW, BatchRolloutInput, BatchRolloutResult
-from bench.sim_engine import SimulatedEngine
-from bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, episode_seed
-from bench.synthetic_worker import synthetic_env_workers
-from contracts.tasks import TaskConfig
-from contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
-from rewards.client import RewardClient
 from tests.conftest import ROOT
 from trajflow.client import run_trajectory
+from trajflow.contracts.tasks import TaskConfig
+from trajflow.contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
+from trajflow.lab.bench.batch_rollout import BatchRolloutWorkflow
+from trajflow.lab.bench.contracts import BATCH_ROLLOUT_WORKFLOW, BatchRolloutInput, BatchRolloutResult
+from trajflow.lab.bench.sim_engine import SimulatedEngine
+from trajflow.lab.bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, episode_seed
+from trajflow.lab.bench.synthetic_worker import synthetic_env_workers
+from trajflow.rewards.client import RewardClient
 from workers.decode import decode_workers
 from workers.reward import reward_workers
 from workflows.trajectory import TrajectoryWorkflow

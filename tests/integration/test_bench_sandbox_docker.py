@@ -16,9 +16,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from bench.sandboxes import main, quick_plan
 from infra.settings import Settings
-from sandbox import labels
+from trajflow.lab.bench.sandboxes import main, quick_plan
+from trajflow.sandbox import labels
 
 pytestmark = pytest.mark.integration
 

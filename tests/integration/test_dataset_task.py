@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from contracts.records import TrajectoryRecord
-from contracts.trajectory import TrajectoryStatus
-from envs.dataset import HELD_OUT_FROM
 from tests.conftest import ROOT, running_stack
 from tests.integration.test_user_env import script
-from userenvs.submit import package_env
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.trajectory import TrajectoryStatus
+from trajflow.envs.dataset import HELD_OUT_FROM
+from trajflow.envs.user.submit import package_env
 
 pytestmark = pytest.mark.integration
 

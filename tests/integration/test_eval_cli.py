@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from contracts.records import TrajectoryRecord
 from tests.conftest import ROOT, free_port
+from trajflow.contracts.records import TrajectoryRecord
 
 pytestmark = pytest.mark.integration
 

@@ -13,9 +13,9 @@ import pytest
 from gem.envs.registration import ENV_REGISTRY
 from nltk.corpus.reader import WordListCorpusReader
 
-from sandbox.errors import EnvError
-from sandbox.images import IMAGE_NLTK_DATA, NLTK_DATA_DIR
-from sandbox.manager import Sandbox, SandboxManager
+from trajflow.sandbox.errors import EnvError
+from trajflow.sandbox.images import IMAGE_NLTK_DATA, NLTK_DATA_DIR
+from trajflow.sandbox.manager import Sandbox, SandboxManager
 
 pytestmark = pytest.mark.integration
 

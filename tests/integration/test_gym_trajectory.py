@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from contracts.trajectory import TrajectoryStatus
-from rl.engines.scripted import ScriptedEngine
 from tests.conftest import running_stack
 from tests.integration.test_trajectory import load_record
+from trajflow.contracts.trajectory import TrajectoryStatus
+from trajflow.rl.engines.scripted import ScriptedEngine
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +79,7 @@ async def test_blackjack_with_the_real_tiny_policy_completes(
 ) -> None:
     """The tiny random HF policy rarely writes a valid action: whatever it writes, the episode ends as the env's
     answer (a reward in {-1, 0, 1, 1.5} for a played hand, -0.1 for a malformed reply), never as an infra failure."""
-    from rl.engines.hf import HFEngine
+    from trajflow.rl.engines.hf import HFEngine
 
     engine = HFEngine(tiny_model, max_batch=4, batch_wait_ms=20)
     await engine.start()

@@ -2,7 +2,7 @@
 service) in containers of the worker image, each with its own network namespace, CPU set and memory limit; the
 store on S3 (moto on this machine), Temporal over TCP at the network's gateway. A short training run on the tiny
 policy goes on while the env host is `docker kill`ed and `docker start`ed: the run finishes, and its own records
-(chaos.audit) show no trajectory lost or consumed twice. Then a dataset task with its own verifier, submitted
+(trajflow.lab.chaos.audit) show no trajectory lost or consumed twice. Then a dataset task with its own verifier, submitted
 from this machine, runs on the env host from its package in the S3 store. `status` shows the hosts and `down`
 removes exactly them.
 Also: the compose file of the same layout validates with Debian's docker-compose.
@@ -173,7 +173,7 @@ def test_training_across_four_hosts_survives_a_killed_env_host(hosts_stack, monk
 def _metrics_and_traces_of_every_host(env: dict[str, str], state_dir: Path, prefix: str, run) -> None:  # type: ignore[no-untyped-def]
     """The machine's Prometheus scrapes every host's workers at their container's address (the trajectories the
     orchestrator host finished among them), and `trajflow trace` reads spans the containers wrote."""
-    from telemetry import prometheus
+    from trajflow.observability import prometheus
 
     base = prometheus.url(int(env["TRAJFLOW_PROMETHEUS_PORT"]))
     expected = {("orchestrator", "orchestrator"), ("decode", "decode"), ("env", "env"), ("trainer", "trainer"),
@@ -211,14 +211,14 @@ def _metrics_and_traces_of_every_host(env: dict[str, str], state_dir: Path, pref
 async def _train_killing_env(env: dict[str, str], config: Path, prefix: str, docker_client) -> dict:  # type: ignore[no-untyped-def,type-arg]
     """Start the config's training run from this machine, kill -9 the env host's container once trajectories are
     completing, start it again, wait for the run; then audit its records."""
-    from chaos.audit import audit, collect
-    from contracts.config import load_run_config
     from infra import hosts
     from infra.settings import Settings
     from infra.store import open_store
     from infra.temporal import connect
-    from sandbox import labels
     from trajflow.client import start_training, training_progress
+    from trajflow.contracts.config import load_run_config
+    from trajflow.lab.chaos.audit import audit, collect
+    from trajflow.sandbox import labels
 
     settings = Settings(temporal_address=env["TRAJFLOW_TEMPORAL_ADDRESS"])
     client = await connect(settings)

@@ -18,8 +18,8 @@ import docker.errors
 import pytest
 from typer.testing import CliRunner, Result
 
-from sandbox.images import image_exists
 from trajflow.cli import app
+from trajflow.sandbox.images import image_exists
 
 pytestmark = pytest.mark.integration
 

@@ -64,8 +64,8 @@ async def test_a_server_that_predates_a_search_attribute_gets_it() -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
-    from contracts import names
     from infra.temporal import ensure_search_attributes
+    from trajflow.contracts import names
 
     old = [
         a for name, kind in names.SEARCH_ATTRIBUTES.items() if name != names.SA_TASK

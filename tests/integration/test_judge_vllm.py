@@ -13,11 +13,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from contracts.reward_models import JudgeModelConfig
-from contracts.trajectory import ScoreRequest
-from rewards.judge import judge_prompt, normalise, parse_score
-from rewards.service import create_app
 from tests.integration.test_openai_engine import API_KEY, Server, vllm_server  # noqa: F401  (the fixture)
+from trajflow.contracts.reward_models import JudgeModelConfig
+from trajflow.contracts.trajectory import ScoreRequest
+from trajflow.rewards.judge import judge_prompt, normalise, parse_score
+from trajflow.rewards.service import create_app
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""A local reward model for real: `python -m rewardmodels.server` serving the pretrained SmolLM2-135M-Instruct on
+"""A local reward model for real: `python -m trajflow.rewards.models.server` serving the pretrained SmolLM2-135M-Instruct on
 CPU as a yes/no verifier, called by concurrent clients (batched: the server reports its batch sizes), by the real
 reward service, and by whole trajectories of a dataset task through the stack; with the server stopped, the
 trajectory ends `infra_failed`, never completed with a zero.
@@ -24,13 +24,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from contracts.reward_models import LocalModelConfig, LocalScoreRequest
-from contracts.trajectory import ScoreRequest, TrajectoryStatus
-from rewardmodels.scorer import verifier_text
-from rewards.client import RewardClient
 from tests.conftest import ROOT, free_port, running_stack, wait_healthy
 from tests.integration.test_user_env import script
-from userenvs.submit import package_env
+from trajflow.contracts.reward_models import LocalModelConfig, LocalScoreRequest
+from trajflow.contracts.trajectory import ScoreRequest, TrajectoryStatus
+from trajflow.envs.user.submit import package_env
+from trajflow.rewards.client import RewardClient
+from trajflow.rewards.models.scorer import verifier_text
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ class Server:
 
 def start_server(model: Path, log: Path) -> Server:
     port = free_port()
-    argv = [sys.executable, "-m", "rewardmodels.server", "--model", str(model), "--port", str(port),
+    argv = [sys.executable, "-m", "trajflow.rewards.models.server", "--model", str(model), "--port", str(port),
             "--max-batch", "8", "--max-wait-ms", "300"]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -75,7 +75,7 @@ def start_server(model: Path, log: Path) -> Server:
 
 @pytest.fixture(scope="module")
 def smollm2(cache_dir: Path) -> Path:
-    from rl.models import ensure_smollm2
+    from trajflow.rl.models import ensure_smollm2
 
     return ensure_smollm2(cache_dir)
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from contracts import metrics, names
-from contracts.trajectory import TrajectoryProgress
 from infra.monitoring import SCRAPED
-from telemetry import prometheus
 from tests.conftest import ROOT, free_port, wait_for
+from trajflow.contracts import metrics, names
+from trajflow.contracts.trajectory import TrajectoryProgress
+from trajflow.observability import prometheus
 
 pytestmark = pytest.mark.integration
 RUN = "metrics-run"
@@ -61,7 +61,7 @@ async def kill_sandboxes(client, want: int, done: asyncio.Event) -> int:  # type
     """Kill the containers of `want` running episodes of the run once each has a sandbox (as `trajflow chaos` does)."""
     import docker
 
-    from sandbox.labels import SANDBOX_ID
+    from trajflow.sandbox.labels import SANDBOX_ID
 
     engine = docker.from_env()
     killed: set[str] = set()

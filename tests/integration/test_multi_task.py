@@ -15,13 +15,13 @@ from collections import Counter
 
 import pytest
 
-from contracts import names
-from contracts.config import load_run_config
-from contracts.records import TrajectoryRecord
-from contracts.runs import RunSummary
-from contracts.training import TrainingState
-from contracts.trajectory import TrajectoryStatus
 from tests.conftest import ROOT, started_cli_stack
+from trajflow.contracts import names
+from trajflow.contracts.config import load_run_config
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.runs import RunSummary
+from trajflow.contracts.training import TrainingState
+from trajflow.contracts.trajectory import TrajectoryStatus
 from workflows.bookkeeping import Book
 
 pytestmark = pytest.mark.integration

@@ -26,11 +26,11 @@ import httpx
 import pytest
 import torch
 
-from contracts.config import OpenAIServerConfig
-from contracts.trajectory import SamplingParams, TrajectoryStatus
-from rl.engines.base import Engine, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
-from rl.engines.openai import OpenAIEngine
 from tests.conftest import free_port, running_stack, wait_for
+from trajflow.contracts.config import OpenAIServerConfig
+from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
+from trajflow.rl.engines.base import Engine, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
+from trajflow.rl.engines.openai import OpenAIEngine
 
 pytestmark = pytest.mark.integration
 
@@ -246,7 +246,7 @@ async def test_a_decode_worker_with_the_engine_runs_a_trajectory(
         too_long = await stack.run(stack.request(seed=12, system_prompt="guess " * 600))
     assert result.status is TrajectoryStatus.COMPLETED, result.error
     assert result.policy_version == VERSION
-    from contracts.records import TrajectoryRecord
+    from trajflow.contracts.records import TrajectoryRecord
 
     record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
     ctx = record.context

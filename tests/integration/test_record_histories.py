@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 from temporalio.api.enums.v1 import EventType
 
-from contracts.tasks import TaskConfig
-from contracts.training import TrainingRunConfig, TrainingStart
-from contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
-from replay.check import check, load_history
-from replay.rerun import continue_from_failure
 from tests.conftest import running_stack
 from tests.integration.replay_helpers import GUESS, SandboxKillingEngine
+from trajflow.cli.replay.check import check, load_history
+from trajflow.cli.replay.rerun import continue_from_failure
+from trajflow.contracts.tasks import TaskConfig
+from trajflow.contracts.training import TrainingRunConfig, TrainingStart
+from trajflow.contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
 
 pytestmark = [
     pytest.mark.integration,
@@ -65,7 +65,7 @@ def _blank_stack_traces(node):  # type: ignore[no-untyped-def]
 def scripted(tiny_model):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    from rl.engines.scripted import ScriptedEngine
+    from trajflow.rl.engines.scripted import ScriptedEngine
 
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), GUESS)
 
@@ -90,7 +90,7 @@ async def test_record_trajectory_histories(
         old, new, point = await continue_from_failure(st.client, st.store, failed.id, 120)
         assert new.result is not None and new.result.status is TrajectoryStatus.COMPLETED, new
 
-        from replay.env_only import replay_env
+        from trajflow.cli.replay.env_only import replay_env
 
         lines: list[str] = []
         assert await replay_env(st.client, st.store, completed.id, 120, False, lines.append) == 0
@@ -112,7 +112,7 @@ async def test_record_training_history_that_continued_as_new(
     from transformers import AutoTokenizer
 
     from infra.policies import PolicyStore
-    from rl.engines.scripted import ScriptedEngine
+    from trajflow.rl.engines.scripted import ScriptedEngine
 
     # stamps each turn with the run's newest published version (the simulated trainer publishes versions)
     weights = PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0)

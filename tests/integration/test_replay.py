@@ -15,17 +15,17 @@ import uuid
 
 import pytest
 
-from commands import live
-from commands.visibility import list_trajectories, trajectory_query
-from contracts.tasks import TaskConfig
-from contracts.training import TrainingRunConfig
-from contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
-from replay.env_only import replay_env
-from replay.formatting import side_by_side
-from replay.rerun import continue_from_failure, rerun, started_request
 from tests.conftest import async_wait_for, running_stack
 from tests.integration.replay_helpers import GUESS, FlakyManager, SandboxKillingEngine
+from trajflow.cli.commands import live
+from trajflow.cli.commands.visibility import list_trajectories, trajectory_query
+from trajflow.cli.replay.env_only import replay_env
+from trajflow.cli.replay.formatting import side_by_side
+from trajflow.cli.replay.rerun import continue_from_failure, rerun, started_request
 from trajflow.client import start_training
+from trajflow.contracts.tasks import TaskConfig
+from trajflow.contracts.training import TrainingRunConfig
+from trajflow.contracts.trajectory import SamplingParams, StagePools, TrajectoryStatus
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 def scripted(tiny_model):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    from rl.engines.scripted import ScriptedEngine
+    from trajflow.rl.engines.scripted import ScriptedEngine
 
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), GUESS)
 
@@ -200,7 +200,7 @@ async def test_status_shows_the_live_queries_of_a_run_and_its_trajectories(
     from transformers import AutoTokenizer
 
     from infra.policies import PolicyStore
-    from rl.engines.scripted import ScriptedEngine
+    from trajflow.rl.engines.scripted import ScriptedEngine
 
     weights = PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0)
     engine = HoldingEngine(ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), "\\boxed{5}", weights=weights))

@@ -14,9 +14,9 @@ import json
 
 import pytest
 
-from contracts.config import RunConfig, load_run_config
-from contracts.records import TrajectoryRecord
 from tests.conftest import ROOT
+from trajflow.contracts.config import RunConfig, load_run_config
+from trajflow.contracts.records import TrajectoryRecord
 
 pytestmark = pytest.mark.integration
 

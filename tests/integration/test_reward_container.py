@@ -21,10 +21,10 @@ import docker.models.containers
 import httpx
 import pytest
 
-from contracts.trajectory import ScoreRequest
 from infra.reward_image import REWARD_REQUIREMENTS, SERVICE_UID, ensure_reward_image
-from rewards.client import RewardClient, RewardRequestRejected
 from tests.conftest import free_port
+from trajflow.contracts.trajectory import ScoreRequest
+from trajflow.rewards.client import RewardClient, RewardRequestRejected
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +97,7 @@ def test_requirements_pin_the_project_environment() -> None:
 
 def test_image_is_configured_for_container_platforms(docker_client: docker.DockerClient, reward_image: str) -> None:
     config = docker_client.images.get(reward_image).attrs["Config"]
-    assert config["Cmd"] == ["python3", "-m", "rewards.service"]
+    assert config["Cmd"] == ["python3", "-m", "trajflow.rewards.service"]
     assert {"HOST=0.0.0.0", "PORT=8080"} <= set(config["Env"])
     assert config["User"] == f"{SERVICE_UID}:{SERVICE_UID}"
     assert "8080/tcp" in config["ExposedPorts"]

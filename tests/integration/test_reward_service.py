@@ -16,14 +16,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from contracts.trajectory import ScoreRequest
-from rewards.client import (
+from tests.unit.test_rewards_registry import BUILTINS
+from trajflow.contracts.trajectory import ScoreRequest
+from trajflow.rewards.client import (
     RewardClient,
     RewardRequestRejected,
     RewardServiceBadAnswer,
     RewardServiceUnavailable,
 )
-from tests.unit.test_rewards_registry import BUILTINS
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path, deadl
 @pytest.fixture(scope="module")
 def service_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "rewards.service", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [sys.executable, "-m", "trajflow.rewards.service", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--log-level", "warning"]
     log_path = tmp_path_factory.mktemp("reward") / "service.log"  # a file, not a pipe: it never fills up
     log = log_path.open("wb")

@@ -20,11 +20,11 @@ import docker
 import docker.errors
 import pytest
 
-from sandbox import labels
-from sandbox.errors import EnvError, SandboxLost, SandboxStepTimeout
-from sandbox.images import base_image_tag, ensure_runtime_image
-from sandbox.manager import Sandbox, SandboxManager
-from sandbox.reaper import reap_orphans
+from trajflow.sandbox import labels
+from trajflow.sandbox.errors import EnvError, SandboxLost, SandboxStepTimeout
+from trajflow.sandbox.images import base_image_tag, ensure_runtime_image
+from trajflow.sandbox.manager import Sandbox, SandboxManager
+from trajflow.sandbox.reaper import reap_orphans
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,9 @@ import docker
 import docker.errors
 import pytest
 
-from sandbox.images import SHELL_TASKS_DIR, ensure_task_image, image_for_env
-from sandbox.manager import Sandbox, SandboxLimits, SandboxManager
-from sandbox.pool import WarmPool
+from trajflow.sandbox.images import SHELL_TASKS_DIR, ensure_task_image, image_for_env
+from trajflow.sandbox.manager import Sandbox, SandboxLimits, SandboxManager
+from trajflow.sandbox.pool import WarmPool
 
 pytestmark = pytest.mark.integration
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from contracts.records import TrajectoryRecord
-from contracts.trajectory import SamplingParams, TrajectoryStatus
-from envs.shell import WORK_DIR
-from rl.engines.scripted import ScriptedEngine
-from sandbox.images import SHELL_TASKS_DIR, ImageResolver
 from tests.conftest import running_stack
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
+from trajflow.envs.shell import WORK_DIR
+from trajflow.rl.engines.scripted import ScriptedEngine
+from trajflow.sandbox.images import SHELL_TASKS_DIR, ImageResolver
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +99,7 @@ async def test_a_hung_step_kills_its_container_and_past_the_budget_ends_infra_fa
     container killed; the fresh sandbox hangs the same way, so the trajectory ends infra-failed, never scored."""
     import tempfile
 
-    from sandbox.manager import SandboxManager
+    from trajflow.sandbox.manager import SandboxManager
 
     short = SandboxManager(
         docker_client, sandbox_manager.image, Path(tempfile.mkdtemp(prefix="tf-hung-")), "test-hung", step_timeout_s=2

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from contracts.trajectory import ScoreResult
 from infra.store import ObjectNotFound, ObjectStore, S3Store, open_store
+from trajflow.contracts.trajectory import ScoreResult
 
 pytestmark = pytest.mark.integration
 
@@ -167,10 +167,10 @@ async def test_a_trajectory_stores_its_data_in_s3(
     endpoint: str, temporal_env, reward_service, sandbox_manager, tiny_model
 ) -> None:  # type: ignore[no-untyped-def]
     """The same workers with the S3 backend: context and trajectory records land in the bucket."""
-    from contracts.records import TrajectoryRecord
-    from contracts.trajectory import TrajectoryStatus
-    from rl.engines.hf import HFEngine
     from tests.conftest import running_stack
+    from trajflow.contracts.records import TrajectoryRecord
+    from trajflow.contracts.trajectory import TrajectoryStatus
+    from trajflow.rl.engines.hf import HFEngine
 
     store = open_store(f"s3://traj-{uuid.uuid4().hex[:8]}/runs", s3_endpoint_url=endpoint, create_bucket=True)
     engine = HFEngine(tiny_model, max_batch=4, batch_wait_ms=5)

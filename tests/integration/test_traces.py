@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from contracts.traces import attr
 from tests.conftest import wait_for
+from trajflow.contracts.traces import attr
 
 pytestmark = pytest.mark.integration
 

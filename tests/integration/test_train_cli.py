@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from contracts.records import TrajectoryRecord
 from tests.conftest import ROOT
+from trajflow.contracts.records import TrajectoryRecord
 
 pytestmark = pytest.mark.integration
 

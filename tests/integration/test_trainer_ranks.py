@@ -24,15 +24,15 @@ from safetensors.torch import load_file
 from temporalio import workflow
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from contracts import names
-from contracts.records import TrajectoryRecord, TurnContext
-from contracts.training import LoraConfig, LossConfig, TrainerConfig, TrainRef, TrainStepInput, TrainStepResult
-from contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryStatus
 from infra.layout import policy_version_prefix
 from infra.policies import get_dir
 from infra.store import LocalStore
 from tests.conftest import pending_work, wait_for
 from tests.integration.launched_trainer import LaunchedTrainer
+from trajflow.contracts import names
+from trajflow.contracts.records import TrajectoryRecord, TurnContext
+from trajflow.contracts.training import LoraConfig, LossConfig, TrainerConfig, TrainRef, TrainStepInput, TrainStepResult
+from trajflow.contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryStatus
 
 pytestmark = pytest.mark.integration
 
@@ -88,9 +88,9 @@ def records(rng: random.Random, count: int, vocab: int) -> list[TrajectoryRecord
 def single_process(tiny_model: Path, batches: list[list[TrajectoryRecord]], steps: list[TrainStepInput]):  # type: ignore[no-untyped-def]
     """What one process makes of the same steps: (the weights it would publish after the last step, the steps'
     metrics)."""
-    from rl import lora
-    from rl.samples import samples_from_records
-    from rl.trainer import PolicyTrainer
+    from trajflow.rl import lora
+    from trajflow.rl.samples import samples_from_records
+    from trajflow.rl.trainer import PolicyTrainer
 
     config = steps[0].trainer
     trainer = PolicyTrainer(tiny_model, config, seed=0)
@@ -220,13 +220,13 @@ async def test_a_rank_killed_mid_step_is_restarted_and_the_run_finishes(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from contracts.tasks import TaskConfig
-    from contracts.training import TrainingRunConfig
-    from contracts.trajectory import StagePools
     from infra.policies import PolicyStore
-    from rl.engines.scripted import ScriptedEngine
     from tests.conftest import running_stack
     from trajflow.client import start_training
+    from trajflow.contracts.tasks import TaskConfig
+    from trajflow.contracts.training import TrainingRunConfig
+    from trajflow.contracts.trajectory import StagePools
+    from trajflow.rl.engines.scripted import ScriptedEngine
 
     policies = PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0)
     engine = ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), "\\boxed{5}", weights=policies)

@@ -13,15 +13,15 @@ import uuid
 import pytest
 from transformers import AutoTokenizer
 
-from contracts import names
-from contracts.records import TrajectoryRecord
-from contracts.tasks import TaskConfig
-from contracts.training import TrainingRunConfig, TrainingState, TrainRef, TrainStepInput
-from contracts.trajectory import SamplingParams, StagePools, TrajectoryReport, TrajectoryStatus
 from infra.policies import PolicyStore
-from rl.engines.scripted import ScriptedEngine
 from tests.conftest import async_wait_for, pending_work, running_stack
 from trajflow.client import start_training, training_progress
+from trajflow.contracts import names
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.tasks import TaskConfig
+from trajflow.contracts.training import TrainingRunConfig, TrainingState, TrainRef, TrainStepInput
+from trajflow.contracts.trajectory import SamplingParams, StagePools, TrajectoryReport, TrajectoryStatus
+from trajflow.rl.engines.scripted import ScriptedEngine
 
 pytestmark = pytest.mark.integration
 
@@ -129,7 +129,7 @@ async def test_async_run_respects_admission_and_staleness_bounds(
 
 async def _started_request(client, workflow_id: str):  # type: ignore[no-untyped-def]
     """The TrajectoryRequest a trajectory was started with, from its history's first event."""
-    from contracts.trajectory import TrajectoryRequest
+    from trajflow.contracts.trajectory import TrajectoryRequest
 
     async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
         if event.HasField("workflow_execution_started_event_attributes"):
@@ -224,7 +224,7 @@ async def test_a_dead_docker_engine_pauses_admission_and_a_live_one_resumes_it(
     the engine is back completes, admission resumes and the run finishes, training on no failed sample."""
     import docker
 
-    from sandbox.manager import SandboxManager
+    from trajflow.sandbox.manager import SandboxManager
 
     gone = docker.DockerClient(base_url=f"unix://{tmp_path}/no-docker.sock", version=docker_client.api.api_version)
     dead = SandboxManager(gone, sandbox_manager.image, tmp_path / "sb", "test-dead-engine")

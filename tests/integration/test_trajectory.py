@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
-from contracts import names
-from contracts.records import TrajectoryRecord
-from contracts.trajectory import StagePools, TrajectoryStatus
 from tests.conftest import running_stack
+from trajflow.contracts import names
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.trajectory import StagePools, TrajectoryStatus
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ class GatedEngine:
 
 @pytest.fixture(scope="module")
 async def hf_engine(tiny_model):  # type: ignore[no-untyped-def]
-    from rl.engines.hf import HFEngine
+    from trajflow.rl.engines.hf import HFEngine
 
     engine = HFEngine(tiny_model, max_batch=16, batch_wait_ms=20)
     await engine.start()
@@ -55,7 +55,7 @@ async def hf_engine(tiny_model):  # type: ignore[no-untyped-def]
 def scripted(tiny_model):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    from rl.engines.scripted import ScriptedEngine
+    from trajflow.rl.engines.scripted import ScriptedEngine
 
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), OUT_OF_RANGE)
 
@@ -187,7 +187,7 @@ async def test_unknown_env_fails_as_env_error_not_infra(
 async def test_concurrent_trajectories_share_decode_batches(
     temporal_env, reward_service, store, sandbox_manager, tiny_model
 ):  # type: ignore[no-untyped-def]
-    from rl.engines.hf import HFEngine
+    from trajflow.rl.engines.hf import HFEngine
 
     # A generous batching window: sandboxes start at slightly different times, and the point here is that
     # turns of different trajectories that are waiting together go into one forward pass.
@@ -220,7 +220,7 @@ async def test_a_reasoning_gym_env_runs_through_the_same_path(
 async def test_a_dead_env_host_is_noticed_by_schedule_to_start_and_another_host_restores_the_episode(
     temporal_env, reward_service, store, sandbox_manager, scripted
 ):  # type: ignore[no-untyped-def]
-    from contracts import names
+    from trajflow.contracts import names
     from workers.env import env_workers
 
     engine = GatedEngine(scripted, gate_at=2)
@@ -261,7 +261,7 @@ class FailingImages:
         self.calls = 0
 
     def image_for(self, env_id: str, package: str = "") -> str:
-        from sandbox.errors import ImageBuildError
+        from trajflow.sandbox.errors import ImageBuildError
 
         self.calls += 1
         if self.calls <= self.failures:

@@ -13,8 +13,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from contracts.records import TrajectoryRecord
-from contracts.trajectory import TrajectoryRequest, TrajectoryResult, TrajectoryStatus
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.trajectory import TrajectoryRequest, TrajectoryResult, TrajectoryStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -163,7 +163,7 @@ async def test_start_training_run_from_web_ui(cli_stack, tmp_path: Path) -> None
     """A TrainingWorkflow started from the form: one real optimizer step of the tiny model on one group."""
     from playwright.async_api import async_playwright
 
-    from contracts.training import TrainingResult
+    from trajflow.contracts.training import TrainingResult
 
     run_id = f"ui-run-{uuid.uuid4().hex[:8]}"
     payload = '{"run": {"steps": 1, "batch_size": 4, "group_size": 4, "tasks": [{"max_turns": 1}]}}'

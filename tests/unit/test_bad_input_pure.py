@@ -16,12 +16,12 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from typer.testing import CliRunner
 
-from contracts import names
-from contracts.errors import MAX_MESSAGE_CHARS, explain_invalid
-from contracts.limits import MAX_OBSERVATION_CHARS, MAX_SYSTEM_PROMPT_CHARS
-from contracts.tasks import TaskConfig
-from contracts.training import TrainingStart, TrainStepResult
-from contracts.trajectory import (
+from trajflow.contracts import names
+from trajflow.contracts.errors import MAX_MESSAGE_CHARS, explain_invalid
+from trajflow.contracts.limits import MAX_OBSERVATION_CHARS, MAX_SYSTEM_PROMPT_CHARS
+from trajflow.contracts.tasks import TaskConfig
+from trajflow.contracts.training import TrainingStart, TrainStepResult
+from trajflow.contracts.trajectory import (
     EnvStepResult,
     ScoreRequest,
     ScoreResult,
@@ -29,8 +29,8 @@ from contracts.trajectory import (
     TrajectoryRequest,
     TrajectoryStatus,
 )
-from envs.formatting import cap_observation
-from rewards.client import MAX_ANSWER_BYTES, RewardClient, RewardServiceBadAnswer
+from trajflow.envs.formatting import cap_observation
+from trajflow.rewards.client import MAX_ANSWER_BYTES, RewardClient, RewardServiceBadAnswer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -221,8 +221,8 @@ def test_train_with_an_invalid_config_exits_2_naming_the_field(tmp_path: Path, t
 
 
 def test_the_stubs_refuse_an_activity_input_over_the_payload_limit_without_retrying() -> None:
-    from contracts.limits import MAX_PAYLOAD_BYTES
-    from contracts.trajectory import EnvResetInput
+    from trajflow.contracts.limits import MAX_PAYLOAD_BYTES
+    from trajflow.contracts.trajectory import EnvResetInput
     from workflows import stubs
 
     small = EnvResetInput(trajectory_id="t", env_id="game:X", seed=0, replay_actions=["a" * 1000] * 10)

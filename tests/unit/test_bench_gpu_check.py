@@ -1,5 +1,5 @@
-"""bench.gpu_check on the CPU at its quick size, so the GPU check cannot rot: it runs the engine and the trainer
-through `rl/` without temporalio, docker or boto3 (made unimportable in its process) and reports sane figures;
+"""trajflow.lab.bench.gpu_check on the CPU at its quick size, so the GPU check cannot rot: it runs the engine and the trainer
+through `trajflow/rl/` without temporalio, docker or boto3 (made unimportable in its process) and reports sane figures;
 and the contention bench's settings give each child the environment they name."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.contention import child_env
-from contracts.config import RunConfig
 from infra.placement import worker_env
+from trajflow.contracts.config import RunConfig
+from trajflow.lab.bench.contention import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 ABSENT = "import sys\nfor m in ('temporalio', 'docker', 'boto3'):\n    sys.modules[m] = None  # as if not installed\n"
@@ -20,7 +20,10 @@ ABSENT = "import sys\nfor m in ('temporalio', 'docker', 'boto3'):\n    sys.modul
 
 def test_the_gpu_check_runs_on_the_cpu_without_the_services(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
-    code = ABSENT + f"from bench.gpu_check import main\nsys.exit(main(['--quick', '--device', 'cpu', '--json', {str(out)!r}]))\n"
+    code = ABSENT + (
+        "from trajflow.lab.bench.gpu_check import main\n"
+        f"sys.exit(main(['--quick', '--device', 'cpu', '--json', {str(out)!r}]))\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""bench.lora at its quick size, so `trajflow bench lora` cannot rot: every option runs in its own process and
+"""trajflow.lab.bench.lora at its quick size, so `trajflow bench lora` cannot rot: every option runs in its own process and
 reports sane figures, and the options are the default config's trainer with only the way of freezing (or, for
 `every-logit`, where logits are computed) changed."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.lora import OPTIONS, main, trainer_config
-from contracts.config import load_run_config
+from trajflow.contracts.config import load_run_config
+from trajflow.lab.bench.lora import OPTIONS, main, trainer_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""bench.prefix_cache at its quick size, so `trajflow bench prefix-cache` cannot rot: both options play the same
+"""trajflow.lab.bench.prefix_cache at its quick size, so `trajflow bench prefix-cache` cannot rot: both options play the same
 real GEM episodes, the cache supplies prompt tokens from the second turn on (and the second set's instructions),
 the no-cache option none, and the completions are the same."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.prefix_cache import main
+from trajflow.lab.bench.prefix_cache import main
 
 
 def test_the_quick_bench_plays_both_options(cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

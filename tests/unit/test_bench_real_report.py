@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.real_report import mode_figures, render, summary, sync_phases, union_seconds
+from trajflow.lab.bench.real_report import mode_figures, render, summary, sync_phases, union_seconds
 
 
 def test_union_counts_overlaps_once_and_clips_to_the_window() -> None:

@@ -1,4 +1,4 @@
-"""bench.pipeline's summary (the --json contract) and the printed report, from made-up run figures:
+"""trajflow.lab.bench.pipeline's summary (the --json contract) and the printed report, from made-up run figures:
 the required keys are there with the right types and the report states the workload beside the figures."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from bench.pipeline import RunFigures
-from bench.pipeline_report import render, summarize
-from bench.workload import quick_workload
+from trajflow.lab.bench.pipeline import RunFigures
+from trajflow.lab.bench.pipeline_report import render, summarize
+from trajflow.lab.bench.workload import quick_workload
 
 
 def _run(label: str, alpha: int, tps: float) -> RunFigures:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.reward_model import main, requests
 from tests.conftest import free_port
+from trajflow.lab.bench.reward_model import main, requests
 
 
 def test_requests_alternate_right_and_wrong_answers_from_the_dataset() -> None:

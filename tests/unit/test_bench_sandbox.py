@@ -1,4 +1,4 @@
-"""bench.sandboxes's pure parts: percentiles, the TrajectoryWorkflow's reset budget replayed against scripted
+"""trajflow.lab.bench.sandboxes's pure parts: percentiles, the TrajectoryWorkflow's reset budget replayed against scripted
 failures, the removal of the bench's throwaway images, and the --json / report shape from made-up figures."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import docker.errors
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from bench.sandboxes import Plan, quick_plan
-from bench.sandboxes_builds import remove_images
-from bench.sandboxes_chaos import Budget, Episode, chaos_figures, run_episode
-from bench.sandboxes_report import Figures, percentile, render, summarize
-from contracts import names
-from contracts.trajectory import EnvResetInput, EnvResetResult, EnvStepResult, SandboxHandle, TrajectoryRequest
+from trajflow.contracts import names
+from trajflow.contracts.trajectory import EnvResetInput, EnvResetResult, EnvStepResult, SandboxHandle, TrajectoryRequest
+from trajflow.lab.bench.sandboxes import Plan, quick_plan
+from trajflow.lab.bench.sandboxes_builds import remove_images
+from trajflow.lab.bench.sandboxes_chaos import Budget, Episode, chaos_figures, run_episode
+from trajflow.lab.bench.sandboxes_report import Figures, percentile, render, summarize
 
 ISSUE_KEYS = {
     "warm_reset_ms",

@@ -11,11 +11,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import set_span_in_context
 
-from bench.sandboxes_report import percentile
-from bench.scale import LevelFigures, ScaleWorkload, overhead_ms, quick_scale, saturation
-from bench.soak import audit
-from contracts.traces import attr
-from telemetry.tracing import record_of
+from trajflow.contracts.traces import attr
+from trajflow.lab.bench.sandboxes_report import percentile
+from trajflow.lab.bench.scale import LevelFigures, ScaleWorkload, overhead_ms, quick_scale, saturation
+from trajflow.lab.bench.soak import audit
+from trajflow.observability.tracing import record_of
 
 MS = 1_000_000
 
@@ -104,7 +104,7 @@ def test_the_soak_audit_adds_everything_up() -> None:
 
 
 def test_bad_workloads_are_refused() -> None:
-    from bench.soak import SoakWorkload, quick_soak
+    from trajflow.lab.bench.soak import SoakWorkload, quick_soak
 
     with pytest.raises(ValueError, match="levels"):
         ScaleWorkload(levels=(0, 100))

@@ -1,4 +1,4 @@
-"""bench.sim_engine: the simulated engine keeps its slot limit, draws log-normal decode times around the median,
+"""trajflow.lab.bench.sim_engine: the simulated engine keeps its slot limit, draws log-normal decode times around the median,
 stamps completions with the policy's newest published version, and ends completions with EOS."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from bench.sim_engine import SimulatedEngine, lognormal_mean
-from contracts.trajectory import SamplingParams
+from trajflow.contracts.trajectory import SamplingParams
+from trajflow.lab.bench.sim_engine import SimulatedEngine, lognormal_mean
 
 
 class FakeTokenizer:

@@ -11,11 +11,11 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from bench.sim_trainer import SimulatedTrainerActivities
-from contracts.training import TrainerConfig, TrainingRunConfig, TrainRef, TrainStepInput, TrainStepResult
 from infra import layout
 from infra.policies import PolicyStore
 from infra.store import LocalStore
+from trajflow.contracts.training import TrainerConfig, TrainingRunConfig, TrainRef, TrainStepInput, TrainStepResult
+from trajflow.lab.bench.sim_trainer import SimulatedTrainerActivities
 
 
 def step(run_id: str, version: int, refs: int = 1) -> TrainStepInput:

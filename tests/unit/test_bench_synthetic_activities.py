@@ -1,4 +1,4 @@
-"""bench.synthetic_activities: the env pool's contract served without Docker (run in temporalio's
+"""trajflow.lab.bench.synthetic_activities: the env pool's contract served without Docker (run in temporalio's
 ActivityEnvironment, no server): handles name this worker's host queue, the env decides the episode's length,
 errors carry the same types as the real env's."""
 
@@ -8,10 +8,10 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from bench.synthetic_activities import SyntheticEnvActivities
-from bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, episode_seed
-from contracts import names
-from contracts.trajectory import EnvCloseInput, EnvResetInput, EnvStepInput
+from trajflow.contracts import names
+from trajflow.contracts.trajectory import EnvCloseInput, EnvResetInput, EnvStepInput
+from trajflow.lab.bench.synthetic_activities import SyntheticEnvActivities
+from trajflow.lab.bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, episode_seed
 
 
 def _reset_input(**fields: object) -> EnvResetInput:

@@ -1,4 +1,4 @@
-"""bench.synthetic_env: episode lengths are uniform in [min, max] turns and end at the last turn; step delays are a
+"""trajflow.lab.bench.synthetic_env: episode lengths are uniform in [min, max] turns and end at the last turn; step delays are a
 Gaussian clipped at 0 with the expected mean; a seed replays the same episode."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from bench.synthetic_env import SyntheticEpisode, SyntheticSpec, episode_seed
+from trajflow.lab.bench.synthetic_env import SyntheticEpisode, SyntheticSpec, episode_seed
 
 
 def test_turns_are_uniform_from_one_to_eight() -> None:

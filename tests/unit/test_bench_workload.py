@@ -1,4 +1,4 @@
-"""bench.workload: the default workload stays what the issue fixed, and the bound and throughput
+"""trajflow.lab.bench.workload: the default workload stays what the issue fixed, and the bound and throughput
 arithmetic is what the report says it is."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench.workload import (
+from trajflow.lab.bench.workload import (
     Workload,
     admission_bound,
     generation_phases,

@@ -1,6 +1,6 @@
-"""The chaos verdict (`chaos.audit.audit`) on hand-made records: it passes a clean run and catches each
+"""The chaos verdict (`trajflow.lab.chaos.audit.audit`) on hand-made records: it passes a clean run and catches each
 kind of violation it exists to catch, so a chaos run that reports 0 lost means the check could have said more.
-Also when a fault counts as recovered from (`chaos.harness.recovered`), when each is due (`fault_moments`), and
+Also when a fault counts as recovered from (`trajflow.lab.chaos.harness.recovered`), when each is due (`fault_moments`), and
 that a trainer kill which missed its step is repeated at the next step."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from chaos.audit import RunRecords, StoredOutcome, TrajectoryRow, audit
-from chaos.harness import Chaos, FaultRecord, fault_moments, recovered
-from contracts import names
-from contracts.training import TrainingCounters, TrainingProgress, TrainingResult, TrainingRunConfig, TrainRef
+from trajflow.contracts import names
+from trajflow.contracts.training import TrainingCounters, TrainingProgress, TrainingResult, TrainingRunConfig, TrainRef
+from trajflow.lab.chaos.audit import RunRecords, StoredOutcome, TrajectoryRow, audit
+from trajflow.lab.chaos.harness import Chaos, FaultRecord, fault_moments, recovered
 
 
 def row(wid: str, execution: str = "completed", status: str | None = "completed", reward: float | None = 1.0) -> TrajectoryRow:

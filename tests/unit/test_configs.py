@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.config import RunConfig, load_run_config
-from contracts.trajectory import TrajectoryRequest
+from trajflow.contracts.config import RunConfig, load_run_config
+from trajflow.contracts.trajectory import TrajectoryRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted([*(ROOT / "configs").glob("*.toml"), *(ROOT / "examples").glob("*/*.toml")])

@@ -88,8 +88,8 @@ def test_which_settings_mean_a_cluster(fields: dict[str, object], embedded: bool
 
 
 def test_up_starts_no_dev_server_for_a_cluster(tmp_path: Path) -> None:
-    from contracts.config import load_run_config
     from infra.stack import components
+    from trajflow.contracts.config import load_run_config
 
     config_path = Path("configs/tiny.toml")
     config = load_run_config(config_path)

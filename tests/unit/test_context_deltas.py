@@ -14,17 +14,17 @@ from transformers import AutoTokenizer
 
 from activities.decode import DecodeActivities
 from activities.reward import RewardActivities
-from contracts.records import TrajectoryRecord, TurnContext
-from contracts.trajectory import (
+from infra.store import LocalStore
+from trajflow.contracts.records import TrajectoryRecord, TurnContext
+from trajflow.contracts.trajectory import (
     SaveTrajectoryInput,
     TrajectoryRequest,
     TrajectoryStatus,
     TurnSummary,
 )
-from infra.store import LocalStore
-from rl.chat import append_completion, append_user
-from rl.engines.scripted import ScriptedEngine
-from rl.models import build_tiny_model
+from trajflow.rl.chat import append_completion, append_user
+from trajflow.rl.engines.scripted import ScriptedEngine
+from trajflow.rl.models import build_tiny_model
 
 TURNS = 20
 ACTION = "I guess \\boxed{999}"
@@ -121,7 +121,7 @@ async def test_the_saved_record_is_the_context_the_turns_built_on_any_worker(tok
 
 def test_a_whole_context_written_before_deltas_is_still_read(tmp_path: Path) -> None:
     from activities.contexts import ContextStore
-    from contracts.records import ChatMessage, TurnDelta
+    from trajflow.contracts.records import ChatMessage, TurnDelta
 
     store = LocalStore(tmp_path / "store")
     old = TurnContext(messages=[ChatMessage(role="user", content="hi")], token_ids=[1, 2], logprobs=[0.0, 0.0], loss_mask=[0, 0])

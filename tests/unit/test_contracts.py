@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from contracts.records import TrajectoryRecord
-from contracts.trajectory import ScoreInput, ScoreRequest, TrajectoryRequest, TrajectoryStatus
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.trajectory import ScoreInput, ScoreRequest, TrajectoryRequest, TrajectoryStatus
 
 
 def test_score_input_holds_only_the_request() -> None:
@@ -41,8 +41,8 @@ from typing import Any  # noqa: E402
 from pydantic import BaseModel, TypeAdapter  # noqa: E402
 from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 
-import contracts  # noqa: E402
-from contracts.base import Contract  # noqa: E402
+import trajflow.contracts as contracts  # noqa: E402
+from trajflow.contracts.base import Contract  # noqa: E402
 
 NON_FINITE = (math.nan, math.inf, -math.inf)
 _STRINGS = ("default", "game:GuessTheNumber-v0-easy")
@@ -52,7 +52,7 @@ def contract_models() -> list[type[BaseModel]]:
     """Every pydantic model defined in a `contracts` module."""
     found: dict[str, type[BaseModel]] = {}
     for info in pkgutil.iter_modules(contracts.__path__):
-        module = importlib.import_module(f"contracts.{info.name}")
+        module = importlib.import_module(f"trajflow.contracts.{info.name}")
         for obj in vars(module).values():
             if inspect.isclass(obj) and issubclass(obj, BaseModel) and obj.__module__ == module.__name__:
                 found[obj.__qualname__] = obj
@@ -143,7 +143,7 @@ def test_the_walk_finds_the_models() -> None:
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
 def test_every_contract_derives_from_the_one_base_and_keeps_its_float_rule(model: type[BaseModel]) -> None:
-    assert issubclass(model, Contract), f"{model.__name__} does not derive from contracts.base.Contract"
+    assert issubclass(model, Contract), f"{model.__name__} does not derive from trajflow.contracts.base.Contract"
     assert model.model_config.get("ser_json_inf_nan") == "constants"
     assert model.model_config.get("extra") == "forbid"
 
@@ -169,7 +169,7 @@ def test_nan_and_infinity_round_trip_or_are_refused_in_every_float_field(model: 
 
 
 def test_rewards_that_are_trained_on_refuse_nan_and_infinity() -> None:
-    from contracts.trajectory import ScoreResult, TrajectoryReport
+    from trajflow.contracts.trajectory import ScoreResult, TrajectoryReport
 
     for model, name in ((ScoreResult, "reward"), (TrajectoryReport, "reward")):
         base = _build(model).model_dump()
@@ -196,7 +196,7 @@ def _sources() -> list[Path]:
 
 
 def test_query_signal_and_update_names_come_from_contracts_names() -> None:
-    """Every `@workflow.query/signal/update` names its handler with a constant of `contracts.names`, and no client
+    """Every `@workflow.query/signal/update` names its handler with a constant of `trajflow.contracts.names`, and no client
     queries or signals a workflow by a string literal."""
     bad = []
     for path in _sources():

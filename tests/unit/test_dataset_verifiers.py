@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts.trajectory import JsonScalar, ScoreRequest
-from envs.dataset import DatasetEnv, DatasetError
-from rewards import registry
-from userenvs.datasets import check_dataset
-from userenvs.source import EnvSourceError
+from trajflow.contracts.trajectory import JsonScalar, ScoreRequest
+from trajflow.envs.dataset import DatasetEnv, DatasetError
+from trajflow.envs.user.datasets import check_dataset
+from trajflow.envs.user.source import EnvSourceError
+from trajflow.rewards import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "arithmetic"

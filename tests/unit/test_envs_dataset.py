@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from contracts.config import parse_run_config
-from contracts.training import EvalConfig
-from contracts.trajectory import ScoreRequest
-from envs import verify
-from envs.dataset import HELD_OUT_FROM, DatasetEnv, DatasetError, read_rows, splits
-from rewards import registry
-from userenvs.datasets import check_dataset
-from userenvs.source import EnvSourceError
+from trajflow.contracts.config import parse_run_config
+from trajflow.contracts.training import EvalConfig
+from trajflow.contracts.trajectory import ScoreRequest
+from trajflow.envs import verify
+from trajflow.envs.dataset import HELD_OUT_FROM, DatasetEnv, DatasetError, read_rows, splits
+from trajflow.envs.user.datasets import check_dataset
+from trajflow.envs.user.source import EnvSourceError
+from trajflow.rewards import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "examples" / "arithmetic" / "chain_sum.jsonl"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from envs.formatting import observation_message
+from trajflow.envs.formatting import observation_message
 
 
 def test_suffix_is_appended_on_its_own_line() -> None:

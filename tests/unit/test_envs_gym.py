@@ -1,4 +1,4 @@
-"""`gym:` envs: the text interfaces of `envs/gym_text.py` and the adapter of `envs/gym_adapter.py`, on real
+"""`gym:` envs: the text interfaces of `trajflow/envs/gym_text.py` and the adapter of `trajflow/envs/gym_adapter.py`, on real
 gymnasium envs, with expectations worked out by hand from gymnasium's maps and rules."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from gymnasium import spaces
 from gymnasium.envs.toy_text.blackjack import BlackjackEnv
 
-from envs.gym_adapter import FORMAT_ERROR_REWARD, EpisodeOver, GymTextEnv, NoTextInterface, UnknownGymEnv
-from envs.gym_text import InvalidAction, boxed
+from trajflow.envs.gym_adapter import FORMAT_ERROR_REWARD, EpisodeOver, GymTextEnv, NoTextInterface, UnknownGymEnv
+from trajflow.envs.gym_text import InvalidAction, boxed
 
 LAKE = ["S F F F", "F H F H", "F F F H", "H F F G"]
 """FrozenLake-v1's 4x4 map, as the interface prints it."""

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from envs.runner import json_safe_info
+from trajflow.envs.runner import json_safe_info
 
-RUNNER = Path(__file__).resolve().parents[2] / "envs" / "runner.py"
+RUNNER = Path(__file__).resolve().parents[2] / "trajflow" / "envs" / "runner.py"
 GUESS = "game:GuessTheNumber-v0-easy"
 RG = "rg:basic_arithmetic"
 
@@ -252,7 +252,7 @@ def test_a_runner_started_for_a_game_skips_reasoning_gym(tmp_path: Path) -> None
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    from envs.runner import GemLoader
+    from trajflow.envs.runner import GemLoader
 
     assert GemLoader(GUESS).light and not GemLoader(RG).light and not GemLoader("").light
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from envs import runner, shell
-from sandbox.images import SHELL_TASKS_DIR, shell_task_names
+from trajflow.envs import runner, shell
+from trajflow.sandbox.images import SHELL_TASKS_DIR, shell_task_names
 
 TASKS = shell_task_names()
 

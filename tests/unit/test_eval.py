@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from commands.evaluate import format_table, mean_pass_at_k, pass_at_k, shown_ks, summarise_eval
-from commands.policy_eval import EvalError, PolicySpec, parse_policy, report, resolve_version, runs_with_policies
-from contracts.runs import EpisodeEval, EvalResult
-from contracts.trajectory import TrajectoryStatus
 from infra.policies import PolicyStore
 from infra.store import LocalStore
+from trajflow.cli.commands.evaluate import format_table, mean_pass_at_k, pass_at_k, shown_ks, summarise_eval
+from trajflow.cli.commands.policy_eval import EvalError, PolicySpec, parse_policy, report, resolve_version, runs_with_policies
+from trajflow.contracts.runs import EpisodeEval, EvalResult
+from trajflow.contracts.trajectory import TrajectoryStatus
 
 
 def test_pass_at_k_matches_hand_computed_values() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from contracts.config import load_run_config
-from contracts.hardware import HardwareConfig, parse_cpuset
+from trajflow.contracts.config import load_run_config
+from trajflow.contracts.hardware import HardwareConfig, parse_cpuset
 
 ROOT = Path(__file__).resolve().parents[2]
 DECLARED = {"decode": ["default", "fast"], "env": ["default"], "reward": ["default"], "trainer": ["default"]}

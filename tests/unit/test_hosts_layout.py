@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts.config import RunConfig, load_run_config
 from infra import hosts
 from infra.monitoring import HOST_PORTS, host_targets
 from infra.settings import Settings
-from telemetry.prometheus import Target
+from trajflow.contracts.config import RunConfig, load_run_config
+from trajflow.observability.prometheus import Target
 from workers.host import host_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def test_host_plan_runs_each_kind_of_the_host_with_its_placement() -> None:
     cfg = load_run_config(ROOT / "configs/hosts.toml")
     plan = {c.name: c for c in host_plan(cfg, "trainer", 8799, None)}
     assert sorted(plan) == ["reward", "reward-service", "trainer"]
-    assert plan["reward-service"].argv[1:] == ["-m", "rewards.service", "--host", "0.0.0.0", "--port", "8799"]
+    assert plan["reward-service"].argv[1:] == ["-m", "trajflow.rewards.service", "--host", "0.0.0.0", "--port", "8799"]
     assert plan["trainer"].argv == [sys.executable, "-m", "trajflow", "worker", "trainer", "--pool", "default"]
     assert plan["trainer"].env["OMP_NUM_THREADS"] == "1"  # cpus = "1": one CPU, one torch worker
     assert plan["reward"].argv[-2:] == ["--pool", "default"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from imagebuild import base, docker_build, wheels
+from trajflow.sandbox.builder import base, docker_build, wheels
 
 
 def test_digest_is_stable_and_order_free() -> None:
@@ -61,7 +61,7 @@ def test_the_worker_image_holds_every_package_the_workers_import() -> None:
     import sys
     from importlib.metadata import distribution, packages_distributions
 
-    from imagebuild.worker_image import REPO_ROOT, worker_requirements
+    from trajflow.sandbox.builder.worker_image import REPO_ROOT, worker_requirements
 
     # envs runs inside the sandboxes (its own image), not in a worker
     worker_side = ("activities", "contracts", "infra", "rewards", "rl", "sandbox", "telemetry", "workers", "workflows")

@@ -1,8 +1,9 @@
 """Every package obeys its import rule (DESIGN.md "Layout"): parsed with ast, so nothing is imported to check.
 
-Every top-level package has a rule (a new package without one fails here). The core packages never import the
-benchmarks, the chaos harness, replay, the command implementations or the CLI; the CLI imports those only
-inside its commands, and the public client never.
+The install's import names are exactly `trajflow` and the design card's four folders, and every package among them
+and directly under `trajflow/` has a rule (a new package without one fails here). The core packages never import the
+lab (benchmarks, the chaos harness), replay, the command implementations, the CLI or the public face; the CLI imports
+those only inside its commands, and the public client never.
 """
 
 from __future__ import annotations
@@ -17,74 +18,121 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
-NOT_CORE = {"bench", "chaos", "replay", "commands", "trajflow"}
-"""Beside the core: benchmarks, chaos, replay, the command implementations and the CLI + client."""
+NOT_CORE = {"trajflow.lab", "trajflow.cli", "trajflow.client", "trajflow.__main__", "trajflow"}
+"""Beside the core: the lab (benchmarks, chaos), the CLI with its commands and replay, the client and the public
+face (`from trajflow import ...`)."""
 
-# package -> (allowed top-level modules besides the stdlib, or None for "anything"), forbidden ones
+# package (dotted) -> (allowed modules besides the stdlib, or None for "anything"), forbidden ones. A file belongs to
+# the longest package that holds it; an entry covers that module and everything under it (`trajflow` alone means
+# the public face only: every package lives under it).
 RULES: dict[str, tuple[set[str] | None, set[str]]] = {
-    "contracts": ({"pydantic", "contracts"}, set()),
-    # workflows record their metrics through telemetry.metrics (the SDK's replay-safe meter)
+    "trajflow.contracts": ({"pydantic", "trajflow.contracts"}, set()),
+    # workflows record their metrics and spans through trajflow.observability (the SDK's replay-safe meter)
     "workflows": (
-        {"temporalio", "contracts", "workflows", "telemetry"},
+        {"temporalio", "trajflow.contracts", "workflows", "trajflow.observability.metrics", "trajflow.observability.spans"},
         {"torch", "docker", "boto3", "activities", "transformers"},
     ),
-    "rl": (None, {"temporalio", "docker", "boto3"} | NOT_CORE),
-    "sandbox": (None, {"torch", "temporalio", "transformers"} | NOT_CORE),
-    # `shell`, `gym_adapter`, `gym_text`, `dataset` and `verify` are envs/ modules as the runner imports them inside
-    # the sandbox image (sibling files, no package); gymnasium only for `gym:` envs; pyarrow and math_verify are in
-    # the runtime layer (imported lazily)
-    "envs": (
-        {"envs", "gem", "gymnasium", "shell", "gym_adapter", "gym_text", "dataset", "verify", "pyarrow", "math_verify"},
+    "trajflow.rl": (None, {"temporalio", "docker", "boto3"} | NOT_CORE),
+    "trajflow.sandbox": (None, {"torch", "temporalio", "transformers"} | NOT_CORE),
+    # image building: content-hashed docker builds from files and wheels, nothing else of the project
+    "trajflow.sandbox.builder": ({"docker", "trajflow.sandbox.builder", "packaging"}, set()),
+    # `shell`, `gym_adapter`, `gym_text`, `dataset` and `verify` are trajflow.envs modules as the runner imports them
+    # inside the sandbox image (sibling files, no package); gymnasium only for `gym:` envs; pyarrow and math_verify
+    # are in the runtime layer (imported lazily)
+    "trajflow.envs": (
+        {"trajflow.envs", "gem", "gymnasium", "shell", "gym_adapter", "gym_text", "dataset", "verify", "pyarrow",
+         "math_verify"},
         set(),
     ),
-    "rewards": (None, {"torch", "docker", "temporalio", "transformers"} | NOT_CORE),
+    # user envs are read with ast and packed with the stdlib: nothing of the sandbox, the workers or Temporal
+    # (a dataset's rows are read by the dataset env's own reader, trajflow.envs.dataset)
+    "trajflow.envs.user": (
+        {"trajflow.envs", "trajflow.contracts", "trajflow.sandbox.builder", "infra", "packaging"},
+        set(),
+    ),
+    "trajflow.rewards": (None, {"torch", "docker", "temporalio", "transformers", "trajflow.rewards.models"} | NOT_CORE),
     # local reward models: torch and a web server; nothing of Temporal, Docker or the reward service
-    "rewardmodels": (
-        {"rewardmodels", "contracts", "rl", "infra", "torch", "transformers", "fastapi", "uvicorn", "pydantic"},
+    "trajflow.rewards.models": (
+        {"trajflow.rewards.models", "trajflow.contracts", "trajflow.rl", "infra", "torch", "transformers", "fastapi",
+         "uvicorn", "pydantic"},
+        set(),
+    ),
+    # metrics through the Temporal SDK's runtime, Prometheus's config and HTTP API, spans through OpenTelemetry:
+    # nothing of the stack's own
+    "trajflow.observability": (
+        {"temporalio", "trajflow.contracts", "trajflow.observability", "httpx", "opentelemetry"},
+        set(),
+    ),
+    # the CLI's training run logs through it; each backend's package is imported only by its own module
+    "trajflow.observability.tracking": (
+        {"trajflow.contracts", "trajflow.observability.tracking", "tensorboardX", "wandb", "mlflow"},
         set(),
     ),
     "activities": (None, NOT_CORE),
     # infra never imports torch, not even inside a function (DESIGN.md "Layout"); rl only through TORCH_FREE_RL
     "infra": (None, {"workflows", "activities", "torch", "transformers", "accelerate", "vllm"} | NOT_CORE),
     "workers": (None, NOT_CORE),
-    "imagebuild": ({"docker", "imagebuild", "packaging"}, set()),
-    # user envs are read with ast and packed with the stdlib: nothing of the sandbox, the workers or Temporal
-    # (a dataset's rows are read by the dataset env's own reader, envs.dataset)
-    "userenvs": ({"userenvs", "contracts", "envs", "imagebuild", "infra", "packaging"}, set()),
-    # metrics through the Temporal SDK's runtime, Prometheus's config and HTTP API, spans through OpenTelemetry:
-    # nothing of the stack's own
-    "telemetry": ({"temporalio", "contracts", "telemetry", "httpx", "opentelemetry"}, set()),
-    # the CLI's training run logs through it; each backend's package is imported only by its own module
-    "tracking": ({"contracts", "tracking", "tensorboardX", "wandb", "mlflow"}, set()),
-    "bench": (None, {"chaos", "replay", "commands"}),
-    "chaos": (None, {"bench", "replay"}),
-    "replay": (None, {"bench", "chaos", "commands"}),
-    "commands": (None, {"bench", "chaos"}),
-    # the CLI dispatches to bench/chaos/replay/commands inside its commands: see the tests below
-    "trajflow": (None, set()),
+    "trajflow.lab": (set(), set()),
+    "trajflow.lab.bench": (None, {"trajflow.lab.chaos", "trajflow.cli"}),
+    "trajflow.lab.chaos": (None, {"trajflow.lab.bench", "trajflow.cli.replay"}),
+    "trajflow.cli.replay": (None, {"trajflow.lab", "trajflow.cli.commands"}),
+    "trajflow.cli.commands": (None, {"trajflow.lab"}),
+    # the CLI dispatches to the lab, replay and the commands inside its commands: see the tests below
+    "trajflow.cli": (None, set()),
+    # the public face and the client: see the tests below
+    "trajflow": (None, {"trajflow.lab", "trajflow.cli.commands", "trajflow.cli.replay"}),
 }
 
-TORCH_FREE_RL = {"rl", "rl.engines", "rl.engines.base", "rl.advantages"}
+TORCH_FREE_RL = {"trajflow.rl", "trajflow.rl.engines", "trajflow.rl.engines.base", "trajflow.rl.advantages"}
 """The rl modules that import no torch (nor anything that does): all that infra may import from rl."""
 
+TOP_LEVEL = {"trajflow", "workflows", "activities", "workers", "infra"}
+"""The import names an install adds: the design card's four folders and `trajflow`."""
 
-def top_level_packages() -> set[str]:
-    """The directories at the repository root that are Python packages (tests/ is not one)."""
-    return {p.parent.name for p in ROOT.glob("*/__init__.py")}
+
+def covers(entry: str, name: str) -> bool:
+    """`entry` covers module `name`: the same module or one under it (`trajflow` alone covers only itself)."""
+    return name == entry or (entry != "trajflow" and name.startswith(entry + "."))
+
+
+def package_of(path: Path) -> str:
+    """The longest package of RULES that holds `path`."""
+    dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return max((p for p in RULES if covers(p, dotted) or (p == "trajflow" and top(dotted) == p)), key=len)
+
+
+def project_packages() -> set[str]:
+    """Every package of the tree (directories with an `__init__.py`) at the top level and one level under
+    trajflow/, plus the sub-packages that have a rule of their own."""
+    tops = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    subs = {f"trajflow.{p.parent.name}" for p in (ROOT / "trajflow").glob("*/__init__.py")}
+    return tops | subs
 
 
 def imported_modules(path: Path, module_level_only: bool = False) -> set[str]:
-    """Top-level names of the modules `path` imports (absolute imports; relative ones stay inside a package).
-    With `module_level_only`, only the imports that run when the module is imported (not inside functions)."""
+    """Full dotted names of the modules `path` imports (absolute imports; relative ones stay inside a package):
+    `from P import X` names `P.X` where that is a module or package of the tree, else `P`. With `module_level_only`,
+    only the imports that run when the module is imported (not inside functions)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     nodes = module_level_nodes(tree) if module_level_only else ast.walk(tree)
     mods: set[str] = set()
     for node in nodes:
         if isinstance(node, ast.Import):
-            mods |= {a.name.split(".")[0] for a in node.names}
+            mods |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            mods.add(node.module.split(".")[0])
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                mods.add(sub if is_project_module(sub) else node.module)
     return mods
+
+
+def is_project_module(dotted: str) -> bool:
+    base = ROOT.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
 
 
 def module_level_nodes(tree: ast.Module) -> list[ast.stmt]:
@@ -106,11 +154,16 @@ def violations(package: str) -> list[str]:
     allowed, forbidden = RULES[package]
     out = []
     # shell tasks' repositories are task data (the projects an agent fixes), not trajflow code
-    files = sorted(f for f in (ROOT / package).rglob("*.py") if "shell_tasks" not in f.parts)
+    files = sorted(
+        f for f in ROOT.joinpath(*package.split(".")).rglob("*.py")
+        if "shell_tasks" not in f.parts and package_of(f) == package
+    )
     assert files, f"package {package} has no python files"
     for f in files:
         for mod in imported_modules(f):
-            if mod in forbidden or (allowed is not None and mod not in allowed and mod not in STDLIB):
+            bad = any(covers(e, mod) for e in forbidden)
+            ok = allowed is None or top(mod) in STDLIB or any(covers(e, mod) for e in allowed)
+            if bad or not ok:
                 out.append(f"{f.relative_to(ROOT)} imports {mod}")
     return out
 
@@ -121,13 +174,27 @@ def test_package_obeys_its_import_rule(package: str) -> None:
 
 
 def test_every_package_has_a_rule() -> None:
-    assert top_level_packages() == set(RULES)
+    assert project_packages() <= set(RULES)
+    assert {p.parent.name for p in ROOT.glob("*/__init__.py")} == TOP_LEVEL
+
+
+def test_a_file_belongs_to_its_longest_package() -> None:
+    assert package_of(ROOT / "trajflow" / "rewards" / "models" / "server.py") == "trajflow.rewards.models"
+    assert package_of(ROOT / "trajflow" / "rewards" / "service.py") == "trajflow.rewards"
+    assert package_of(ROOT / "trajflow" / "client.py") == "trajflow"
+    assert package_of(ROOT / "workflows" / "training.py") == "workflows"
+    assert covers("trajflow.rl", "trajflow.rl.engines.hf") and not covers("trajflow.rl", "trajflow.rewards")
+    assert not covers("trajflow", "trajflow.rl") and covers("trajflow", "trajflow")
 
 
 def test_the_checker_catches_a_forbidden_import(tmp_path: Path) -> None:
     bad = tmp_path / "mod.py"
     bad.write_text("import torch\nfrom docker import errors\nfrom . import sibling\n")
     assert imported_modules(bad) == {"torch", "docker"}
+    assert imported_modules(bad) & {"trajflow.lab"} == set()
+    mod = tmp_path / "mod2.py"
+    mod.write_text("from trajflow import contracts\nfrom trajflow.contracts import names\nfrom trajflow import x\n")
+    assert imported_modules(mod) == {"trajflow.contracts", "trajflow.contracts.names", "trajflow"}
 
 
 def test_module_level_excludes_function_bodies(tmp_path: Path) -> None:
@@ -138,15 +205,19 @@ def test_module_level_excludes_function_bodies(tmp_path: Path) -> None:
 
 
 def test_cli_imports_nothing_heavy() -> None:
-    heavy = {"torch", "transformers", "docker", "temporalio", "boto3", "rl", "sandbox"}
+    heavy = {"torch", "transformers", "docker", "temporalio", "boto3", "trajflow.rl", "trajflow.sandbox"}
+    deferred = {"trajflow.lab", "trajflow.cli.commands", "trajflow.cli.replay", "workers", "infra"}
     for path in sorted((ROOT / "trajflow" / "cli").glob("*.py")):
-        assert imported_modules(path) & heavy == set(), path
+        mods = imported_modules(path)
+        assert not [m for m in mods if any(covers(h, m) for h in heavy)], path
         # what a command runs is imported inside that command, so --help loads none of it
-        assert imported_modules(path, module_level_only=True) & (NOT_CORE - {"trajflow"} | {"workers", "infra"}) == set(), path
+        at_load = imported_modules(path, module_level_only=True)
+        assert not [m for m in at_load if any(covers(d, m) for d in deferred)], path
 
 
 def test_the_client_is_a_library() -> None:
-    assert imported_modules(ROOT / "trajflow" / "client.py") & (NOT_CORE - {"trajflow"}) == set()
+    mods = imported_modules(ROOT / "trajflow" / "client.py")
+    assert not [m for m in mods if any(covers(e, m) for e in NOT_CORE - {"trajflow.client"})]
 
 
 def imported_names(path: Path) -> set[str]:
@@ -166,17 +237,18 @@ def test_infra_imports_only_torch_free_rl_modules() -> None:
         f"{f.relative_to(ROOT)} imports {name}"
         for f in sorted((ROOT / "infra").rglob("*.py"))
         for name in imported_names(f)
-        if name.split(".")[0] == "rl" and name not in TORCH_FREE_RL
+        if covers("trajflow.rl", name) and name not in TORCH_FREE_RL
     ]
     assert bad == []
 
 
-@pytest.mark.parametrize("module", sorted(TORCH_FREE_RL - {"rl", "rl.engines"}))
+@pytest.mark.parametrize("module", sorted(TORCH_FREE_RL - {"trajflow.rl", "trajflow.rl.engines"}))
 def test_torch_free_rl_modules_import_only_stdlib_contracts_and_each_other(module: str) -> None:
     path = ROOT / (module.replace(".", "/") + ".py")
     for name in imported_names(path):
-        top = name.split(".")[0]
-        assert top in STDLIB | {"contracts", "pydantic"} or name in TORCH_FREE_RL, f"{module} imports {name}"
+        assert top(name) in STDLIB | {"pydantic"} or covers("trajflow.contracts", name) or name in TORCH_FREE_RL, (
+            f"{module} imports {name}"
+        )
 
 
 def test_torch_free_base_and_infra_load_no_torch() -> None:
@@ -195,6 +267,6 @@ def test_torch_free_base_and_infra_load_no_torch() -> None:
 
 def test_the_infra_rule_catches_a_torch_using_rl_module(tmp_path: Path) -> None:
     bad = tmp_path / "mod.py"
-    bad.write_text("def f():\n    from rl.models import resolve_model\n    import torch\n")
-    assert imported_names(bad) == {"rl.models", "torch"}
-    assert "rl.models" not in TORCH_FREE_RL
+    bad.write_text("def f():\n    from trajflow.rl.models import resolve_model\n    import torch\n")
+    assert imported_names(bad) == {"trajflow.rl.models", "torch"}
+    assert "trajflow.rl.models" not in TORCH_FREE_RL

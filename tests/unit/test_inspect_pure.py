@@ -7,12 +7,12 @@ import pytest
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
 
-from commands.live import format_status
-from commands.visibility import TrajectoryRow, format_table, trajectory_query
-from contracts.records import TrajectoryRecord
-from contracts.tasks import TaskConfig
-from contracts.trajectory import TrajectoryRequest, TrajectoryResult, TrajectoryStatus, TurnSummary
-from replay.formatting import NoResetPoint, Outcome, find_reset_point, shorten, side_by_side
+from trajflow.cli.commands.live import format_status
+from trajflow.cli.commands.visibility import TrajectoryRow, format_table, trajectory_query
+from trajflow.cli.replay.formatting import NoResetPoint, Outcome, find_reset_point, shorten, side_by_side
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.tasks import TaskConfig
+from trajflow.contracts.trajectory import TrajectoryRequest, TrajectoryResult, TrajectoryStatus, TurnSummary
 
 
 def test_query_without_filters_is_every_trajectory() -> None:
@@ -217,7 +217,7 @@ def test_status_text_of_a_training_run() -> None:
 
 
 def test_reset_point_of_a_recorded_infra_failed_trajectory() -> None:
-    from replay.check import HISTORIES_DIR, load_history
+    from trajflow.cli.replay.check import HISTORIES_DIR, load_history
 
     events = load_history(HISTORIES_DIR / "trajectory-infra-failed.json").events
     point = find_reset_point(events)

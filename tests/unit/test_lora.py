@@ -1,4 +1,4 @@
-"""LoRA in the trainer (`rl.lora`, `trainer.lora`) on the tiny random model, float32 on the CPU: only the adapters
+"""LoRA in the trainer (`trajflow.rl.lora`, `trainer.lora`) on the tiny random model, float32 on the CPU: only the adapters
 train, a checkpoint holds the adapter and its AdamW state and a resumed trainer continues exactly, the exported
 merged weights give the peft model's logits in a plain Hugging Face model (and in place, as a decode engine
 applies them), and bad configs fail with a clear message."""
@@ -13,11 +13,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from contracts.training import LoraConfig, TrainerConfig
-from rl import lora
-from rl.samples import TrainSample
-from rl.trainer import PolicyTrainer
-from rl.weights import apply_weights
+from trajflow.contracts.training import LoraConfig, TrainerConfig
+from trajflow.rl import lora
+from trajflow.rl.samples import TrainSample
+from trajflow.rl.trainer import PolicyTrainer
+from trajflow.rl.weights import apply_weights
 
 LORA = LoraConfig(rank=4, alpha=8)
 CONFIG = TrainerConfig(lr=1e-2, micro_batch=2, autocast="off", lora=LORA)

@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from contracts import names
-from contracts.config import ModelConfig, OpenAIServerConfig, load_run_config
-from contracts.trajectory import GenerateInput, SamplingParams
-from rl.engines.base import EngineError, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
-from rl.engines.openai import OpenAIEngine
+from trajflow.contracts import names
+from trajflow.contracts.config import ModelConfig, OpenAIServerConfig, load_run_config
+from trajflow.contracts.trajectory import GenerateInput, SamplingParams
+from trajflow.rl.engines.base import EngineError, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
+from trajflow.rl.engines.openai import OpenAIEngine
 
 SERVER = OpenAIServerConfig(base_url="http://server.test/v1/", served_model="tiny", policy_version=2, startup_wait_s=0)
 EOS = 2
@@ -195,7 +195,7 @@ async def test_decode_activity_maps_engine_errors(tiny_model: Path, tmp_path: Pa
 
 
 async def test_load_engine_builds_the_client_with_the_key(tiny_model: Path) -> None:
-    from rl.engines.load import load_engine
+    from trajflow.rl.engines.load import load_engine
 
     model = ModelConfig(name_or_path=str(tiny_model), engine="openai", openai=SERVER, max_batch=4)
     engine = load_engine(model, cache_dir=tiny_model.parent, api_key="sk-1")

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from contracts.config import RunConfig
 from infra.placement import placement, worker_env
 from infra.processes import is_alive, restart, start_detached
 from infra.settings import Settings
 from infra.stack import components
 from tests.conftest import wait_for
+from trajflow.contracts.config import RunConfig
 
 
 def test_embedded_defaults_give_each_torch_worker_half_the_cores() -> None:

@@ -8,10 +8,10 @@ import shutil
 import pytest
 import torch
 
-from contracts.trajectory import SamplingParams
 from infra.policies import PolicyStore
 from infra.store import LocalStore
-from rl.engines.hf import HFEngine
+from trajflow.contracts.trajectory import SamplingParams
+from trajflow.rl.engines.hf import HFEngine
 
 
 def _perturbed(src, dst) -> None:  # type: ignore[no-untyped-def]
@@ -83,7 +83,7 @@ def test_prune_keeps_the_newest_versions(tiny_model, tmp_path) -> None:  # type:
 
 
 def test_split_policy_reads_a_pin_only_from_run_at_digits() -> None:
-    from contracts.trajectory import split_policy
+    from trajflow.contracts.trajectory import split_policy
 
     assert split_policy("run-a@3") == ("run-a", 3)
     assert split_policy("run-a@0") == ("run-a", 0)

@@ -1,4 +1,4 @@
-"""rl.engines.prefix_cache and the HF engine's use of it: a later turn reuses the keys and values of the
+"""trajflow.rl.engines.prefix_cache and the HF engine's use of it: a later turn reuses the keys and values of the
 trajectory's earlier prompt and completion (and episodes their shared instructions), and generates exactly what
 the engine generates without the cache; a new policy version clears it. On the tiny random model (float32, CPU)."""
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from contracts.records import TurnContext
-from contracts.trajectory import SamplingParams
-from rl.chat import append_completion, append_user
-from rl.engines.base import Completion
-from rl.engines.hf import HFEngine
-from rl.engines.prefix_cache import PrefixCache, common_prefix
-from rl.models import build_tiny_model
 from tests.unit.test_rl_engine import assert_teacher_forced
+from trajflow.contracts.records import TurnContext
+from trajflow.contracts.trajectory import SamplingParams
+from trajflow.rl.chat import append_completion, append_user
+from trajflow.rl.engines.base import Completion
+from trajflow.rl.engines.hf import HFEngine
+from trajflow.rl.engines.prefix_cache import PrefixCache, common_prefix
+from trajflow.rl.models import build_tiny_model
 
 LOGPROB_TOL = 1e-4
 """As in test_rl_engine: float32 sums in another order differ by ~1e-6; a wrong position is off by > 1e-2."""

@@ -13,7 +13,7 @@ import pytest
 from temporalio import workflow
 from temporalio.common import RawValue
 
-from replay.check import HISTORIES_DIR, check, history_files, load_history
+from trajflow.cli.replay.check import HISTORIES_DIR, check, history_files, load_history
 from workflows.inputs import NO_INPUT
 from workflows.replay_env import ReplayEnvWorkflow
 from workflows.training import TrainingWorkflow

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.config import parse_run_config
-from contracts.reward_models import JudgeModelConfig, LocalModelConfig
-from contracts.trajectory import TrajectoryRequest
-from rewards.judge import normalise, parse_score
+from trajflow.contracts.config import parse_run_config
+from trajflow.contracts.reward_models import JudgeModelConfig, LocalModelConfig
+from trajflow.contracts.trajectory import TrajectoryRequest
+from trajflow.rewards.judge import normalise, parse_score
 
 CONFIG = """
 [reward_models.grader]

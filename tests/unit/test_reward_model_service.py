@@ -15,11 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from contracts.reward_models import JudgeModelConfig, LocalModelConfig
-from contracts.trajectory import ScoreRequest
-from rewards.client import RewardClient, RewardRequestRejected, RewardServiceUnavailable
-from rewards.service import create_app
 from tests.conftest import free_port
+from trajflow.contracts.reward_models import JudgeModelConfig, LocalModelConfig
+from trajflow.contracts.trajectory import ScoreRequest
+from trajflow.rewards.client import RewardClient, RewardRequestRejected, RewardServiceUnavailable
+from trajflow.rewards.service import create_app
 
 KEY = "judge-secret"
 SEEN: list[dict] = []

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from rewardmodels.batcher import Batcher
+from trajflow.rewards.models.batcher import Batcher
 
 
 async def test_concurrent_requests_share_batches_up_to_max_batch() -> None:

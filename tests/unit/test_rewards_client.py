@@ -5,15 +5,15 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from contracts.trajectory import ScoreRequest
-from rewards.client import (
+from tests.unit.test_rewards_registry import BUILTINS
+from trajflow.contracts.trajectory import ScoreRequest
+from trajflow.rewards.client import (
     RewardClient,
     RewardRequestRejected,
     RewardServiceBadAnswer,
     RewardServiceUnavailable,
 )
-from rewards.service import create_app
-from tests.unit.test_rewards_registry import BUILTINS
+from trajflow.rewards.service import create_app
 
 REQ = ScoreRequest(env_id="game:X", actions=["a"], env_rewards=[0.5, 0.25])
 

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from contracts.trajectory import ScoreRequest, ScoreResult
-from rewards import registry
-from rewards.service import _parse_args, create_app
 from tests.unit.test_rewards_registry import BUILTINS
+from trajflow.contracts.trajectory import ScoreRequest, ScoreResult
+from trajflow.rewards import registry
+from trajflow.rewards.service import _parse_args, create_app
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""rl.advantages: GRPO and Dr. GRPO group advantages against values worked out by hand."""
+"""trajflow.rl.advantages: GRPO and Dr. GRPO group advantages against values worked out by hand."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rl.advantages import advantages_by_group, group_advantages
+from trajflow.rl.advantages import advantages_by_group, group_advantages
 
 
 def test_grpo_divides_by_the_population_std() -> None:

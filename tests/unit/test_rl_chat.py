@@ -1,4 +1,4 @@
-"""rl.chat: the token-level context grows by deltas, keeps earlier tokens exactly, and keeps its arrays aligned."""
+"""trajflow.rl.chat: the token-level context grows by deltas, keeps earlier tokens exactly, and keeps its arrays aligned."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from contracts.records import TurnContext
-from rl.chat import append_completion, append_user, assistant_turn_suffix
-from rl.models import build_tiny_model
+from trajflow.contracts.records import TurnContext
+from trajflow.rl.chat import append_completion, append_user, assistant_turn_suffix
+from trajflow.rl.models import build_tiny_model
 
 SMOLLM2_STYLE_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

@@ -1,4 +1,4 @@
-"""rl.devices: which device a setting resolves to (with torch's view of the GPUs patched, so the choice is tested
+"""trajflow.rl.devices: which device a setting resolves to (with torch's view of the GPUs patched, so the choice is tested
 without one), the clear error for a GPU that is not there, torch threads, and the engine and trainer computing on
 the device their setting resolves to (the CPU here)."""
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from contracts.config import ModelConfig
-from contracts.training import TrainerConfig
-from rl import devices
-from rl.devices import DeviceUnavailable, resolve_device
-from rl.engines.hf import HFEngine
-from rl.engines.load import decode_device, decode_precision, load_engine
-from rl.precision import choose_precision
-from rl.trainer import PolicyTrainer
+from trajflow.contracts.config import ModelConfig
+from trajflow.contracts.training import TrainerConfig
+from trajflow.rl import devices
+from trajflow.rl.devices import DeviceUnavailable, resolve_device
+from trajflow.rl.engines.hf import HFEngine
+from trajflow.rl.engines.load import decode_device, decode_precision, load_engine
+from trajflow.rl.precision import choose_precision
+from trajflow.rl.trainer import PolicyTrainer
 
 
 def _gpus(monkeypatch: pytest.MonkeyPatch, count: int) -> None:

@@ -1,4 +1,4 @@
-"""rl.distributed in a single process (a group of one, what the trainer worker is without a launcher): `lead` runs
+"""trajflow.rl.distributed in a single process (a group of one, what the trainer worker is without a launcher): `lead` runs
 the step here and sends nothing, the trainer is kept between steps and rebuilt from a checkpoint when an order says
 so, and the follower-only and leader-only calls refuse the wrong rank. Two ranks: tests/integration/test_trainer_ranks.py."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from contracts.training import TrainerConfig
-from rl.distributed import StepOrder, TrainerRanks, join_launched_group, launched
-from rl.samples import TrainSample
+from trajflow.contracts.training import TrainerConfig
+from trajflow.rl.distributed import StepOrder, TrainerRanks, join_launched_group, launched
+from trajflow.rl.samples import TrainSample
 
 CONFIG = TrainerConfig(lr=1e-3, micro_batch=2, autocast="off")
 

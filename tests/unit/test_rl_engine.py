@@ -1,4 +1,4 @@
-"""rl.engines: HFEngine batches concurrent requests, respects its budget, reports honest logprobs, handles
+"""trajflow.rl.engines: HFEngine batches concurrent requests, respects its budget, reports honest logprobs, handles
 cancellation; ScriptedEngine replays text. All on the tiny random model (float32, CPU)."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import pytest
 import pytest_asyncio
 import torch
 
-from contracts.config import ModelConfig
-from contracts.records import TurnContext
-from contracts.trajectory import SamplingParams
-from rl.chat import append_completion, append_user
-from rl.engines.base import Completion, Engine
-from rl.engines.hf import HFEngine
-from rl.engines.load import load_engine
-from rl.engines.scripted import ScriptedEngine
-from rl.models import build_tiny_model
-from rl.precision import CpuInfo, choose_precision, resolve_dtype
+from trajflow.contracts.config import ModelConfig
+from trajflow.contracts.records import TurnContext
+from trajflow.contracts.trajectory import SamplingParams
+from trajflow.rl.chat import append_completion, append_user
+from trajflow.rl.engines.base import Completion, Engine
+from trajflow.rl.engines.hf import HFEngine
+from trajflow.rl.engines.load import load_engine
+from trajflow.rl.engines.scripted import ScriptedEngine
+from trajflow.rl.models import build_tiny_model
+from trajflow.rl.precision import CpuInfo, choose_precision, resolve_dtype
 
 LOGPROB_TOL = 1e-4
 """float32 on CPU: a left-padded batched decode with a KV cache and one unpadded teacher-forced forward pass

@@ -1,4 +1,4 @@
-"""rl.losses: each loss's value and gradient on a 2 x 3 example worked out by hand, with and without clipping;
+"""trajflow.rl.losses: each loss's value and gradient on a 2 x 3 example worked out by hand, with and without clipping;
 aggregation modes, empty masks, micro-batch denominators and the metrics (the KL, entropy and Dr. GRPO terms:
 test_rl_losses_terms.py, on the same example).
 
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from contracts.training import LossConfig
-from rl.losses import batch_denominator, loss_denominator, merge_metrics, policy_loss
+from trajflow.contracts.training import LossConfig
+from trajflow.rl.losses import batch_denominator, loss_denominator, merge_metrics, policy_loss
 
 E = math.exp
 LOGP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.7]]

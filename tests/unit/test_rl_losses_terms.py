@@ -1,4 +1,4 @@
-"""rl.losses' terms beside the policy loss, on test_rl_losses.py's 2 x 3 example worked out by hand: the KL
+"""trajflow.rl.losses' terms beside the policy loss, on test_rl_losses.py's 2 x 3 example worked out by hand: the KL
 penalty to a reference (k1, k3), the entropy bonus and metric, and Dr. GRPO's token_sum_norm aggregation.
 
 With advantages 0 every policy loss is 0 with a zero gradient, so a term shows alone. The reference logprobs are
@@ -12,9 +12,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from contracts.training import LossConfig, TrainingRunConfig
-from rl.losses import policy_loss
 from tests.unit.test_rl_losses import ADV, BEHAVIOUR, LOGP, MASK, E, grid
+from trajflow.contracts.training import LossConfig, TrainingRunConfig
+from trajflow.rl.losses import policy_loss
 
 LOG_RHO = [-0.2, 0.0, 0.0, 0.2, -0.2]
 ZERO_ADV = [0.0, 0.0]

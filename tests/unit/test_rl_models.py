@@ -1,4 +1,4 @@
-"""rl.models: the tiny test model builds deterministically, loads, and its tokenizer and chat template work;
+"""trajflow.rl.models: the tiny test model builds deterministically, loads, and its tokenizer and chat template work;
 resolve_model maps names; ensure_smollm2 fails clearly without its package and (slow) converts the real model."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl import models
-from rl.models import build_tiny_model, ensure_smollm2, resolve_model
+from trajflow.rl import models
+from trajflow.rl.models import build_tiny_model, ensure_smollm2, resolve_model
 
 
 @pytest.fixture(scope="module")

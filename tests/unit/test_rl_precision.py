@@ -1,13 +1,13 @@
-"""rl.precision: bf16 only where the hardware runs it natively (decided from injected CPU features, so every
+"""trajflow.rl.precision: bf16 only where the hardware runs it natively (decided from injected CPU features, so every
 case runs on any machine), forced dtypes kept with an honest reason, and the config's "auto" defaults."""
 
 from __future__ import annotations
 
 import pytest
 
-from contracts.config import ModelConfig
-from contracts.training import TrainerConfig
-from rl.precision import CpuInfo, autocast_precision, choose_precision, cpuinfo_flags, detect_cpu, resolve_dtype
+from trajflow.contracts.config import ModelConfig
+from trajflow.contracts.training import TrainerConfig
+from trajflow.rl.precision import CpuInfo, autocast_precision, choose_precision, cpuinfo_flags, detect_cpu, resolve_dtype
 
 AVX2 = CpuInfo("AVX2", frozenset({"avx", "avx2", "fma3"}))
 AVX512_NO_BF16 = CpuInfo("AVX512", frozenset({"avx2", "avx512_f", "avx512_bw", "avx512_vnni"}))

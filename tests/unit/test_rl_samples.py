@@ -1,14 +1,14 @@
-"""rl.samples with a train step's refs: the training workflow's groups, rewards and versions decide the
+"""trajflow.rl.samples with a train step's refs: the training workflow's groups, rewards and versions decide the
 advantages (not the records' own group ids), refs must match their records, and bad records are refused."""
 
 from __future__ import annotations
 
 import pytest
 
-from contracts.records import TrajectoryRecord, TurnContext
-from contracts.training import TrainRef
-from contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryStatus
-from rl.samples import samples_from_records
+from trajflow.contracts.records import TrajectoryRecord, TurnContext
+from trajflow.contracts.training import TrainRef
+from trajflow.contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryStatus
+from trajflow.rl.samples import samples_from_records
 
 
 def record(wf: str, reward: float | None, *, group: str = "", context: bool = True) -> TrajectoryRecord:

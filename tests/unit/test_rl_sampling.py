@@ -1,4 +1,4 @@
-"""rl.engines.sampling and the HF engine's seeded sampling: the inverse-CDF sampler draws exactly from
+"""trajflow.rl.engines.sampling and the HF engine's seeded sampling: the inverse-CDF sampler draws exactly from
 softmax(logits / T) over the top-p nucleus, a row's draws depend only on its seed, and a seeded request gets the same
 tokens alone and batched with others, with logprobs that still match a teacher-forced pass (tiny model, float32)."""
 
@@ -12,11 +12,11 @@ import pytest
 import pytest_asyncio
 import torch
 
-from contracts.trajectory import SamplingParams, derive_seed
-from rl.engines.hf import HFEngine
-from rl.engines.sampling import SeededSampler, truncate_top_p
-from rl.models import build_tiny_model
 from tests.unit.test_rl_engine import LOGPROB_TOL, _prompts, _teacher_forced
+from trajflow.contracts.trajectory import SamplingParams, derive_seed
+from trajflow.rl.engines.hf import HFEngine
+from trajflow.rl.engines.sampling import SeededSampler, truncate_top_p
+from trajflow.rl.models import build_tiny_model
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
 DRAWS = 20_000

@@ -1,4 +1,4 @@
-"""rl.trainer on the tiny random model (float32, CPU): learning moves logprobs the right way, micro-batching does
+"""trajflow.rl.trainer on the tiny random model (float32, CPU): learning moves logprobs the right way, micro-batching does
 not change the step, checkpoints resume exactly, exported weights load, records become samples, and the
 trainer's teacher-forced logprobs match what the decode engine recorded."""
 
@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from contracts.records import TrajectoryRecord, TurnContext
-from contracts.training import LossConfig, TrainerConfig
-from contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryStatus
-from rl.precision import CpuInfo
-from rl.samples import TrainSample, samples_from_records
-from rl.trainer import PolicyTrainer
-from rl.weights import apply_weights
+from trajflow.contracts.records import TrajectoryRecord, TurnContext
+from trajflow.contracts.training import LossConfig, TrainerConfig
+from trajflow.contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryStatus
+from trajflow.rl.precision import CpuInfo
+from trajflow.rl.samples import TrainSample, samples_from_records
+from trajflow.rl.trainer import PolicyTrainer
+from trajflow.rl.weights import apply_weights
 
 CONFIG = TrainerConfig(lr=1e-3, micro_batch=4, autocast="off")  # float32 on every CPU, so tolerances hold
 
@@ -282,8 +282,8 @@ def test_train_sample_is_validated() -> None:
 
 
 async def test_teacher_forced_logprobs_match_the_engine(tiny_model: Path) -> None:
-    from rl.chat import append_user
-    from rl.engines.hf import HFEngine
+    from trajflow.rl.chat import append_user
+    from trajflow.rl.engines.hf import HFEngine
 
     trainer = make_trainer(tiny_model)
     engine = HFEngine(tiny_model, max_batch=1)

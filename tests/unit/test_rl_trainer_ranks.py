@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch.multiprocessing.spawn import spawn
 
-from contracts.training import LossConfig, TrainerConfig
-from rl.samples import TrainSample
+from trajflow.contracts.training import LossConfig, TrainerConfig
+from trajflow.rl.samples import TrainSample
 
 CONFIG = TrainerConfig(
     lr=1e-3,
@@ -44,7 +44,7 @@ def _rank(rank: int, port: int, model: str, out: str) -> None:
         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
     )
     torch.set_num_threads(1)
-    from rl.trainer import PolicyTrainer
+    from trajflow.rl.trainer import PolicyTrainer
 
     trainer = PolicyTrainer(Path(model), CONFIG, seed=0, device="cpu")
     assert trainer.accelerator.num_processes == 2
@@ -61,7 +61,7 @@ def free_port() -> int:
 
 
 def test_two_ranks_train_what_one_process_trains(tiny_model: Path, tmp_path: Path) -> None:
-    from rl.trainer import PolicyTrainer
+    from trajflow.rl.trainer import PolicyTrainer
 
     out = tmp_path / "rank0.pt"
     spawn(_rank, args=(free_port(), str(tiny_model), str(out)), nprocs=2, join=True)

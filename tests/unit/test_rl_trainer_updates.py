@@ -1,4 +1,4 @@
-"""rl.updates and the trainer's step loop on the tiny random model (float32, CPU): epochs and mini-batches (the
+"""trajflow.rl.updates and the trainer's step loop on the tiny random model (float32, CPU): epochs and mini-batches (the
 number of optimizer updates, one version per step, a seeded shuffle), decoupled PPO's proximal logprobs taken
 once per step (so its clip fires on later updates), the KL penalty's frozen reference (none without it), and the
 entropy logged every step."""
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from contracts.training import LossConfig
-from rl import updates
-from rl.trainer import PolicyTrainer
-from rl.updates import token_entropy, update_plan
 from tests.unit.test_rl_trainer import CONFIG, assert_same_params, batch, make_trainer, params, sample
+from trajflow.contracts.training import LossConfig
+from trajflow.rl import updates
+from trajflow.rl.trainer import PolicyTrainer
+from trajflow.rl.updates import token_entropy, update_plan
 
 
 def test_the_plan_has_every_sample_once_per_epoch_in_near_equal_mini_batches() -> None:

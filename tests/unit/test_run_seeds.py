@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.config import parse_run_config
-from contracts.tasks import TaskConfig
-from contracts.training import TrainerConfig, TrainingRunConfig, TrainingState, TrainSettings
-from contracts.trajectory import SEED_BITS, SamplingParams, TrajectoryRequest, derive_seed
 from tests.unit.test_training_bookkeeping import admit, report
+from trajflow.contracts.config import parse_run_config
+from trajflow.contracts.tasks import TaskConfig
+from trajflow.contracts.training import TrainerConfig, TrainingRunConfig, TrainingState, TrainSettings
+from trajflow.contracts.trajectory import SEED_BITS, SamplingParams, TrajectoryRequest, derive_seed
 from workflows.bookkeeping import Book
 
 

@@ -1,4 +1,4 @@
-"""`summary.json` and the eval result are models (`contracts.runs`): `trajflow train` writes them with the keys the
+"""`summary.json` and the eval result are models (`trajflow.contracts.runs`): `trajflow train` writes them with the keys the
 README lists, NaN metrics survive, and scripts/plot_runs.py and the plots read them back."""
 
 from __future__ import annotations
@@ -8,12 +8,19 @@ import json
 import math
 from pathlib import Path
 
-from commands.plots import write_plots
-from commands.train import summarise, verdict
-from contracts.runs import EpisodeEval, EvalResult, RunSummary
-from contracts.tasks import TaskConfig
-from contracts.training import StepRecord, TaskStats, TrainingCounters, TrainingProgress, TrainingResult, TrainingRunConfig
-from contracts.trajectory import TrajectoryStatus
+from trajflow.cli.commands.plots import write_plots
+from trajflow.cli.commands.train import summarise, verdict
+from trajflow.contracts.runs import EpisodeEval, EvalResult, RunSummary
+from trajflow.contracts.tasks import TaskConfig
+from trajflow.contracts.training import (
+    StepRecord,
+    TaskStats,
+    TrainingCounters,
+    TrainingProgress,
+    TrainingResult,
+    TrainingRunConfig,
+)
+from trajflow.contracts.trajectory import TrajectoryStatus
 
 REPO = Path(__file__).resolve().parents[2]
 README_KEYS = {"eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds",
@@ -129,7 +136,7 @@ def test_a_one_task_summary_has_that_task_from_the_steps_own_figures() -> None:
 
 
 def test_the_reward_plot_of_three_tasks_draws_a_line_per_task_and_the_batch_mean(tmp_path: Path) -> None:
-    from commands.plots import reward_figure
+    from trajflow.cli.commands.plots import reward_figure
 
     summary = a_three_task_summary()
     fig = reward_figure(summary)
@@ -155,8 +162,8 @@ def test_the_reward_plot_of_three_tasks_draws_a_line_per_task_and_the_batch_mean
 
 
 def test_the_progress_views_show_each_task_of_a_run_of_several() -> None:
-    from commands.live import format_status
-    from commands.train import progress_line
+    from trajflow.cli.commands.live import format_status
+    from trajflow.cli.commands.train import progress_line
 
     p = TrainingProgress(run_id="r", version=2, steps=4, alpha=1, running=3, buffered=0,
                          counters=TrainingCounters(consumed=16), last=None, elapsed_s=20.0, tasks=TASKS)  # fmt: skip

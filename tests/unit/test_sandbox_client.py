@@ -15,10 +15,10 @@ from typing import Any, cast
 import docker
 import pytest
 
-from sandbox.errors import EnvError, SandboxLost, SandboxStepTimeout
-from sandbox.manager import Sandbox, _ping
+from trajflow.sandbox.errors import EnvError, SandboxLost, SandboxStepTimeout
+from trajflow.sandbox.manager import Sandbox, _ping
 
-RUNNER = Path(__file__).resolve().parents[2] / "envs" / "runner.py"
+RUNNER = Path(__file__).resolve().parents[2] / "trajflow" / "envs" / "runner.py"
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Image naming, mirror discovery and the build lock of `sandbox.images`, without Docker."""
+"""Image naming, mirror discovery and the build lock of `trajflow.sandbox.images`, without Docker."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import cast
 import docker
 import pytest
 
-from sandbox import images
+from trajflow.sandbox import images
 
 
 def test_base_tag_is_stable_and_named() -> None:

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from sandbox import labels
+from trajflow.sandbox import labels
 
 
 def test_own_labels_describe_a_live_owner() -> None:

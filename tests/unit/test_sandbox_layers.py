@@ -1,4 +1,4 @@
-"""Listing, pruning and building the image layers (`sandbox.layers`), against a fake engine: no Docker."""
+"""Listing, pruning and building the image layers (`trajflow.sandbox.layers`), against a fake engine: no Docker."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import docker.errors
 import pytest
 import requests
 
-from sandbox import images, layers
+from trajflow.sandbox import images, layers
 
 
 def _info(tag: str, current: bool = False, in_use: bool = False, parent: str | None = None) -> layers.ImageInfo:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.trajectory import ScoreResult
 from infra.store import LocalStore, ObjectNotFound, ObjectStore, S3Store, open_store
+from trajflow.contracts.trajectory import ScoreResult
 
 
 @pytest.fixture

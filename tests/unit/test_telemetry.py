@@ -1,4 +1,4 @@
-"""The metrics catalogue and how a worker serves it: every metric recorded through `telemetry.metrics.record` on a
+"""The metrics catalogue and how a worker serves it: every metric recorded through `trajflow.observability.metrics.record` on a
 runtime with a metrics port shows on that port's `/metrics` under its exposed name, with its labels and bucket
 bounds; the embedded stack's scrape targets come from its process table. (The real Prometheus, and scraping a real
 stack: tests/integration/test_metrics.py.)"""
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from contracts import metrics
 from infra import monitoring
 from infra.processes import ProcessRecord
 from infra.settings import Settings
 from infra.temporal import dev_server_command
-from telemetry import prometheus
 from tests.conftest import ROOT, free_port
+from trajflow.contracts import metrics
+from trajflow.observability import prometheus
 
 
 def test_the_catalogue_names_each_metric_once_with_what_it_needs() -> None:
@@ -38,7 +38,7 @@ def test_the_catalogue_names_each_metric_once_with_what_it_needs() -> None:
 def test_a_label_the_catalogue_does_not_declare_is_refused() -> None:
     from temporalio.common import MetricMeter
 
-    from telemetry.metrics import record
+    from trajflow.observability.metrics import record
 
     with pytest.raises(ValueError, match="no label"):
         record(MetricMeter.noop, metrics.REWARD_ERRORS, 1, kind="x")
@@ -49,8 +49,8 @@ def test_a_worker_runtime_serves_what_was_recorded() -> None:
     port = free_port()
     script = textwrap.dedent(f"""
         import time, httpx
-        from contracts import metrics
-        from telemetry.metrics import record, runtime_for
+        from trajflow.contracts import metrics
+        from trajflow.observability.metrics import record, runtime_for
         meter = runtime_for("127.0.0.1:{port}").metric_meter
         record(meter, metrics.TRAJECTORIES_FINISHED, 1, run="r", task="t", status="completed")
         record(meter, metrics.TRAJECTORIES_FINISHED, 2, run="r", task="t", status="completed")

@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import set_span_in_context
 
-from contracts.traces import attr
 from infra.settings import Settings
-from telemetry.timeline import build, read_spans, render, span_files, trace_of
-from telemetry.tracing import JsonLinesExporter, traces_url
+from trajflow.contracts.traces import attr
+from trajflow.observability.timeline import build, read_spans, render, span_files, trace_of
+from trajflow.observability.tracing import JsonLinesExporter, traces_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,7 +127,7 @@ def test_spans_go_over_otlp_when_an_endpoint_is_set(tmp_path: Path) -> None:
     script = (
         "import opentelemetry.trace as t\n"
         "from pathlib import Path\n"
-        "from telemetry import tracing\n"
+        "from trajflow.observability import tracing\n"
         f"where = tracing.configure(True, 'http://127.0.0.1:{server.server_port}', Path({str(tmp_path)!r}), 'decode')\n"
         "print(where)\n"
         "with t.get_tracer('x').start_as_current_span('llm.generate', attributes={'trajflow.turn': 2}): pass\n"
@@ -151,7 +151,7 @@ def test_spans_go_over_otlp_when_an_endpoint_is_set(tmp_path: Path) -> None:
 
 
 def test_tracing_off_makes_nothing(tmp_path: Path) -> None:
-    from telemetry.tracing import configure
+    from trajflow.observability.tracing import configure
 
     assert configure(False, None, tmp_path, "decode") is None
     assert list(tmp_path.iterdir()) == []

@@ -1,5 +1,6 @@
-"""Experiment tracking (`tracking/`): what a step and an eval log, each backend written and read back with its
-own reader (TensorBoard's event accumulator, W&B's offline run file, MLflow's client on its SQLite store), a failing
+"""Experiment tracking (`trajflow/observability/tracking/`): what a step and an eval log, each backend written and
+read back with
+its own reader (TensorBoard's event accumulator, W&B's offline run file, MLflow's client on its SQLite store), a failing
 backend dropped without ending the run, a missing package named before the run, and the live sparkline."""
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from commands.train import StepLog, sparkline
-from contracts.runs import EvalResult
-from contracts.tracking import MlflowConfig, TrackingConfig, WandbConfig
-from contracts.training import StepRecord
-from tracking.base import Fanout, eval_scalars, open_trackers, step_scalars
+from trajflow.cli.commands.train import StepLog, sparkline
+from trajflow.contracts.runs import EvalResult
+from trajflow.contracts.tracking import MlflowConfig, TrackingConfig, WandbConfig
+from trajflow.contracts.training import StepRecord
+from trajflow.observability.tracking.base import Fanout, eval_scalars, open_trackers, step_scalars
 
 CONFIG = {"model": {"name_or_path": "tiny"}, "train": {"steps": 2, "trainer": {"lr": 1e-4}}, "tasks": [{"name": "g"}]}
 

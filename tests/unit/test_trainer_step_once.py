@@ -12,9 +12,9 @@ from pathlib import Path
 from temporalio.testing import ActivityEnvironment
 
 from activities.trainer import TrainerActivities
-from contracts.training import TrainerConfig, TrainRef, TrainStepInput, TrainStepResult
 from infra.policies import PolicyStore
 from infra.store import LocalStore
+from trajflow.contracts.training import TrainerConfig, TrainRef, TrainStepInput, TrainStepResult
 
 
 async def test_a_step_issued_again_while_it_trains_is_answered_once(tmp_path: Path) -> None:

@@ -3,9 +3,9 @@ redundancy and replacements, stale dropping, batches, the infra-failure breaker.
 
 from __future__ import annotations
 
-from contracts.tasks import TaskConfig
-from contracts.training import EvalConfig, TrainingRunConfig, TrainingState, TrainStepResult
-from contracts.trajectory import TrajectoryReport, TrajectoryStatus
+from trajflow.contracts.tasks import TaskConfig
+from trajflow.contracts.training import EvalConfig, TrainingRunConfig, TrainingState, TrainStepResult
+from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryStatus
 from workflows.bookkeeping import Book
 
 
@@ -180,7 +180,7 @@ def test_the_state_stays_bounded_over_100_000_groups() -> None:
 
 
 def test_a_member_that_closed_unreported_is_reported_from_its_result_or_as_an_infra_failure() -> None:
-    from contracts.trajectory import TrajectoryResult
+    from trajflow.contracts.trajectory import TrajectoryResult
 
     b = book(steps=2, batch_size=2, group_size=2, redundancy=1, alpha=0)
     [ids] = admit(b)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from infra.store import LocalStore
-from userenvs.packages import PackageError, digest_of, pack, package_key, publish, unpack
-from userenvs.source import EnvSourceError, check_source, split_env_id
+from trajflow.envs.user.packages import PackageError, digest_of, pack, package_key, publish, unpack
+from trajflow.envs.user.source import EnvSourceError, check_source, split_env_id
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = """

@@ -1,5 +1,5 @@
 """The CLI's `bench pipeline`, `bench sandbox`, `bench real`, `bench gpu`, `bench contention`, `bench lora`,
-`bench prefix-cache`, `bench scale` and `bench soak` commands: parse the options, then hand over to `bench/`."""
+`bench prefix-cache`, `bench scale` and `bench soak` commands: parse the options, then hand over to `trajflow/lab/bench/`."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ def bench_pipeline(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the simulated engine.")] = 0,
 ) -> None:
     """Sync vs async (α = 1, 2) throughput and trajectory- vs batch-level env interaction, on one embedded stack."""
-    from bench.pipeline import main as bench_main
-    from bench.workload import Workload, quick_workload
     from infra.settings import load_settings
+    from trajflow.lab.bench.pipeline import main as bench_main
+    from trajflow.lab.bench.workload import Workload, quick_workload
 
     fields = {
         k: v
@@ -60,9 +60,9 @@ def bench_sandbox(
     seed: Annotated[int, typer.Option("--seed", help="Env seed and the killer's random seed.")] = 0,
 ) -> None:
     """Env sandboxes on this machine: warm/cold reset latency, layer builds, steps/s, resets while containers die."""
-    from bench.sandboxes import Plan, quick_plan
-    from bench.sandboxes import main as bench_main
     from infra.settings import load_settings
+    from trajflow.lab.bench.sandboxes import Plan, quick_plan
+    from trajflow.lab.bench.sandboxes import main as bench_main
 
     fields = {"env_id": env, "action": action, "seed": seed}
     raise typer.Exit(bench_main(quick_plan(**fields) if quick else Plan(**fields), json_path, load_settings()))
@@ -85,8 +85,8 @@ def bench_real(
     or `trajflow up --hosts`): trajectories/s, busy fractions, G, T, the reference ratio (G+T)/max(G,T)."""
     from dataclasses import replace
 
-    from bench.real import RealPlan, quick_plan
-    from bench.real import main as bench_main
+    from trajflow.lab.bench.real import RealPlan, quick_plan
+    from trajflow.lab.bench.real import main as bench_main
 
     try:
         plan = quick_plan() if quick else RealPlan()
@@ -110,8 +110,8 @@ def bench_gpu(
     quick: Annotated[bool, typer.Option("--quick", help="A tiny model: a smoke test of the path, not a measurement.")] = False,
 ) -> None:
     """HF engine tokens/s at batch 1, 16, 64 and trainer step time (the default job's shape), SmolLM2's architecture
-    with random weights, on a GPU (or --device cpu). Same as `python -m bench.gpu_check`, which needs no services."""
-    from bench.gpu_check import main as gpu_main
+    with random weights, on a GPU (or --device cpu). Same as `python -m trajflow.lab.bench.gpu_check`, which needs no services."""
+    from trajflow.lab.bench.gpu_check import main as gpu_main
 
     _exit(gpu_main([*(["--json", str(json_path)] if json_path else []), "--device", device, *(["--quick"] if quick else [])]))
 
@@ -123,8 +123,8 @@ def bench_contention(
 ) -> None:
     """Decode (HF engine, SmolLM2) and trainer steps overlapping in two processes on this machine's cores, under
     torch's default threads, the hardware section's defaults, and OMP_WAIT_POLICY=PASSIVE; and each alone."""
-    from bench.contention import main as contention_main
     from infra.settings import load_settings
+    from trajflow.lab.bench.contention import main as contention_main
 
     _exit(contention_main(quick, json_path, load_settings().cache_dir / "models"))
 
@@ -139,8 +139,8 @@ def bench_lora(
     """Trainer step time, peak memory, checkpoint and export of LoRA (every projection) against the last-8-blocks
     option, and of last-8-blocks with logits at every position (the trainer before it skipped the prompt), on the
     default config's shape (SmolLM2-135M, its batch of episodes, micro_batch 8), each in a fresh process."""
-    from bench.lora import main as lora_main
     from infra.settings import load_settings
+    from trajflow.lab.bench.lora import main as lora_main
 
     _exit(lora_main(quick, json_path, load_settings().cache_dir / "models", steps, rank))
 
@@ -154,8 +154,8 @@ def bench_prefix_cache(
 ) -> None:
     """The HF engine playing the default task's episodes (GEM GuessTheNumber, SmolLM2) turn by turn with and
     without its prefix cache, side by side: seconds per turn, prompt tokens reused, identical completions."""
-    from bench.prefix_cache import main as prefix_main
     from infra.settings import load_settings
+    from trajflow.lab.bench.prefix_cache import main as prefix_main
 
     _exit(prefix_main(quick, json_path, load_settings().cache_dir / "models", episodes, threads))
 
@@ -170,7 +170,7 @@ def bench_reward_model(
 ) -> None:
     """A local reward model (SmolLM2 as a yes/no verifier, `trajflow reward-model serve`) at --max-batch 1 and
     batched, side by side: requests/s, the batches formed, and that batching leaves every reward the same."""
-    from bench.reward_model import main as reward_model_main
+    from trajflow.lab.bench.reward_model import main as reward_model_main
 
     _exit(reward_model_main(quick, json_path, requests, max_batch, port))
 
@@ -188,8 +188,8 @@ def bench_scale(
     """The orchestration at 100, 1,000 and 5,000 trajectories in flight on one embedded stack (simulated engine,
     synthetic env, real reward service and store): trajectories/s, activities/s, overhead per activity (p50/p99),
     CPU of workers and server, history sizes, what saturates first, and how many were lost (exit 1 if any)."""
-    from bench.scale import ScaleWorkload, main, quick_scale
     from infra.settings import load_settings
+    from trajflow.lab.bench.scale import ScaleWorkload, main, quick_scale
 
     fields: dict[str, object] = {k: v for k, v in {"window_s": window_s, "turns": turns}.items() if v is not None}
     if levels is not None:
@@ -214,8 +214,8 @@ def bench_soak(
 ) -> None:
     """One training run of hundreds of steps (simulated engine, env and trainer) that continues as new every few
     steps, then audits it: every version once, every trajectory accounted for (exit 1 if anything is lost)."""
-    from bench.soak import SoakWorkload, main, quick_soak
     from infra.settings import load_settings
+    from trajflow.lab.bench.soak import SoakWorkload, main, quick_soak
 
     fields = {"steps": steps} if steps is not None else {}
     try:

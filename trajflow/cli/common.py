@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 if TYPE_CHECKING:
-    from contracts.config import RunConfig
+    from trajflow.contracts.config import RunConfig
 
 T = TypeVar("T")
 
@@ -27,7 +27,7 @@ PoolOpt = Annotated[list[str], typer.Option("--pool", "-p", help="Pool to serve 
 
 
 def load_config(path: Path) -> RunConfig:
-    from contracts.config import load_run_config
+    from trajflow.contracts.config import load_run_config
 
     try:
         return load_run_config(path)
@@ -39,8 +39,8 @@ def load_config(path: Path) -> RunConfig:
 def load_worker_config(path: Path) -> RunConfig:
     """A worker's run config: `path`, or when no `--config` was given and `TRAJFLOW_RUN_CONFIG` holds a config's
     TOML text (how `trajflow up --hosts` hands a config to a container), that text."""
-    from contracts.config import parse_run_config
     from infra.settings import load_settings
+    from trajflow.contracts.config import parse_run_config
 
     text = load_settings().run_config
     if path != DEFAULT_CONFIG or not text:
@@ -55,9 +55,9 @@ def load_worker_config(path: Path) -> RunConfig:
 
 def publish_envs(config: RunConfig) -> RunConfig:
     """`config` with its `py:` tasks' envs (and `data:` tasks' files) checked, their requirements resolved and
-    their packages put into the stack's object store (`userenvs/`); a bad one exits 2 saying what to fix, before
+    their packages put into the stack's object store (`trajflow/envs/user/`); a bad one exits 2 saying what to fix, before
     anything starts."""
-    from userenvs.submit import packaged, publish_config
+    from trajflow.envs.user.submit import packaged, publish_config
 
     if not any(packaged(t.env_id) or t.env_path for t in config.tasks):
         return config
@@ -65,12 +65,12 @@ def publish_envs(config: RunConfig) -> RunConfig:
 
 
 def published(publish: Callable[[Any, Path], T]) -> T:
-    """`publish(store, wheel_cache)` (a `userenvs.submit` step) on the stack's object store (an
+    """`publish(store, wheel_cache)` (a `trajflow.envs.user.submit` step) on the stack's object store (an
     `infra.store.ObjectStore`, not imported here: the CLI's module level stays light) and wheel cache; a bad env
     definition exits 2 with its message."""
     from infra.settings import load_settings
     from infra.store import open_store_from
-    from userenvs.source import EnvSourceError
+    from trajflow.envs.user.source import EnvSourceError
 
     settings = load_settings()
     try:

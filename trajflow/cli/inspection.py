@@ -28,7 +28,7 @@ def images_build(
 ) -> None:
     """Build the layers that are missing (base, runtime, each shell task's); print each one's tag, cached or built.
     With --worker: the worker image, `trajflow-worker:<hash>` (see README, "Pools on their own hosts")."""
-    from commands.images import UnknownTask, build, build_worker
+    from trajflow.cli.commands.images import UnknownTask, build, build_worker
 
     if worker:
         typer.echo(build_worker(_say))
@@ -44,7 +44,7 @@ def images_build(
 @images_app.command("list")
 def images_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False) -> None:
     """The layer images on this Docker engine: layer, tag, size, created, current or stale, used by a container."""
-    from commands.images import listing
+    from trajflow.cli.commands.images import listing
 
     typer.echo(listing(as_json))
 
@@ -57,7 +57,7 @@ def images_prune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed; remove nothing.")] = False,
 ) -> None:
     """Remove the stale layers (not what the current sources hash to), children first; keep any a container uses."""
-    from commands.images import prune
+    from trajflow.cli.commands.images import prune
 
     typer.echo(prune(tags or None, dry_run, typer.echo))
 
@@ -80,7 +80,7 @@ def trajectories_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """List trajectories (newest first) and print the visibility query, which also works in the Web UI's search box."""
-    from commands.visibility import main as list_main
+    from trajflow.cli.commands.visibility import main as list_main
 
     _exit(asyncio.run(list_main(status, run, env, task, replay_of, limit, as_json)))
 
@@ -97,7 +97,7 @@ def trace(
     import json
 
     from infra.settings import load_settings
-    from telemetry.timeline import render, trace_of
+    from trajflow.observability.timeline import render, trace_of
 
     settings = load_settings()
     timeline = trace_of(workflow_id, settings.traces_dir)
@@ -134,7 +134,7 @@ def replay(
     failure (--from-failure), or re-drive its env with the recorded actions (--env-only); or check recorded
     histories for non-deterministic workflow changes (--check)."""
     if check:
-        from replay.check import main as check_main
+        from trajflow.cli.replay.check import main as check_main
 
         _exit(asyncio.run(check_main(targets or [])))
     if from_failure and env_only:
@@ -143,7 +143,7 @@ def replay(
     if not targets or len(targets) != 1:
         _say("give exactly one WORKFLOW_ID (or --check)")
         raise typer.Exit(2)
-    from replay.rerun import main as replay_main
+    from trajflow.cli.replay.rerun import main as replay_main
 
     mode = "from-failure" if from_failure else "env-only" if env_only else "rerun"
     _exit(asyncio.run(replay_main(targets[0], mode, timeout, as_json, _say)))

@@ -19,8 +19,8 @@ from trajflow.cli.common import published as _published
 from trajflow.cli.common import say as _say
 
 if TYPE_CHECKING:
-    from contracts.config import RunConfig
-    from contracts.trajectory import TrajectoryRequest
+    from trajflow.contracts.config import RunConfig
+    from trajflow.contracts.trajectory import TrajectoryRequest
 
 
 @app.command()
@@ -47,7 +47,7 @@ def rollout(
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """Run one trajectory on the stack and print its transcript, reward, status and timing."""
-    from commands.rollout import request_from_config, run_and_report
+    from trajflow.cli.commands.rollout import request_from_config, run_and_report
 
     run_config = _config(config)
     try:
@@ -63,7 +63,7 @@ def _publish_request(
     req: TrajectoryRequest, config: RunConfig, task: str | None, env: str | None, env_path: Path | None
 ) -> TrajectoryRequest:
     """`req` with its `py:`/`data:` env packaged: from --env-path, else (the config's own env) the task's env_path."""
-    from userenvs.submit import packaged, publish_request
+    from trajflow.envs.user.submit import packaged, publish_request
 
     if not packaged(req.env_id) and env_path is None:
         return req
@@ -89,12 +89,12 @@ def train(
     ] = None,
 ) -> None:
     """Train on the running stack: eval, the TrainingWorkflow with live progress, eval; summary + plots."""
-    from commands.train import train as run_training
-    from commands.train import verdict
-    from contracts.runs import RunSummary
     from infra.settings import load_settings
     from infra.temporal import connect
+    from trajflow.cli.commands.train import train as run_training
+    from trajflow.cli.commands.train import verdict
     from trajflow.client import new_run_id
+    from trajflow.contracts.runs import RunSummary
 
     if run_id and "@" in run_id:
         typer.secho(f"--run-id {run_id!r}: a run id may not contain '@' (RUN@V names a version)", fg="red", err=True)
@@ -106,7 +106,7 @@ def train(
     if seed is not None:
         overrides["seed"] = seed
     if overrides:
-        from contracts.training import TrainSettings
+        from trajflow.contracts.training import TrainSettings
 
         try:
             train_cfg = TrainSettings.model_validate({**config.train.model_dump(), **overrides})
@@ -157,8 +157,8 @@ def eval_policy(
     stack: greedy success rate and mean reward, pass@k from K samples per seed, and a table per seed. The
     trajectories are pinned to that version, so newer versions of the run do not leak in. Exit 2 on a run or
     version that is not in the store (the message lists what is), 1 when the stack is not up."""
-    from commands.policy_eval import EvalError, plan_eval, report, run_eval
     from infra.settings import load_settings
+    from trajflow.cli.commands.policy_eval import EvalError, plan_eval, report, run_eval
 
     config = _publish_envs(_config(config_path))
     settings = load_settings()
@@ -195,10 +195,10 @@ def chaos(
     Exit 0 only when nothing was lost, nothing consumed twice, no infra failure scored and every step done."""
     import uuid
 
-    from chaos import harness as chaos_mod
-    from chaos import report as chaos_report
     from infra import stack
     from infra.settings import load_settings
+    from trajflow.lab.chaos import harness as chaos_mod
+    from trajflow.lab.chaos import report as chaos_report
 
     settings = load_settings()
     if not settings.temporal_embedded:
@@ -234,7 +234,7 @@ def demo(
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """The main job for now: run a handful of trajectories of the config's tasks concurrently, then summarise."""
-    from commands.rollout import run_batch
+    from trajflow.cli.commands.rollout import run_batch
 
     summary = asyncio.run(run_batch(_publish_envs(_config(config)), n, _say))
     if json_path:

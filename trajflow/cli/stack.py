@@ -24,8 +24,8 @@ app.add_typer(worker_app, name="worker")
 @app.command()
 def setup(config: ConfigOpt = DEFAULT_CONFIG) -> None:
     """Prepare what the stack needs: Docker reachable, sandbox images built, the model converted."""
-    from commands.setup import prepare
     from infra.settings import load_settings
+    from trajflow.cli.commands.setup import prepare
 
     prepare(load_settings(), _config(config), _say)
 
@@ -58,14 +58,14 @@ def up(
 
     With TRAJFLOW_TEMPORAL_* settings that point at a cluster (TLS, an API key or a non-loopback address; see
     README "Connecting to a Temporal cluster") no dev server is started and everything uses the cluster."""
-    from commands.setup import prepare
     from infra import stack
     from infra.settings import load_settings
+    from trajflow.cli.commands.setup import prepare
 
     settings = load_settings()
     cfg = _config(config)
     if hosts:
-        from commands.hosts import up_hosts
+        from trajflow.cli.commands.hosts import up_hosts
 
         _exit(up_hosts(settings, cfg, config, _say))
     prepare(settings, cfg, _say)
@@ -109,7 +109,7 @@ def status(
 ) -> None:
     """Show the stack's processes and queue pollers; with RUN, the live state of that run (or trajectory)."""
     if run is not None:
-        from commands.live import main as live_main
+        from trajflow.cli.commands.live import main as live_main
 
         _exit(asyncio.run(live_main(run, limit, as_json)))
     from infra import stack
@@ -261,7 +261,7 @@ def reward_model_serve(
     """Serve a reward model on POST /score for the reward service: a *ForSequenceClassification checkpoint's score,
     or a causal LM's P(Yes) as a yes/no verifier; concurrent requests are batched. Name it in a run config as
     \\[reward_models.NAME] with kind = "local" and url = "http://HOST:PORT"."""
-    from rewardmodels import server
+    from trajflow.rewards.models import server
 
     argv = ["--model", model, "--port", str(port), "--host", host, "--max-batch", str(max_batch)]
     argv += ["--max-wait-ms", str(max_wait_ms), "--threads", str(threads), *(["--squash"] if squash else [])]

@@ -1,3 +1,0 @@
-"""Every workflow, activity and signal input and result, the run config schema, the records and summaries trajflow
-writes, and the names of queues, activities, queries and signals. Every model derives from `contracts.base.Contract`.
-Imports pydantic and the standard library only."""

@@ -1,1 +1,0 @@
-"""Local reward models served over HTTP, batched: `python -m rewardmodels.server` / `trajflow reward-model serve`."""

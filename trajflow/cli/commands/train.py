@@ -1,0 +1,218 @@
+"""What `trajflow train CONFIG` does: evaluate, train through the TrainingWorkflow with live progress, evaluate
+again, then write a JSON summary and plots to the run directory, beside the resolved run config (`config.json`: the
+whole `RunConfig`, loadable with `RunConfig.model_validate_json`). The evaluation is `trajflow.cli.commands.evaluate`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from temporalio.client import Client
+
+from infra.settings import Settings
+from trajflow.cli.commands.evaluate import Say, evaluate, greedy_success
+from trajflow.cli.commands.per_task import task_lines, task_summaries, task_verdict
+from trajflow.cli.commands.plots import write_plots
+from trajflow.client import start_training, training_progress
+from trajflow.contracts.config import RunConfig
+from trajflow.contracts.runs import EvalResult, RunSummary
+from trajflow.contracts.training import StepRecord, TrainingProgress, TrainingResult, TrainingRunConfig
+from trajflow.observability.tracking.base import Fanout, eval_scalars, open_trackers, step_scalars
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 24) -> str:
+    """The last `width` values as block characters, scaled between their own min and max."""
+    shown = values[-width:]
+    if not shown:
+        return ""
+    low, high = min(shown), max(shown)
+    if high == low:
+        return SPARKS[3] * len(shown)
+    return "".join(SPARKS[round((v - low) / (high - low) * (len(SPARKS) - 1))] for v in shown)
+
+
+def progress_line(p: TrainingProgress, first_t: float, rewards: list[float] | None = None) -> str:
+    """One line of the live view; `rewards`: the batch reward of every step so far, drawn as a sparkline."""
+    c = p.counters
+    rate = c.completed / p.elapsed_s if p.elapsed_s > 0 else 0.0
+    reward = f"{p.last.reward_mean:.3f}" if p.last else "-"
+    if rewards and len(rewards) > 1:
+        reward += f" {sparkline(rewards)}"
+    return (
+        f"[{time.monotonic() - first_t:6.0f}s] step {p.version}/{p.steps}  reward {reward}  running {p.running}  "
+        f"buffered {p.buffered}  trained {c.consumed}  stale-dropped {c.dropped_stale}  failed {c.failed}+"
+        f"{c.infra_failed} infra  {rate:.2f} traj/s"
+    ) + "".join(f"\n{line}" for line in task_lines(p)) + (f"\n  ADMISSION PAUSED: {p.paused}" if p.paused else "")
+
+
+def _local_autocast(setting: str) -> str:
+    """The trainer's precision as this host would choose it (the trainer worker logs its own choice)."""
+    import torch
+
+    from trajflow.rl.precision import autocast_precision
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return f"{autocast_precision(setting, device).describe()} (on this host)"
+
+
+async def train(
+    config: RunConfig,
+    settings: Settings,
+    client: Client,
+    run_id: str,
+    run_dir: Path,
+    say: Say,
+    *,
+    skip_eval: bool = False,
+) -> RunSummary:
+    run = config.training_run()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # the whole run config as it ran (command-line overrides applied, every default filled in): the record of a run
+    (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+    say(
+        f"run {run_id}: {run.steps} steps of B={run.batch_size} (groups of {run.group_size}+{run.redundancy}), "
+        f"alpha={run.alpha}{' sync' if run.sync else ''}, loss {run.trainer.loss.kind}, lr {run.trainer.lr:g}"
+    )
+    say(f"trainer autocast {run.trainer.autocast}: {_local_autocast(run.trainer.autocast)}")
+    trackers = open_trackers(config.tracking, run_dir, run_id, say)  # a missing package fails before the run
+    if trackers.names:
+        say(f"tracking: {', '.join(trackers.names)} (TensorBoard: tensorboard --logdir {run_dir.parent})")
+    trackers.config(config.model_dump(mode="json"))
+    evaluate_now = not skip_eval and run.eval.episodes > 0
+    before = await evaluate(client, run, say, policy=run_id, version=0) if evaluate_now else None
+    if before is not None:
+        trackers.scalars(0, eval_scalars(before))
+    t0 = time.monotonic()
+    handle = await start_training(run, run_id=run_id, client=client)
+    ui_host = settings.temporal_address.rsplit(":", 1)[0]
+    ui = f"http://{ui_host}:{settings.temporal_ui_port}/namespaces/{settings.temporal_namespace}/workflows/{run_id}"
+    say(f"training workflow {run_id} started (Temporal UI: {ui})")
+    steps = StepLog(trackers)
+    result = await follow_run(handle, say, on_step=steps.log)
+    for record in result.history:  # the steps the 2-s polls did not see (a fast trainer), in order
+        steps.log(record)
+    wall = time.monotonic() - t0
+    after = await evaluate(client, run, say, policy=run_id, version=result.version) if evaluate_now else None
+    if after is not None:
+        trackers.scalars(result.version, eval_scalars(after))
+    trackers.close()
+    summary = summarise(run, run_id, result, wall, before, after)
+    (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2))
+    plots = write_plots(summary, run_dir)
+    say(f"summary: {run_dir / 'summary.json'}; plots: {', '.join(str(p) for p in plots)}")
+    return summary
+
+
+class StepLog:
+    """Each step's scalars to the trackers once (the live polls and the final history both report steps)."""
+
+    def __init__(self, trackers: Fanout) -> None:
+        self.trackers = trackers
+        self.logged: dict[int, StepRecord] = {}
+
+    def log(self, record: StepRecord) -> None:
+        if record.step in self.logged:
+            return
+        self.trackers.scalars(record.step, step_scalars(record, self.logged.get(record.step - 1)))
+        self.logged[record.step] = record
+
+
+async def follow_run(  # type: ignore[no-untyped-def]
+    handle, say: Say, give_up_after_s: float = 600.0, on_step: Callable[[StepRecord], None] | None = None
+) -> TrainingResult:
+    """Print a line per finished step and a heartbeat line every 20 s until the run ends; `on_step` gets each
+    finished step the polls see (steps closer together than a poll are seen only in the result's history).
+
+    Polls (describe + the progress query) instead of holding one long call open; the client retries calls
+    while the Temporal server restarts, and other errors are reported and retried, so the command rides out
+    a restart of the stack: the run itself is durable, only this view pauses.
+    """
+    from temporalio.client import WorkflowExecutionStatus
+
+    first = time.monotonic()
+    last_version, last_line, unreachable_since = -1, 0.0, None
+    rewards: dict[int, float] = {}
+    while True:
+        try:
+            status = (await handle.describe()).status
+            if status is not WorkflowExecutionStatus.RUNNING:
+                result: TrainingResult = await handle.result()
+                c = result.counters
+                say(
+                    f"[{time.monotonic() - first:6.0f}s] finished: step {result.version}, trained {c.consumed}, "
+                    f"stale-dropped {c.dropped_stale}, failed {c.failed}+{c.infra_failed} infra"
+                )
+                return result
+            p = await training_progress(handle)
+            unreachable_since = None
+        except Exception as e:  # server restarting, workers down, between runs of continue-as-new
+            now = time.monotonic()
+            if unreachable_since is None:
+                unreachable_since = now
+                say(f"(progress unavailable: {type(e).__name__}: {str(e)[:120]}; the run continues, retrying)")
+            elif now - unreachable_since > give_up_after_s:
+                raise
+            await asyncio.sleep(2.0)
+            continue
+        if p.last is not None and p.last.step not in rewards:
+            rewards[p.last.step] = p.last.reward_mean
+            if on_step is not None:
+                on_step(p.last)
+        if p.version != last_version or time.monotonic() - last_line > 20:
+            say(progress_line(p, first, [rewards[k] for k in sorted(rewards)]))
+            last_version, last_line = p.version, time.monotonic()
+        await asyncio.sleep(2.0)
+
+
+def summarise(
+    run: TrainingRunConfig,
+    run_id: str,
+    result: TrainingResult,
+    wall: float,
+    before: EvalResult | None,
+    after: EvalResult | None,
+) -> RunSummary:
+    c = result.counters
+    staleness = [lag for step in result.history for lag in step.staleness]
+    return RunSummary(
+        run_id=run_id,
+        eval_before=before,
+        eval_after=after,
+        steps=result.version,
+        trajectories_trained=c.consumed,
+        trajectories_dropped_stale=c.dropped_stale,
+        wall_seconds=round(wall, 1),
+        trajectories_per_s=round(c.completed / wall, 3) if wall > 0 else 0.0,
+        alpha=run.alpha,
+        sync=run.sync,
+        batch_size=run.batch_size,
+        group_size=run.group_size,
+        loss=run.trainer.loss.kind,
+        counters=c,
+        staleness_histogram={str(k): staleness.count(k) for k in sorted(set(staleness))},
+        reward_by_step=[round(s.reward_mean, 4) for s in result.history],
+        time_by_step=[round(s.time_s, 1) for s in result.history],
+        last_metrics=result.history[-1].metrics if result.history else {},
+        tasks=task_summaries([t.name for t in run.tasks], result, before, after),
+    )
+
+
+def verdict(summary: RunSummary, plot: Path) -> str:
+    """The run in one line for the end of `trajflow train`: held-out greedy success and mean reward before and
+    after (when evaluated), steps, training wall time, and where the plot is."""
+    minutes = summary.wall_seconds / 60
+    head = f"run {summary.run_id}: {summary.steps} steps in {minutes:.1f} min of training"
+    before, after = summary.eval_before, summary.eval_after
+    per_task = task_verdict(summary.tasks)
+    per_task = f"; {per_task}" if per_task else ""
+    if before is None or after is None:
+        return f"{head} (not evaluated){per_task}; plot: {plot}"
+    return (
+        f"{head}; held-out greedy success {greedy_success(before)} -> {greedy_success(after)}, "
+        f"mean reward {before.mean_reward:.3f} -> {after.mean_reward:.3f}{per_task}; plot: {plot}"
+    )

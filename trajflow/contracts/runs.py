@@ -1,0 +1,119 @@
+"""What `trajflow train` writes when a run ends (the held-out evaluations and the run's `summary.json`) and what
+`trajflow eval --json` writes (one `EvalResult`).
+
+Written with `model_dump_json` and read back with `model_validate_json` (scripts/plot_runs.py, tests); the JSON
+keys are the ones the README lists. Not a Temporal contract (nothing here crosses a workflow boundary), but kept
+beside them so every file trajflow writes has one schema.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from trajflow.contracts.base import Contract
+from trajflow.contracts.training import LossKind, TrainingCounters
+from trajflow.contracts.trajectory import TrajectoryStatus
+
+
+class EpisodeEval(Contract):
+    """One held-out seed of an evaluation: its greedy episode and, with samples, its sampled episodes."""
+
+    seed: int
+    task: str
+    """The task's name in the run config (tasks take turns over the seeds)."""
+    greedy_status: TrajectoryStatus
+    greedy_reward: float | None
+    """The greedy episode's reward; None when it was not scored (failed or infra-failed)."""
+    greedy_win: bool
+    """The greedy episode's last env reward was at least 1."""
+    sample_wins: int = 0
+    """Sampled episodes that won; one that was not scored counts as a loss."""
+    sample_rewards: list[float | None] = Field(default_factory=list)
+    """Each sampled episode's reward (None: not scored), in the order they were started."""
+
+
+class EvalResult(Contract):
+    """Rollouts of the held-out seeds with one policy version: one greedy episode per seed (success rate, mean
+    reward) and, with `samples` = k > 0, k more per seed at the task's sampling temperature (pass@1..pass@k)."""
+
+    version: int
+    """The policy version evaluated (0: the initial model)."""
+    episodes: int
+    scored: int
+    """Greedy episodes that completed and were scored."""
+    not_completed: int
+    """Greedy episodes that failed or were infra-failed: counted as losses in the success rate."""
+    success_rate: float
+    """Greedy episodes whose last env reward was at least 1 (a win), over all episodes."""
+    mean_reward: float
+    """Mean reward of the scored greedy episodes (0.0 when none was)."""
+    seconds: float
+    policy: str = ""
+    """The training run whose weights were evaluated, pinned to `version` ("": the base model)."""
+    samples: int = 0
+    """k: sampled episodes per seed (0: greedy only)."""
+    temperature: float | None = None
+    """The sampling temperature of the samples (the first task's; each task samples at its own)."""
+    pass_at_k: dict[int, float] = Field(default_factory=dict)
+    """k -> pass@k for k = 1..samples: per seed the unbiased estimator 1 - C(n-c, k)/C(n, k) of Chen et al.
+    (2021) from its n = samples sampled episodes, c of them wins; averaged over the seeds."""
+    per_episode: list[EpisodeEval] = Field(default_factory=list)
+    """One row per held-out seed, in seed order."""
+
+
+class TaskEval(Contract):
+    """One task's share of an evaluation: its greedy episodes (the eval's tasks take turns over the seeds)."""
+
+    episodes: int
+    wins: int
+    success_rate: float
+    """Greedy wins over this task's episodes (0.0 when it had none)."""
+    mean_reward: float
+    """Mean reward of this task's scored greedy episodes (0.0 when none was)."""
+
+
+class TaskSummary(Contract):
+    """One task of a run as `summary.json` keeps it (`RunSummary.tasks`)."""
+
+    trajectories_trained: int
+    wins: int
+    """Of them, those whose last env reward was at least 1."""
+    reward_by_step: list[float | None] = Field(default_factory=list)
+    """Mean reward of this task's trajectories in each step's batch (None: none of them in that step)."""
+    success_by_step: list[float | None] = Field(default_factory=list)
+    """Wins over this task's trajectories in each step's batch (None: none of them in that step)."""
+    eval_before: TaskEval | None = None
+    eval_after: TaskEval | None = None
+
+
+class RunSummary(Contract):
+    """A training run as `summary.json` keeps it."""
+
+    run_id: str
+    eval_before: EvalResult | None
+    """None when the run was not evaluated (`--no-eval`, or `[train.eval] episodes = 0`)."""
+    eval_after: EvalResult | None
+    steps: int
+    """Optimizer steps taken: the final policy version."""
+    trajectories_trained: int
+    trajectories_dropped_stale: int
+    wall_seconds: float
+    trajectories_per_s: float
+    """Completed trajectories per second of wall time."""
+    alpha: int
+    sync: bool
+    batch_size: int
+    group_size: int
+    loss: LossKind
+    counters: TrainingCounters
+    staleness_histogram: dict[str, int] = Field(default_factory=dict)
+    """v_train - version -> trajectories trained at that staleness."""
+    reward_by_step: list[float] = Field(default_factory=list)
+    """Mean training reward of each step's batch."""
+    time_by_step: list[float] = Field(default_factory=list)
+    """Seconds since the run started at which each step ended."""
+    last_metrics: dict[str, float] = Field(default_factory=dict)
+    """The last step's trainer metrics (loss, clip fraction, rollout/trainer KL, ...)."""
+    tasks: dict[str, TaskSummary] = Field(default_factory=dict)
+    """Task name (config order) -> its trajectories trained, reward and success by step, held-out eval before and
+    after (every task of the run, one-task runs too)."""

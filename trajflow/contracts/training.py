@@ -1,0 +1,349 @@
+"""Inputs, results, state and config of the training workflow and the trainer: everything of training that
+crosses Temporal.
+
+The run is described by one `TrainingRunConfig` (every field defaulted, so `{}` from the Temporal UI starts a
+small default run). The trainer step takes references to trajectories in the object store, never tokens.
+Policy version `v` = number of completed optimizer steps; version 0 is the initial model.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import ConfigDict, Field, model_validator
+
+from trajflow.contracts.limits import PoolName
+from trajflow.contracts.tasks import TaskConfig
+from trajflow.contracts.trainer import LoraConfig as LoraConfig
+from trajflow.contracts.trainer import LossConfig as LossConfig
+from trajflow.contracts.trainer import LossKind as LossKind
+from trajflow.contracts.trainer import NanSafeContract, TrainerConfig
+from trajflow.contracts.trajectory import TrajectoryResult, derive_seed
+
+_Model = NanSafeContract
+
+
+class EvalConfig(_Model):
+    episodes: Annotated[int, Field(ge=0, le=10_000)] = 50
+    """Held-out episodes evaluated greedily before and after training by `trajflow train` (0: no eval)."""
+    first_seed: int = 1_000_000
+    """Held-out seeds are first_seed, first_seed+1, ...; training seeds must not reach them."""
+
+
+class TrainSettings(_Model):
+    """How much to train and how stale a sample may be: a run config's `[train]` section."""
+
+    steps: Annotated[int, Field(ge=1, le=1_000_000)] = 4
+    """Optimizer steps to take; the run ends at policy version `steps`."""
+    batch_size: Annotated[int, Field(ge=1, le=100_000)] = 8
+    """B: trajectories per optimizer step; a multiple of group_size."""
+    group_size: Annotated[int, Field(ge=1, le=1024)] = 4
+    """n: samples of one prompt (seed) trained together, advantages relative to the group."""
+    redundancy: Annotated[int, Field(ge=0, le=1024)] = 0
+    """r: extra samples started per group; the first n to complete make the group, the rest are cancelled."""
+    alpha: Annotated[int, Field(ge=0, le=1000)] = 1
+    """Staleness bound: a sample of version u may be trained on at trainer version v only if v - u <= alpha."""
+    sync: bool = False
+    """Batch barrier (needs alpha = 0): generate B, train, repeat. The baseline every speed claim is
+    measured against."""
+    first_seed: int = 0
+    """Group k rolls out env seed first_seed + k."""
+    seed: int = 0
+    """The run's seed: each trajectory samples with a seed derived from it, its group's env seed and its index
+    in the group (`member_seed`; each turn then from that and the turn index), and the trainer's shuffling
+    is seeded by it (`trainer.seed` follows it). Same seed, same config, `sync` without redundancy: the same
+    rewards per step (README "Reproducible runs" says what async and redundancy leave to timing)."""
+    max_group_restarts: Annotated[int, Field(ge=0, le=1000)] = 4
+    """Replacement samples started for a group whose members failed before it has n completed; past it the
+    group is abandoned (counted)."""
+    trainer: TrainerConfig = TrainerConfig()
+    trainer_pool: PoolName = "default"
+    """The trainer worker pool (task queue) that runs the optimizer steps."""
+    eval: EvalConfig = EvalConfig()
+    pause_after_infra_failures: Annotated[int, Field(ge=1, le=100_000)] = 8
+    """Admission stops (loudly: status `paused`, an error log, the progress query) after this many infra-failed
+    trajectories in a row with none completed between them: a systemic failure (the Docker engine gone, a
+    pool down) must not burn through every trajectory of the run."""
+    pause_probe_s: Annotated[float, Field(gt=0, le=86_400)] = 60.0
+    """While paused, one probe group is admitted after this long (doubling up to 10 min); a completed
+    trajectory resumes admission, as does the `resume_admission` signal."""
+    history_events_before_continue: Annotated[int, Field(ge=50, le=40_000)] = 10_000
+    """The workflow continues as new once its history holds this many events (Temporal's limit is 51,200)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainSettings:
+        if self.batch_size % self.group_size:
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size})")
+        if self.trainer.mini_batches > self.batch_size:
+            raise ValueError(
+                f"trainer.mini_batches ({self.trainer.mini_batches}) must not exceed batch_size ({self.batch_size})"
+            )
+        if self.sync and self.alpha != 0:
+            raise ValueError(f"sync mode is the alpha = 0 barrier; got alpha = {self.alpha}")
+        if self.trainer.seed not in (0, self.seed):
+            raise ValueError(
+                f"trainer.seed ({self.trainer.seed}) differs from the run's seed ({self.seed}); set [train] seed "
+                "alone: every step's trainer seed follows it"
+            )
+        groups_needed = (self.steps + self.alpha + 1) * self.batch_size // self.group_size * (1 + self.max_group_restarts)
+        if self.first_seed <= self.eval.first_seed < self.first_seed + groups_needed:
+            raise ValueError(
+                f"training seeds start at {self.first_seed} and may reach {self.first_seed + groups_needed}; "
+                f"eval.first_seed ({self.eval.first_seed}) must lie outside them (held-out seeds)"
+            )
+        return self
+
+    def member_seed(self, group_seed: int, member: int) -> int:
+        """The sampling seed of the `member`-th trajectory started for the group of env seed `group_seed`: fixed
+        by the run's seed whatever the timing, and different for each member of a group."""
+        return derive_seed(self.seed, group_seed, member)
+
+
+class TrainRef(_Model):
+    """One trajectory of a step's batch, as the trainer needs it: where it is, its group and its reward."""
+
+    workflow_id: str
+    trajectory_uri: str
+    group: str
+    reward: float
+    policy_version: int
+    task: str = ""
+    """The task's name (`TaskConfig.name`; a user-started trajectory's own `task`, or "external")."""
+    won: bool = False
+    """Its last env reward was at least 1 (a win, as eval counts them)."""
+
+
+class TaskStats(_Model):
+    """Trajectories of one task trained on: in one step (`StepRecord.by_task`) or so far (`TrainingState.by_task`)."""
+
+    trajectories: int = 0
+    reward_mean: float = 0.0
+    wins: int = 0
+    """Of them, those whose last env reward was at least 1."""
+
+    @classmethod
+    def of(cls, refs: list[TrainRef]) -> dict[str, TaskStats]:
+        """Per task name, the stats of `refs`."""
+        out: dict[str, TaskStats] = {}
+        for name in dict.fromkeys(r.task for r in refs):
+            mine = [r for r in refs if r.task == name]
+            mean = round(sum(r.reward for r in mine) / len(mine), 6)  # short in the history the state carries
+            out[name] = cls(trajectories=len(mine), reward_mean=mean, wins=sum(r.won for r in mine))
+        return out
+
+    def plus(self, other: TaskStats) -> TaskStats:
+        n = self.trajectories + other.trajectories
+        total = self.reward_mean * self.trajectories + other.reward_mean * other.trajectories
+        return TaskStats(trajectories=n, reward_mean=total / n if n else 0.0, wins=self.wins + other.wins)
+
+    @property
+    def success(self) -> float:
+        """Wins over trajectories (0.0 for none)."""
+        return self.wins / self.trajectories if self.trajectories else 0.0
+
+
+class TrainStepInput(_Model):
+    run_id: str
+    version: int
+    """The trainer's version before this step; the step publishes version + 1."""
+    refs: list[TrainRef]
+    trainer: TrainerConfig
+
+
+class TrainStepResult(_Model):
+    version: int
+    """The new policy version (input version + 1)."""
+    weights_uri: str | None
+    """Where the new weights are in the store (None when simulated)."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    seconds: float = 0.0
+    resumed: bool = False
+    """True when this step's result was found already published (a retried step is not trained twice)."""
+
+
+class TrainingRunConfig(TrainSettings):
+    """One training run: the settings and what to roll out."""
+
+    tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
+    """What to roll out; groups are drawn from the tasks in proportion to their weights."""
+
+    @model_validator(mode="after")
+    def _norm_length_given(self) -> TrainingRunConfig:
+        loss = self.trainer.loss
+        if loss.aggregation == "token_sum_norm" and loss.norm_length is None:
+            longest = max(t.max_turns * t.sampling.max_new_tokens for t in self.tasks)
+            raise ValueError(
+                "trainer.loss.aggregation token_sum_norm divides each sequence's summed loss by the constant "
+                f"trainer.loss.norm_length, which is not set; this config's tasks generate at most {longest} tokens "
+                "a sample (max_turns x sampling.max_new_tokens): set norm_length to that"
+            )
+        return self
+
+
+class GroupState(_Model):
+    """One group of samples (one seed) as the training workflow tracks it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    group: str
+    seed: int
+    task: int
+    """Index into `TrainingRunConfig.tasks`."""
+    started_version: int
+    members_started: int = 0
+    running: list[str] = Field(default_factory=list)
+    """Workflow ids still running."""
+    completed: list[TrainRef] = Field(default_factory=list)
+    failed: int = 0
+    external: bool = False
+    """Made of trajectories a user started with this run's id, not by the workflow."""
+
+
+class TrainingCounters(_Model):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    started: int = 0
+    completed: int = 0
+    failed: int = 0
+    infra_failed: int = 0
+    cancelled: int = 0
+    """Redundant samples cancelled once their group was full."""
+    external: int = 0
+    """Reports from trajectories the workflow did not start (a user started them with this run id)."""
+    duplicates: int = 0
+    """Reports ignored because that trajectory's completed sample was already in its group."""
+    late: int = 0
+    """Reports ignored because their group was already full, trained on, dropped or abandoned (a redundant
+    sample that finished before its cancellation landed)."""
+    consumed: int = 0
+    """Trajectories trained on."""
+    dropped_stale: int = 0
+    groups_abandoned: int = 0
+    max_in_flight: int = 0
+    admission_pauses: int = 0
+    """Times admission stopped on a run of infra failures (see `pause_after_infra_failures`)."""
+
+
+class StepRecord(_Model):
+    step: int
+    """The version this step produced."""
+    time_s: float
+    """Seconds since the run started (workflow time)."""
+    reward_mean: float
+    trajectories: int
+    stale_dropped_total: int
+    staleness: list[int] = Field(default_factory=list)
+    """v_train - version of every trajectory trained on in this step."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    train_s: float = 0.0
+    wins: int = 0
+    """Trajectories of the batch whose last env reward was at least 1."""
+    by_task: dict[str, TaskStats] = Field(default_factory=dict)
+    """In a run of several tasks, task name -> its trajectories in this step's batch (absent: none of that task);
+    empty in a one-task run (the step's own figures are that task's), so the history a run carries stays small."""
+
+    def task_stats(self, tasks: list[str]) -> dict[str, TaskStats]:
+        """Task name -> this step's trajectories of it: `by_task`, or in a one-task run the step's own figures."""
+        if self.by_task or len(tasks) != 1:
+            return self.by_task
+        return {tasks[0]: TaskStats(trajectories=self.trajectories, reward_mean=self.reward_mean, wins=self.wins)}
+
+
+class TrainingState(_Model):
+    """Everything the training workflow needs to continue: carried through continue-as-new whole."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    run_id: str = ""
+    version: int = 0
+    next_group: int = 0
+    groups: dict[str, GroupState] = Field(default_factory=dict)
+    closed_external: list[str] = Field(default_factory=list)
+    """Digests of the most recently closed (trained, dropped) groups of user-started trajectories, oldest first, at
+    most `workflows.bookkeeping.EXTERNAL_CLOSED_KEPT`: a late report for one is ignored. The workflow's own groups
+    need no such list: `g{k:06d}` with k < next_group that is not open is closed."""
+    counters: TrainingCounters = Field(default_factory=TrainingCounters)
+    task_groups: list[int] = Field(default_factory=list)
+    """Groups started so far per task (index into `TrainingRunConfig.tasks`): the weighted choice of a task."""
+    history: list[StepRecord] = Field(default_factory=list)
+    by_task: dict[str, TaskStats] = Field(default_factory=dict)
+    """Task name -> every trajectory of it trained on so far (kept whole, unlike `history`)."""
+    started_at: float = 0.0
+    """Workflow time (seconds) when the run began, kept across continue-as-new."""
+    continued: int = 0
+    """How many times the workflow continued as new."""
+    infra_streak: int = 0
+    """Infra-failed trajectories reported in a row, with none completed or failed by the env between them."""
+    paused: str | None = None
+    """Why admission is stopped (a run of infra failures and the last error), or None while admitting."""
+    probe: bool = False
+    """While paused: admit one probe group (or a queued replacement) now."""
+    probe_delay_s: float | None = None
+    """While paused: the wait before the next probe (doubling); None: `pause_probe_s`."""
+    to_cancel: list[str] = Field(default_factory=list)
+    """Members queued for cancellation (redundant samples of full groups, members of closed groups)."""
+    replacements: dict[str, int] = Field(default_factory=dict)
+    """Group -> replacement members to start for its failed ones, in the order queued."""
+    step: TrainStepInput | None = None
+    """The step being trained: a run that continues as new while the trainer works issues it again (the trainer
+    answers a step it already took, or is taking, with that step's result)."""
+
+
+class TrainingStart(_Model):
+    """What starts a TrainingWorkflow (the UI's one JSON input): `{}` runs the default config."""
+
+    run: TrainingRunConfig = TrainingRunConfig()
+    resume: TrainingState | None = None
+    """Set by continue-as-new to carry the state over; leave it out when starting a run."""
+
+
+class TrainingResult(_Model):
+    run_id: str
+    version: int
+    counters: TrainingCounters
+    history: list[StepRecord]
+    wall_seconds: float
+    by_task: dict[str, TaskStats] = Field(default_factory=dict)
+    """Task name -> every trajectory of it trained on in the run."""
+
+
+class TrainingProgress(_Model):
+    """What the `progress` query answers."""
+
+    run_id: str
+    version: int
+    steps: int
+    alpha: int
+    running: int
+    buffered: int
+    """Completed samples waiting in groups that are not yet trained on."""
+    counters: TrainingCounters
+    last: StepRecord | None
+    elapsed_s: float
+    paused: str | None = None
+    """Why admission is stopped, while it is."""
+    tasks: list[str] = Field(default_factory=list)
+    """The run's task names, in config order."""
+    by_task: dict[str, TaskStats] = Field(default_factory=dict)
+    """Task name -> every trajectory of it trained on so far (the last step's are in `last.by_task`)."""
+
+
+class WatchChildrenInput(_Model):
+    """Trajectories a training run inherited through continue-as-new (its watchers did not survive it)."""
+
+    workflow_ids: list[str] = Field(min_length=1)
+    poll_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+    """How often their status is read."""
+
+
+class ChildOutcome(_Model):
+    workflow_id: str
+    status: str
+    """The closed execution's status: COMPLETED, FAILED, TERMINATED, CANCELED, TIMED_OUT, or NOT_FOUND."""
+    result: TrajectoryResult | None = None
+    """A completed trajectory's result (its report may have been lost)."""
+
+
+class WatchChildrenResult(_Model):
+    closed: list[ChildOutcome]
+    """Those of the watched trajectories found closed (at least one)."""

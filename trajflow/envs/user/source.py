@@ -1,0 +1,206 @@
+"""A user's own environment, env id `py:MODULE:CLASS`, as a directory of source: found and checked without
+importing it (the submitting host need not have the env's requirements).
+
+The directory holds MODULE (dotted: `games/dice.py` or `games/dice/__init__.py` for `games.dice`) and, optionally,
+`requirements.txt` (pip requirement lines; their wheels are resolved on the host, `trajflow.sandbox.builder.wheels`). CLASS is
+defined at the module's top level with the GEM/gymnasium interface, strings in and out:
+
+    class MyEnv:
+        def __init__(self, **env_kwargs): ...
+        def reset(self, seed=None) -> tuple[str, dict] | str: ...
+        def step(self, action: str) -> tuple[str, float, bool, bool, dict]: ...
+
+The check reads the module with `ast`: the class must be there, and the `reset` and `step` it defines must take a
+`seed` keyword and one action. What `ast` cannot see is trusted: methods inherited from a base class, a class made
+by a decorator. Every file of the directory but hidden ones and `__pycache__` goes into the package, at most
+`MAX_SOURCE_BYTES` in all.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from trajflow.envs.runner import USER_PREFIX
+
+PREFIX = USER_PREFIX
+REQUIREMENTS_FILE = "requirements.txt"
+MAX_SOURCE_BYTES = 20 * 1024 * 1024
+"""The packed source rides through the object store to every env worker; data sets belong elsewhere."""
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+INTERFACE = (
+    "reset(self, seed=None) -> (observation, info) and step(self, action) -> (observation, reward, terminated, "
+    "truncated, info)"
+)
+
+
+class EnvSourceError(ValueError):
+    """A user env that cannot work as written; the message says what to fix."""
+
+
+def is_user_env(env_id: str) -> bool:
+    return env_id.startswith(PREFIX)
+
+
+def split_env_id(env_id: str) -> tuple[str, str]:
+    """(MODULE, CLASS) of `py:MODULE:CLASS`."""
+    module, sep, cls = env_id.removeprefix(PREFIX).partition(":")
+    if not is_user_env(env_id) or not sep or not _DOTTED.fullmatch(module) or not _NAME.fullmatch(cls):
+        raise EnvSourceError(
+            f"{env_id!r} is not a user env id: expected py:MODULE:CLASS, e.g. py:factor_env:FactorEnv "
+            "(MODULE a dotted Python module in the env's directory, CLASS the env class in it)"
+        )
+    return module, cls
+
+
+@dataclass(frozen=True)
+class EnvSource:
+    """A checked user env: its directory, module, class and requirement lines."""
+
+    root: Path
+    module: str
+    cls: str
+    requirements: tuple[str, ...]
+
+    def files(self) -> dict[str, bytes]:
+        """Every file of the directory that goes into the package, by POSIX path relative to it, sorted."""
+        return source_files(self.root)
+
+
+def source_files(root: Path) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if any(part.startswith(".") or part == "__pycache__" for part in rel.parts) or not path.is_file():
+            continue
+        files[rel.as_posix()] = path.read_bytes()
+    return files
+
+
+def module_path(root: Path, module: str) -> Path | None:
+    """The file that holds `module` under `root`, or None."""
+    base = root.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def parse_module(root: Path, module: str, where: str, kind: str = "module") -> tuple[Path, ast.Module]:
+    """The file of `module` under `root` and its syntax tree; EnvSourceError (prefixed `where`) when it is missing
+    or does not parse."""
+    path = module_path(root, module)
+    if path is None:
+        stem = "/".join(module.split("."))
+        raise EnvSourceError(f"{where}: no {kind} {module!r} in {root} (expected {stem}.py or {stem}/__init__.py)")
+    try:
+        return path, ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError as e:
+        raise EnvSourceError(f"{where}: {path}:{e.lineno}: syntax error: {e.msg}") from None
+
+
+def read_requirements(root: Path) -> tuple[str, ...]:
+    """The requirement lines of `root/requirements.txt` (comments and blanks dropped), checked for form."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    path = root / REQUIREMENTS_FILE
+    if not path.is_file():
+        return ()
+    lines = []
+    for n, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith("-"):
+            raise EnvSourceError(f"{path}:{n}: pip options ({line.split()[0]}) are not supported; list requirements only")
+        try:
+            Requirement(line)
+        except InvalidRequirement as e:
+            raise EnvSourceError(f"{path}:{n}: {line!r} is not a requirement: {e}") from None
+        lines.append(line)
+    return tuple(lines)
+
+
+def check_source(env_id: str, env_path: str | Path) -> EnvSource:
+    """The user env `env_id` in directory `env_path`, checked; raises EnvSourceError saying what to fix."""
+    module, cls = split_env_id(env_id)
+    if not str(env_path):
+        raise EnvSourceError(
+            f"{env_id}: a py: env needs its source directory: env_path = \"DIR\" in the task (relative to the config "
+            "file) or --env-path DIR"
+        )
+    root = Path(env_path).expanduser().resolve()
+    if not root.is_dir():
+        raise EnvSourceError(f"{env_id}: env_path {str(env_path)!r} is not a directory")
+    path, tree = parse_module(root, module, env_id)
+    _check_class(env_id, path, tree, cls)
+    total = sum(len(data) for data in source_files(root).values())
+    if total > MAX_SOURCE_BYTES:
+        raise EnvSourceError(
+            f"{env_id}: {root} holds {total / 2**20:.1f} MiB of files, over the {MAX_SOURCE_BYTES // 2**20} MiB a "
+            "packed env may have: keep data sets out of the env's directory (load them in the env from a path or URL)"
+        )
+    return EnvSource(root, module, cls, read_requirements(root))
+
+
+def bound_at_top_level(tree: ast.Module, name: str) -> bool:
+    """Whether the module imports or assigns `name` at its top level (what `ast` alone cannot look into)."""
+    return any(
+        isinstance(n, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in n.names)
+        or isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+        for n in tree.body
+    )
+
+
+def _check_class(env_id: str, path: Path, tree: ast.Module, cls: str) -> None:
+    found = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
+    if found is None:
+        if bound_at_top_level(tree, cls):
+            return  # imported or assigned at the top level: ast cannot see its methods
+        classes = sorted(n.name for n in tree.body if isinstance(n, ast.ClassDef))
+        raise EnvSourceError(
+            f"{env_id}: {path} defines no class {cls!r} at its top level"
+            + (f" (it defines {', '.join(classes)})" if classes else "")
+        )
+    methods = {n.name: n for n in found.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for name in ("reset", "step"):
+        method = methods.get(name)
+        if method is None:
+            if found.bases:
+                continue  # perhaps inherited
+            raise EnvSourceError(f"{env_id}: class {cls} in {path} has no {name}(); an env needs {INTERFACE}")
+        if isinstance(method, ast.AsyncFunctionDef):
+            raise EnvSourceError(f"{env_id}: {cls}.{name} is async; the runner calls it synchronously: make it a def")
+        problem = _reset_problem(method.args) if name == "reset" else _step_problem(method.args)
+        if problem:
+            raise EnvSourceError(f"{env_id}: {cls}.{name} at {path}:{method.lineno} {problem}; an env needs {INTERFACE}")
+
+
+def _reset_problem(args: ast.arguments) -> str:
+    named = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    if "seed" not in named and args.kwarg is None:
+        return "takes no `seed` argument (the runner calls reset(seed=SEED))"
+    required = _required_positional(args)
+    if len(required) > 1 and required[1] != "seed":
+        return f"requires {', '.join(required[1:])} (the runner passes only seed)"
+    return ""
+
+
+def _step_problem(args: ast.arguments) -> str:
+    required = _required_positional(args)
+    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+    if len(positional) < 2 and args.vararg is None:
+        return "takes no action argument (the runner calls step(action))"
+    if len(required) > 2:
+        return f"requires {', '.join(required[1:])} (the runner passes only the action)"
+    if any(d is None for d in args.kw_defaults):
+        return "has keyword-only arguments without defaults (the runner passes only the action)"
+    return ""
+
+
+def _required_positional(args: ast.arguments) -> list[str]:
+    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+    return positional[: len(positional) - len(args.defaults)]

@@ -1,0 +1,172 @@
+"""`trajflow bench real`: sync against asynchrony on the real workload — the run config's model (SmolLM2 by
+default), its env in Docker sandboxes, the real trainer — measured in one run, the same steps for each mode.
+
+The stack must already run (`trajflow up`, or `trajflow up --hosts` for pools on their own hosts with decode and
+the trainer on disjoint CPU sets): the bench starts nothing, it trains. Modes, in order: sync (α = 0 with the
+batch barrier), then each α given (1 and 2 by default), each a TrainingWorkflow of `steps` steps from the same
+initial policy (a fresh run id per mode: each starts at version 0) and the same seeds. The figures
+(`trajflow.lab.bench.real_report`) come from what Temporal recorded: step end times, and the spans of the decode and trainer
+activities, so they hold whatever the layout.
+
+Limits: the modes run one after another on the same stack, so a slow drift of the machine (another tenant on a
+shared CPU) biases them; the first step of each mode (model loading, pipeline fill) is left out of every figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.client import Client
+
+from trajflow.contracts import names
+from trajflow.contracts.config import RunConfig
+from trajflow.contracts.training import TrainingResult, TrainingRunConfig
+from trajflow.lab.bench.real_report import ModeFigures, Span, machine, mode_figures, render, summary
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RealPlan:
+    steps: int = 6
+    """Optimizer steps per mode (the first is left out of the figures)."""
+    alphas: tuple[int, ...] = (1, 2)
+    batch_size: int | None = None
+    """Trajectories per step; None: the config's [train] batch_size."""
+    group_size: int | None = None
+    label: str = "real"
+
+    def run_config(self, config: RunConfig, alpha: int) -> TrainingRunConfig:
+        """The config's training run with this plan's steps, α (0: sync with the barrier) and batch shape."""
+        fields: dict[str, object] = {"steps": self.steps, "alpha": alpha, "sync": alpha == 0}
+        if self.batch_size is not None:
+            fields["batch_size"] = self.batch_size
+        if self.group_size is not None:
+            fields["group_size"] = self.group_size
+        return TrainingRunConfig.model_validate({**config.training_run().model_dump(), **fields})
+
+
+def quick_plan() -> RealPlan:
+    """4 steps of 8 trajectories (groups of 4) per mode: 3 steady intervals per mode, about 18 minutes for the three
+    modes on a 2-core CPU with SmolLM2 (measured on the hosts layout)."""
+    return RealPlan(steps=4, batch_size=8, group_size=4, label="quick")
+
+
+_CLOSED = {f"activity_task_{k}_event_attributes" for k in ("completed", "failed", "timed_out", "canceled")}
+
+
+async def activity_spans(client: Client, workflow_id: str, activity: str) -> list[Span]:
+    """[started, closed] wall-clock spans of every attempt of `activity` in every run of `workflow_id`."""
+    scheduled: dict[int, str] = {}
+    started: dict[int, float] = {}
+    spans: list[Span] = []
+    runs = [wf.run_id async for wf in client.list_workflows(f"WorkflowId = '{workflow_id}'")]
+    for run_id in runs:
+        scheduled.clear()
+        started.clear()
+        async for ev in client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history_events():
+            t = ev.event_time.ToDatetime().timestamp()
+            which = ev.WhichOneof("attributes")
+            if which == "activity_task_scheduled_event_attributes":
+                scheduled[ev.event_id] = ev.activity_task_scheduled_event_attributes.activity_type.name
+            elif which == "activity_task_started_event_attributes":
+                started[ev.activity_task_started_event_attributes.scheduled_event_id] = t
+            elif which in _CLOSED:
+                sched = getattr(ev, which).scheduled_event_id
+                if scheduled.get(sched) == activity and sched in started:
+                    spans.append((started[sched], t))
+    return spans
+
+
+async def run_spans(client: Client, run_id: str) -> dict[str, list[Span]]:
+    """Decode spans of the run's trajectories and trainer spans of the run itself."""
+    query = f"WorkflowType = '{names.TRAJECTORY_WORKFLOW}' AND TrajflowRun = '{run_id}'"
+    ids = [wf.id async for wf in client.list_workflows(query)]
+    decode: list[Span] = []
+    for chunk in range(0, len(ids), 16):
+        parts = await asyncio.gather(*(activity_spans(client, i, names.LLM_GENERATE) for i in ids[chunk : chunk + 16]))
+        decode += [s for p in parts for s in p]
+    return {"decode": decode, "trainer": await activity_spans(client, run_id, names.TRAIN_STEP)}
+
+
+async def _end_leftovers(client: Client, run_id: str) -> int:
+    """Terminate the run's trajectories still running (admitted during the last step, never used), so they do
+    not load the next mode."""
+    query = f"WorkflowType = '{names.TRAJECTORY_WORKFLOW}' AND TrajflowRun = '{run_id}' AND ExecutionStatus = 'Running'"
+    ended = 0
+    async for wf in client.list_workflows(query):
+        try:
+            await client.get_workflow_handle(wf.id).terminate("bench real: the mode that started it has ended")
+            ended += 1
+        except Exception:  # noqa: BLE001 - it ended on its own meanwhile
+            pass
+    return ended
+
+
+async def run_mode(client: Client, config: RunConfig, plan: RealPlan, alpha: int, say: Say) -> ModeFigures:
+    from trajflow.client import start_training, training_progress
+
+    label = "sync" if alpha == 0 else f"alpha{alpha}"
+    run_id = f"bench-{plan.label}-{label}-{int(time.time())}"
+    cfg = plan.run_config(config, alpha)
+    say(f"{label}: {plan.steps} steps of {cfg.batch_size} trajectories (run {run_id})")
+    start, t0 = time.time(), time.monotonic()
+    handle = await start_training(cfg, run_id=run_id, client=client)
+    waiter = asyncio.ensure_future(handle.result())
+    seen = 0
+    while not waiter.done():
+        await asyncio.wait({waiter}, timeout=5.0)
+        if not waiter.done():
+            version = (await training_progress(handle)).version
+            if version > seen:
+                seen = version
+                say(f"  {label}: step {version}/{plan.steps} at {time.monotonic() - t0:.0f} s")
+    result: TrainingResult = waiter.result()
+    wall = time.monotonic() - t0
+    await _end_leftovers(client, run_id)
+    spans = await run_spans(client, run_id)
+    return mode_figures(
+        label,
+        alpha,
+        [h.time_s for h in result.history],
+        [h.train_s for h in result.history],
+        cfg.batch_size,
+        spans,
+        start,
+        wall,
+        result.counters.model_dump(),
+    )
+
+
+async def run_bench(config: RunConfig, plan: RealPlan, say: Say) -> dict[str, object]:
+    from infra.settings import load_settings
+    from infra.temporal import wait_until_reachable
+
+    settings = load_settings()
+    client = await wait_until_reachable(settings, timeout_s=10)
+    sync = await run_mode(client, config, plan, 0, say)
+    modes = [await run_mode(client, config, plan, a, say) for a in plan.alphas]
+    hosts = (settings.run_dir / "hosts.json").exists()  # what `trajflow up --hosts` leaves
+    where = {
+        **machine(),
+        "layout": "hosts" if hosts else "embedded",
+        "hardware": [h.model_dump(exclude_defaults=True) for h in config.hardware.hosts],
+    }
+    return summary(sync, modes, where)
+
+
+def main(config: RunConfig, plan: RealPlan, json_path: Path | None, say: Say) -> int:
+    result = asyncio.run(run_bench(config, plan, say))
+    print(render(result))  # the report on stdout; progress went to `say` (stderr from the CLI)
+    if json_path is not None:
+        from trajflow.lab.bench.real_plot import plot_timeline
+
+        json_path.write_text(json.dumps(result, indent=2))
+        plot_timeline(result, json_path.with_suffix(".png"))
+        say(f"wrote {json_path} and the timeline {json_path.with_suffix('.png')}")
+    return 0

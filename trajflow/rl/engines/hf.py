@@ -1,0 +1,391 @@
+"""`HFEngine`, transformers on torch: many concurrent `generate` calls in, one batched forward pass at a time out.
+
+A background asyncio task collects concurrent requests into batches (up to `max_batch`; once one request waits,
+it waits at most `batch_wait_ms` for more) and runs each batch as ONE `model.generate` (left padding + attention
+mask) in a worker thread, so the event loop stays free. Requests are grouped by identical `SamplingParams` but
+for the seed: the oldest waiting request picks the params of the next batch and later requests with the same
+params join it (FIFO within a group, so no group starves).
+
+Sampling (`temperature > 0`) is ours, not transformers': `trajflow.rl.engines.sampling.SeededSampler` applies temperature
+and top-p and draws each row's token from softmax(logits / T) over the top-p nucleus with one uniform number from
+a generator per row, seeded by the request's `SamplingParams.seed` (unseeded requests draw from torch's global
+RNG), and leaves only that token for `generate`'s greedy step. So a seeded request draws the same tokens alone or
+batched with any others (up to float ties, see that module).
+
+Logprobs: each sampled token's logprob under `log_softmax(logits / temperature)` of the step it was sampled at,
+computed on the fly by a logits processor (no vocabulary-sized tensor is kept per step). The processor sees the
+logits after transformers' built-in processors (e.g. a repetition penalty a foreign checkpoint's generation config
+asks for; our checkpoints ask for none) and before the sampler's temperature, top-p and noise. With `top_p < 1`
+the value is the untruncated distribution's. Greedy (`temperature == 0`) reports the T=1 logprob. Precision
+follows the weights: float32 matches a teacher-forced forward pass to ~1e-6; with bfloat16 weights (SmolLM2's
+checkpoint dtype; faster only where the hardware has native bf16, see `trajflow.rl.precision`) the batched, left-padded,
+KV-cached decode and a teacher-forced pass differed by up to ~0.2 nats per token (mean ~0.04) when measured; pass
+`dtype=torch.float32` where that matters. `trajflow.rl.engines.load` picks the dtype.
+
+Completions keep the EOS token when one was sampled (finish_reason "stop"; training must see the model stop)
+and drop everything after it; "length" when `max_new_tokens` ran out. `text` is decoded without special tokens.
+
+Devices: the model and each batch's inputs live on `device` (a GPU or the CPU); token ids and logprobs come back
+as CPU lists.
+
+Limits: one batch runs at a time per engine; a request already inside a running batch cannot be interrupted
+(cancelling it only discards its result); unseeded requests draw from torch's global RNG, so their outputs are
+not reproducible across runs (seeded ones are, on the same weights and the same kind of device).
+
+Weights: with a `WeightSource`, each request names a policy (a training run id; "" is the initial model).
+Batches never mix policies. Right before a batch runs, in the same worker thread that runs batches (so never
+during one), the engine asks the source for the newest version of the batch's policy and, if it differs from
+what is loaded, copies it into the model in place (`trajflow.rl.weights.apply_weights`). Every completion carries
+the version that generated it. Switching between two policies reloads each time: one engine serves one run at
+a time well.
+
+Prefix cache (`prefix_cache_bytes` > 0, `trajflow.rl.engines.prefix_cache`): each batch's prompts and completions keep their
+keys and values, and a later prompt that extends one (a trajectory's next turn; another episode's identical
+instructions) is fed to the model only from where it differs. Completions are the ones the engine gives without
+it (float32: logprobs within ~1e-5). Cleared whenever other weights are loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+from trajflow.contracts.trajectory import SamplingParams
+from trajflow.rl.engines.base import Completion, WeightSource, eos_ids, trim_at_eos
+from trajflow.rl.engines.prefix_cache import PrefixCache, batch_past, keep_batch
+from trajflow.rl.engines.sampling import SeededSampler
+
+
+@dataclass
+class _Stats:
+    requests: int = 0
+    batches: int = 0
+    batched_requests: int = 0
+    completion_tokens: int = 0
+    busy_s: float = 0.0
+    weight_loads: int = 0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    """Prompt tokens whose keys and values came from the prefix cache instead of a forward pass."""
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "weight_loads": float(self.weight_loads),
+            "requests": float(self.requests),
+            "batches": float(self.batches),
+            "mean_batch_size": self.batched_requests / self.batches if self.batches else 0.0,
+            "completion_tokens": float(self.completion_tokens),
+            "busy_s": self.busy_s,
+            "tokens_per_s": self.completion_tokens / self.busy_s if self.busy_s > 0 else 0.0,
+            "prompt_tokens": float(self.prompt_tokens),
+            "prefix_reused_tokens": float(self.reused_tokens),
+        }
+
+
+class _LogprobRecorder:
+    """A logits processor that records each sampled token's logprob without keeping per-step distributions.
+
+    Called with the raw logits of step s (before the sampler's temperature, top-p and noise, which come after it
+    in the processor list), it keeps log_softmax(logits / T) until step s+1 reveals the token sampled from it.
+    """
+
+    def __init__(self, prompt_len: int, temperature: float) -> None:
+        self.prompt_len = prompt_len
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.gathered: dict[int, torch.Tensor] = {}
+        self.pending: tuple[int, torch.Tensor] | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        step = input_ids.shape[1] - self.prompt_len
+        if self.pending is not None and self.pending[0] == step - 1:
+            self.gathered[step - 1] = self.pending[1].gather(1, input_ids[:, -1:]).squeeze(1)
+        logprobs = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.pending = (step, logprobs)
+        return scores
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor:
+        """Logprobs (batch, n) of the generated ids (batch, n)."""
+        n = generated.shape[1]
+        if n and self.pending is not None and self.pending[0] == n - 1:
+            self.gathered[n - 1] = self.pending[1].gather(1, generated[:, -1:]).squeeze(1)
+        self.pending = None
+        columns = [self.gathered[i] for i in range(n)]
+        return torch.stack(columns, dim=1) if columns else torch.zeros(generated.shape[0], 0, device=generated.device)
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future[Completion]
+    policy: str = ""
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class HFEngine:
+    """transformers + torch, with request batching; see the module docstring."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        max_batch: int = 32,
+        batch_wait_ms: float = 10.0,
+        device: str = "cpu",
+        torch_threads: int | None = None,
+        dtype: torch.dtype | None = None,
+        weights: WeightSource | None = None,
+        prefix_cache_bytes: int = 0,
+    ) -> None:
+        """`device` a torch device (`cpu`, `cuda`, `cuda:N`; `trajflow.rl.devices.resolve_device` turns a setting such as
+        `auto` into one); `dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny
+        model); `weights` None serves the initial model only; `prefix_cache_bytes` > 0 keeps up to that many bytes of
+        keys and values of earlier prompts and completions (`trajflow.rl.engines.prefix_cache`; 0: none)."""
+        from transformers import AutoTokenizer
+
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.model_path = Path(model_path)
+        self.name = self.model_path.name
+        self.version = 0
+        self.policy = ""
+        """The policy whose weights are loaded ("" = the initial model)."""
+        self.weights = weights
+        self.max_batch = max_batch
+        self.batch_wait_s = batch_wait_ms / 1000.0
+        self.device = torch.device(device)
+        self.torch_threads = torch_threads
+        self.dtype = dtype
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.model: Any = None
+        self._eos: list[int] = eos_ids(self.tokenizer)
+        self._pad_id: int = self._pick_pad_id()
+        self._pending: list[_Request] = []
+        self._running: list[_Request] = []
+        self._wakeup = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
+        self._stats = _Stats()
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+
+    def _pick_pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad) if pad is not None else self._eos[0]
+
+    async def start(self) -> None:
+        """Load the model (in the worker thread) and start the batching loop. Idempotent."""
+        if self.model is None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._load_model)
+        if self._loop_task is None or self._loop_task.done():
+            self._wakeup = asyncio.Event()
+            self._loop_task = asyncio.create_task(self._batch_loop(), name=f"hf-engine-{self.name}")
+
+    def _load_model(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if self.torch_threads is not None:
+            torch.set_num_threads(self.torch_threads)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype or "auto")
+        # an upcast to the base class: typeshed's functools.wraps result, which transformers' .to is, does not bind self
+        cast(torch.nn.Module, model).to(self.device).eval()
+        self._eos = eos_ids(self.tokenizer, model.config)
+        if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):
+            self.prefix_cache = None  # a sliding-window layer keeps only its window: no prefix to reuse
+        self.model = model
+
+    async def close(self) -> None:
+        """Stop the loop, fail waiting requests, release the thread. The engine cannot be restarted after it."""
+        stranded = [*self._pending, *self._running]  # snapshot: cancelling the loop clears `_running`
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+            self._loop_task = None
+        for request in [*stranded, *self._pending]:
+            if not request.future.done():
+                request.future.set_exception(RuntimeError("engine closed"))
+        self._pending.clear()
+        self._running = []
+        self._executor.shutdown(wait=True)
+
+    def stats(self) -> dict[str, float]:
+        return self._stats.as_dict()
+
+    def available_version(self, policy: str) -> int:
+        return self.weights.latest_version(policy) if self.weights is not None and policy else 0
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, policy: str = "") -> Completion:
+        """Queue one request and wait for its completion; cancelling while queued drops it from the queue."""
+        if self._loop_task is None or self._loop_task.done():
+            raise RuntimeError("HFEngine.generate called before start() (or after close())")
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        request = _Request(list(prompt_ids), params, future, policy)
+        self._pending.append(request)
+        self._stats.requests += 1
+        self._wakeup.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if request in self._pending:
+                self._pending.remove(request)
+            raise
+
+    async def _batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            await self._wait_for_more()
+            batch = self._take_batch()
+            if not batch:
+                continue
+            started = time.monotonic()
+            self._running = batch
+            try:
+                results = await loop.run_in_executor(
+                    self._executor,
+                    self._run_batch,
+                    [r.prompt_ids for r in batch],
+                    batch[0].params.unseeded(),
+                    batch[0].policy,
+                    [r.params.seed for r in batch],
+                )
+            except Exception as error:  # a failed batch fails its requests, never the loop
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+                continue
+            finally:
+                self._running = []
+            self._record(batch, results, started, time.monotonic() - started)
+
+    async def _wait_for_more(self) -> None:
+        """Once a request waits, give others up to batch_wait_ms to join (or until a batch is full)."""
+        if not self._pending:
+            return
+        deadline = self._pending[0].enqueued + self.batch_wait_s
+        while self._pending and len(self._pending) < self.max_batch:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout=remaining)
+
+    def _take_batch(self) -> list[_Request]:
+        live = [r for r in self._pending if not r.future.done()]
+        if not live:
+            self._pending.clear()
+            return []
+        params, policy = live[0].params.unseeded(), live[0].policy
+        batch = [r for r in live if r.params.unseeded() == params and r.policy == policy][: self.max_batch]
+        taken = {id(r) for r in batch}
+        self._pending = [r for r in live if id(r) not in taken]
+        return batch
+
+    def _record(self, batch: list[_Request], results: list[Completion], started: float, seconds: float) -> None:
+        self._stats.batches += 1
+        self._stats.batched_requests += len(batch)
+        self._stats.busy_s += seconds
+        tokens = sum(len(c.token_ids) for c in results)
+        for request, completion in zip(batch, results, strict=True):
+            self._stats.completion_tokens += len(completion.token_ids)
+            completion.batch_requests = len(batch)
+            completion.queue_wait_s = max(0.0, started - request.enqueued)
+            completion.batch_tokens_per_s = tokens / seconds if seconds > 0 else None
+            if not request.future.done():  # a cancelled caller just drops its result
+                request.future.set_result(completion)
+
+    def _use_policy(self, policy: str) -> None:
+        """Load the newest weights of `policy` if they are not what is loaded (runs in the worker thread)."""
+        if self.weights is None:
+            return
+        newest = self.weights.latest(policy) if policy else None
+        want = (newest.policy, newest.version) if newest else ("", 0)
+        if want == (self.policy, self.version):
+            return
+        from trajflow.rl.weights import apply_weights
+
+        apply_weights(self.model, newest.path if newest else self.model_path)
+        self.policy, self.version = want
+        self._stats.weight_loads += 1
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # computed with the weights just replaced
+
+    def _run_batch(
+        self,
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        policy: str = "",
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[Completion]:
+        """One batched `model.generate` (runs in the worker thread); `seeds` one per prompt (None: unseeded)."""
+        self._use_policy(policy)
+        version = self.version
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention[row, width - len(prompt) :] = 1
+        past = self._reused_prefix(prompts, width)
+        recorder = _LogprobRecorder(prompt_len=width, temperature=params.temperature)
+        processors: list[Any] = [recorder]
+        if params.temperature > 0.0:  # after the recorder: it must see the logits before temperature and noise
+            row_seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+            processors.append(SeededSampler(row_seeds, params.temperature, params.top_p, self.device))
+        with torch.inference_mode():
+            # greedy: the argmax of the sampler's perturbed scores when sampling, of the logits otherwise
+            output = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                logits_processor=processors,
+                max_new_tokens=params.max_new_tokens,
+                eos_token_id=self._eos,
+                pad_token_id=self._pad_id,
+                do_sample=False,
+                past_key_values=past,
+                return_dict_in_generate=True,
+            )
+        sequences = output.sequences
+        # the logprobs are gathered on the model's device; both come back to CPU lists
+        logprobs = recorder.finish(sequences[:, width:]).cpu()
+        generated = sequences[:, width:].cpu()
+        eos = set(self._eos)
+        completions = []
+        for row in range(len(prompts)):
+            ids, lps, reason = trim_at_eos(generated[row].tolist(), logprobs[row].tolist(), eos)
+            text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
+            completions.append(Completion(ids, lps, text, reason, version))
+        self._stats.prompt_tokens += sum(len(p) for p in prompts)
+        if self.prefix_cache is not None:
+            self._keep(prompts, completions, output.past_key_values, width)
+        return completions
+
+    def _reused_prefix(self, prompts: Sequence[list[int]], width: int) -> Any:
+        """The batch's `DynamicCache` from the prefix cache (`prefix_cache.batch_past`); None: nothing reused."""
+        if self.prefix_cache is None:
+            return None
+        layers, reused = batch_past(self.prefix_cache, prompts, width)
+        if layers is None:
+            return None
+        from transformers import DynamicCache
+
+        self._stats.reused_tokens += reused
+        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
+
+    def _keep(self, prompts: Sequence[list[int]], completions: list[Completion], cache: Any, width: int) -> None:
+        assert self.prefix_cache is not None
+        layers = [(k, v) for k, v, *_ in cache]
+        keep_batch(self.prefix_cache, prompts, [c.token_ids for c in completions], layers, width)

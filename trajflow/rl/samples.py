@@ -1,0 +1,124 @@
+"""Training samples: one scored trajectory becomes one `TrainSample` (all its turns in one sequence, prompt and
+observation tokens masked out of the loss) with its group-relative advantage.
+
+`samples_from_records` is the one path from stored `TrajectoryRecord`s to samples: the trainer activity loads
+a step's records and calls it with the step's refs (the groups, rewards and versions the training workflow
+recorded). Advantages come from `trajflow.rl.advantages.group_advantages`, per group.
+
+Limits: no reward shaping, no batch-level advantage normalisation; unscored trajectories are refused, never
+trained on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.training import TrainRef
+from trajflow.contracts.trajectory import TrajectoryStatus
+from trajflow.rl.advantages import group_advantages
+
+
+@dataclass
+class TrainSample:
+    """One training sequence: aligned token ids, behaviour logprobs (0.0 where not generated) and loss mask."""
+
+    token_ids: list[int]
+    behaviour_logprobs: list[float]
+    loss_mask: list[int]
+    advantage: float
+    version: int = 0
+    """The policy version that generated it (the oldest of its turns)."""
+    temperature: float = 1.0
+    """The sampling temperature its behaviour logprobs were computed at (greedy decoding records T = 1)."""
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.behaviour_logprobs) != n or len(self.loss_mask) != n:
+            raise ValueError(
+                f"token_ids ({n}), behaviour_logprobs ({len(self.behaviour_logprobs)}) and loss_mask "
+                f"({len(self.loss_mask)}) must be aligned"
+            )
+        if n == 0:
+            raise ValueError("a training sample needs at least one token")
+        if self.loss_mask[0]:
+            raise ValueError("the first token has no logprob (nothing precedes it): its loss mask must be 0")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("loss_mask holds 0 or 1 only")
+        if not math.isfinite(self.advantage) or self.temperature <= 0:
+            raise ValueError(f"advantage must be finite and temperature > 0, got {self.advantage}, {self.temperature}")
+
+
+@dataclass(frozen=True)
+class _Score:
+    """What a sample's advantage is computed from: its group, its reward, the version that generated it."""
+
+    group: str
+    reward: float
+    version: int
+
+
+def _scores(records: Sequence[TrajectoryRecord], refs: Sequence[TrainRef] | None) -> list[_Score]:
+    """Each record's score: from its step ref (the training workflow's view, authoritative) when given, else
+    from the record itself. Raises ValueError for unscored or token-less trajectories."""
+    if refs is not None and len(refs) != len(records):
+        raise ValueError(f"{len(records)} records but {len(refs)} refs: they must be aligned")
+    scores = []
+    for index, record in enumerate(records):
+        ref = refs[index] if refs is not None else None
+        if ref is not None and ref.workflow_id != record.workflow_id:
+            raise ValueError(f"ref {index} names {ref.workflow_id} but its record is {record.workflow_id}")
+        reward = ref.reward if ref is not None else record.reward
+        if record.status != TrajectoryStatus.COMPLETED or reward is None:
+            raise ValueError(
+                f"trajectory {record.workflow_id} is {record.status.value} with reward {reward}: only "
+                "completed, scored trajectories are trained on"
+            )
+        if record.context is None or not record.context.token_ids:
+            raise ValueError(f"trajectory {record.workflow_id} has no token context; nothing to train on")
+        if ref is not None:
+            scores.append(_Score(ref.group, float(reward), ref.policy_version))
+        else:
+            scores.append(_Score(record.request.group, float(reward), min(record.context.turn_versions, default=0)))
+    return scores
+
+
+def samples_from_records(
+    records: Sequence[TrajectoryRecord], *, normalize_std: bool, refs: Sequence[TrainRef] | None = None
+) -> list[TrainSample]:
+    """TrainSamples in the records' order, with group-relative advantages (`trajflow.rl.advantages.group_advantages`).
+
+    With `refs` (a train step's batch, aligned with `records`), each record's group, reward and policy version
+    are the ref's: the training workflow's grouping is authoritative (it gives an ungrouped trajectory a group
+    of its own, for one). Without, they come from the record: `request.group` (every record with the same group
+    id, "" included, is one group), `reward`, and the oldest turn's version. A record that is not completed, has
+    no reward or has no token context raises ValueError: unscored trajectories are never trained on."""
+    scores = _scores(records, refs)
+    by_group: dict[str, list[int]] = defaultdict(list)
+    for index, score in enumerate(scores):
+        by_group[score.group].append(index)
+    advantages = [0.0] * len(records)
+    for indices in by_group.values():
+        rewards = [scores[i].reward for i in indices]
+        for i, adv in zip(indices, group_advantages(rewards, normalize_std=normalize_std), strict=True):
+            advantages[i] = adv
+    samples = []
+    for record, score, adv in zip(records, scores, advantages, strict=True):
+        ctx = record.context
+        assert ctx is not None  # checked by _scores
+        # behaviour logprobs were taken at the sampling temperature (greedy decoding records T = 1)
+        temperature = record.request.sampling.temperature
+        samples.append(
+            TrainSample(
+                token_ids=list(ctx.token_ids),
+                behaviour_logprobs=list(ctx.logprobs),
+                loss_mask=list(ctx.loss_mask),
+                advantage=adv,
+                version=score.version,
+                temperature=temperature if temperature > 0 else 1.0,
+            )
+        )
+    return samples

@@ -1,0 +1,92 @@
+"""Offline wheels for image builds: `pip wheel` a set of requirements (and pip itself) into a cache directory
+once, per set and host Python, and a Dockerfile build stage that installs them with pip run from its wheel.
+
+Limits: the wheels are fetched for the host's interpreter, which must match the image's (CPython 3.11 on Linux
+x86_64); a set's wheels are complete once its manifest.json exists.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from trajflow.sandbox.builder.docker_build import Progress, digest, run_logged, sha256_file
+
+PIP_REQUIREMENT = "pip==26.3"
+"""Debian minbase python3 has no pip: the image runs pip from this wheel."""
+
+
+def wheel_dir(cache_dir: Path, requirements: tuple[str, ...]) -> Path:
+    """Where `download_wheels(cache_dir, ..., requirements)` puts its wheels: one directory per set."""
+    key = digest({"requirements": requirements, "pip": PIP_REQUIREMENT, "python": sys.version_info[:2]})
+    return cache_dir / "wheels" / key
+
+def cached_wheels(cache_dir: Path, requirements: tuple[str, ...]) -> dict[str, str] | None:
+    """The {filename: sha256} of the downloaded wheels, or None if they are not (completely) there."""
+    manifest = wheel_dir(cache_dir, requirements) / "manifest.json"
+    if not manifest.exists():
+        return None
+    hashes: dict[str, str] = json.loads(manifest.read_text())
+    return hashes
+
+def download_wheels(
+    cache_dir: Path, progress: Progress, requirements: tuple[str, ...], *, no_deps: bool = False
+) -> dict[str, str]:
+    """`pip wheel` the requirements and pip itself into the cache; returns
+    {filename: sha256}. `no_deps`: the requirements are already the whole pinned closure (pip resolves nothing)."""
+    target = wheel_dir(cache_dir, requirements)
+    started = time.monotonic()
+    progress(f"downloading wheels into {target}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix="staging-"))
+    try:
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--wheel-dir",
+            str(staging),
+            *(["--no-deps"] if no_deps else []),
+            *requirements,
+            PIP_REQUIREMENT,
+        ]
+        run_logged(cmd, progress, "pip wheel")
+        hashes = {p.name: sha256_file(p) for p in sorted(staging.glob("*.whl"))}
+        if not any(name.startswith("pip-") for name in hashes):
+            raise RuntimeError("pip wheel produced no pip wheel")
+        (staging / "manifest.json").write_text(json.dumps(hashes, indent=1, sort_keys=True))
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)  # the manifest appears together with the wheels
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    progress(f"downloaded {len(hashes)} wheels in {time.monotonic() - started:.1f}s")
+    return hashes
+
+def wheel_build_stage(
+    base_tag: str,
+    wheel_names: list[str],
+    requirements: tuple[str, ...],
+    target: str,
+    *,
+    no_deps: bool = False,
+    as_root: bool = False,
+) -> str:
+    """A Dockerfile build stage that installs the context's wheels/ into `target` with pip run from its wheel
+    (the base image has no pip), so that wheels and pip stay out of the final image. `no_deps`: install exactly
+    the listed requirements (a pinned closure), resolving nothing. `as_root`: on a base whose user is not root."""
+    pip_wheel = next((name for name in wheel_names if name.startswith("pip-")), "pip-missing.whl")
+    reqs = " ".join(f"'{r}'" for r in requirements)
+    flags = "--no-deps " if no_deps else ""
+    user = "USER 0\n" if as_root else ""
+    return f"""\
+FROM {base_tag} AS build
+{user}COPY wheels/ /w/
+RUN python3 /w/{pip_wheel}/pip install --no-index --find-links /w --no-cache-dir --disable-pip-version-check \\
+    --root-user-action=ignore {flags}--target {target} {reqs}
+"""
