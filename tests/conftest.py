@@ -399,5 +399,5 @@ def started_cli_stack(cache_dir: Path, config: Path, prefix: str = "tf-state-") 
 
 @pytest.fixture(scope="session")
 def cli_stack(cache_dir: Path) -> Iterator[CliStack]:
-    with started_cli_stack(cache_dir, ROOT / "configs" / "tiny.toml") as stack:
+    with started_cli_stack(cache_dir, ROOT / "trajflow" / "configs" / "tiny.toml") as stack:
         yield stack

@@ -51,7 +51,7 @@ class LaunchedTrainer:
             "--max_restarts", "3",
             "-m", "trajflow", "worker", "trainer",
             "--pool", self.pool,
-            "--config", str(ROOT / "configs" / "tiny.toml"),
+            "--config", str(ROOT / "trajflow" / "configs" / "tiny.toml"),
         ]  # fmt: skip
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)

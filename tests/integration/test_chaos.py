@@ -40,7 +40,7 @@ def test_quick_chaos_run_loses_nothing(chaos_env) -> None:  # type: ignore[no-un
     env, state_dir, trajflow = chaos_env
     out = state_dir / "chaos.json"
     proc = subprocess.run(
-        [trajflow, "chaos", "--quick", "-c", "configs/tiny.toml", "--json", str(out), "--container-kill-rate", "0.2"],
+        [trajflow, "chaos", "--quick", "-c", "trajflow/configs/tiny.toml", "--json", str(out), "--container-kill-rate", "0.2"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -14,7 +14,7 @@ from trajflow.contracts.records import TrajectoryRecord
 
 pytestmark = pytest.mark.integration
 
-SMOKE = ROOT / "configs" / "smoke.toml"
+SMOKE = ROOT / "trajflow" / "configs" / "smoke.toml"
 
 
 def _records(cli_stack, pattern: str) -> list[TrajectoryRecord]:  # type: ignore[no-untyped-def]

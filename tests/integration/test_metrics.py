@@ -97,7 +97,7 @@ async def test_prometheus_sees_a_training_run_as_the_run_counts_it(cli_stack, tm
     before = worker_totals(url, now)
 
     config = tmp_path / "metrics-smoke.toml"  # no redundant samples: every trajectory started is one the run counts
-    smoke = (ROOT / "configs" / "smoke.toml").read_text()
+    smoke = (ROOT / "trajflow" / "configs" / "smoke.toml").read_text()
     config.write_text(smoke.replace("redundancy = 1", "redundancy = 0").replace("max_turns = 2", "max_turns = 4"))
     out = tmp_path / "summary.json"
     client = await cli_stack.connect()

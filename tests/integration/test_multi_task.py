@@ -1,4 +1,4 @@
-"""A run that mixes three kinds of task (configs/multi-task.toml: a GEM game, a shell task and a dataset task,
+"""A run that mixes three kinds of task (examples/multi-task/multi-task.toml: a GEM game, a shell task and a dataset task,
 weighted 2:1:1, each on its own decode, env and reward pools) as a user runs it: `trajflow up -c` with that config,
 `trajflow train`, `trajflow status RUN --json`. Tiny model, real trainer, Docker sandboxes, the reward service.
 
@@ -26,7 +26,7 @@ from workflows.bookkeeping import Book
 
 pytestmark = pytest.mark.integration
 
-CONFIG = ROOT / "configs" / "multi-task.toml"
+CONFIG = ROOT / "examples" / "multi-task" / "multi-task.toml"
 RUN = "multi-task-run"
 
 

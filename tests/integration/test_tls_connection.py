@@ -122,7 +122,7 @@ def tls_stack(pki: Pki, tls_endpoint: str, cache_dir: Path) -> Iterator[tuple[Cl
         "TRAJFLOW_REWARD_PORT": str(free_port()),
         "TRAJFLOW_PROMETHEUS_PORT": str(free_port()),
     }
-    stack = CliStack(env=env, state_dir=state_dir, ui_url="", config=ROOT / "configs" / "tiny.toml")
+    stack = CliStack(env=env, state_dir=state_dir, ui_url="", config=ROOT / "trajflow" / "configs" / "tiny.toml")
     try:
         yield stack, stack.trajflow("up", "-c", str(stack.config)).stderr
     finally:

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.integration
 def test_train_smoke_config_end_to_end(cli_stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "summary.json"
     proc = cli_stack.trajflow(
-        "train", str(ROOT / "configs" / "smoke.toml"), "--run-id", "smoke-run", "--json-summary", str(out), timeout=600
+        "train", str(ROOT / "trajflow" / "configs" / "smoke.toml"), "--run-id", "smoke-run", "--json-summary", str(out),
+        timeout=600,
     )
     summary = json.loads(out.read_text())
     assert summary["steps"] == 3
@@ -76,7 +77,7 @@ def test_training_survives_a_restart_of_the_whole_stack(cli_stack, tmp_path) -> 
     out = tmp_path / "summary.json"
     # the smoke config with more steps, so the run is still going when the stack goes down
     config = tmp_path / "long-smoke.toml"
-    config.write_text((ROOT / "configs" / "smoke.toml").read_text().replace("steps = 3", "steps = 10"))
+    config.write_text((ROOT / "trajflow" / "configs" / "smoke.toml").read_text().replace("steps = 3", "steps = 10"))
     train = subprocess.Popen(
         [str(Path(sys.executable).parent / "trajflow"), "train", str(config),
          "--run-id", "restart-run", "--no-eval", "--json-summary", str(out)],

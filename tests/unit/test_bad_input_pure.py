@@ -196,7 +196,7 @@ def cli(*args: str):  # type: ignore[no-untyped-def]
     ],
 )
 def test_rollout_with_bad_input_exits_2_before_touching_the_stack(args: list[str], expected: str) -> None:
-    r = cli("rollout", "-c", str(REPO / "configs" / "tiny.toml"), *args)
+    r = cli("rollout", "-c", str(REPO / "trajflow" / "configs" / "tiny.toml"), *args)
     assert r.exit_code == 2, r.output
     assert expected in r.output
 

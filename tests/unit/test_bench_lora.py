@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_options_differ_from_the_default_config_only_in_how_they_freeze() -> None:
-    default = load_run_config(ROOT / "configs" / "default.toml").train
+    default = load_run_config(ROOT / "trajflow" / "configs" / "default.toml").train
     blocks, batch = trainer_config("last-blocks", quick=False, rank=16)
     assert blocks == default.trainer and batch == default.batch_size == 16 and blocks.train_last_layers == 8
     lora, _ = trainer_config("lora", quick=False, rank=16)

@@ -37,7 +37,7 @@ def test_train_rejects_contradictory_overrides_before_touching_the_stack() -> No
 
     from trajflow.cli import app
 
-    r = CliRunner().invoke(app, ["train", "configs/smoke.toml", "--sync", "--alpha", "2"])
+    r = CliRunner().invoke(app, ["train", "trajflow/configs/smoke.toml", "--sync", "--alpha", "2"])
     assert r.exit_code == 2 and "sync mode is the alpha = 0 barrier" in r.output
 
 
@@ -47,9 +47,9 @@ def test_eval_refuses_a_bad_policy_before_touching_the_stack(tmp_path) -> None: 
     from trajflow.cli import app
 
     env = {"TRAJFLOW_STATE_DIR": str(tmp_path), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:1"}  # nothing listens there
-    r = CliRunner().invoke(app, ["eval", "configs/smoke.toml", "--policy", "run-a@v3"], env=env)
+    r = CliRunner().invoke(app, ["eval", "trajflow/configs/smoke.toml", "--policy", "run-a@v3"], env=env)
     assert r.exit_code == 2 and "expected RUN or RUN@VERSION" in r.output
-    r = CliRunner().invoke(app, ["eval", "configs/smoke.toml", "--samples", "-1"], env=env)
+    r = CliRunner().invoke(app, ["eval", "trajflow/configs/smoke.toml", "--samples", "-1"], env=env)
     assert r.exit_code == 2 and "--samples" in r.output
     assert "[train.eval]" in CliRunner().invoke(app, ["eval", "--help"]).output
 
@@ -59,7 +59,7 @@ def test_train_with_a_bad_config_exits_2() -> None:
 
     from trajflow.cli import app
 
-    r = CliRunner().invoke(app, ["train", "configs/does-not-exist.toml"])
+    r = CliRunner().invoke(app, ["train", "trajflow/configs/does-not-exist.toml"])
     assert r.exit_code == 2 and "config file not found" in r.output
 
 

@@ -1,4 +1,4 @@
-"""Every file in configs/ and every example's config parses; a config that sends a stage to an undeclared pool is
+"""Every file in trajflow/configs/ and every example's config parses; a config that sends a stage to an undeclared pool is
 rejected clearly."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from trajflow.contracts.config import RunConfig, load_run_config
 from trajflow.contracts.trajectory import TrajectoryRequest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted([*(ROOT / "configs").glob("*.toml"), *(ROOT / "examples").glob("*/*.toml")])
+CONFIGS = sorted([*(ROOT / "trajflow" / "configs").glob("*.toml"), *(ROOT / "examples").glob("*/*.toml")])
 
 
 def test_there_are_configs() -> None:

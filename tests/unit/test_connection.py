@@ -91,7 +91,7 @@ def test_up_starts_no_dev_server_for_a_cluster(tmp_path: Path) -> None:
     from infra.stack import components
     from trajflow.contracts.config import load_run_config
 
-    config_path = Path("configs/tiny.toml")
+    config_path = Path("trajflow/configs/tiny.toml")
     config = load_run_config(config_path)
     embedded = [c.name for c in components(Settings(state_dir=tmp_path), config, config_path)]
     cluster = [c.name for c in components(Settings(state_dir=tmp_path, temporal_tls=True), config, config_path)]

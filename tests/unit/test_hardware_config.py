@@ -83,7 +83,7 @@ def test_a_host_naming_an_undeclared_pool_is_rejected(tmp_path: Path) -> None:
 
 
 def test_the_hosts_example_places_everything() -> None:
-    cfg = load_run_config(ROOT / "configs" / "hosts.toml")
+    cfg = load_run_config(ROOT / "trajflow" / "configs" / "hosts.toml")
     declared = {k: getattr(cfg.pools, k) for k in DECLARED}
     assert cfg.hardware.unplaced(declared) == []
     assert len(cfg.hardware.hosts) >= 4

@@ -27,7 +27,7 @@ def _layout(config: RunConfig) -> hosts.Layout:
 
 
 def test_a_config_without_hosts_gets_one_host_per_worker_kind() -> None:
-    names = [(h.name, h.runs) for h in hosts.hosts_of(load_run_config(ROOT / "configs/tiny.toml"))]
+    names = [(h.name, h.runs) for h in hosts.hosts_of(load_run_config(ROOT / "trajflow/configs/tiny.toml"))]
     assert names == [
         ("orchestrator", ["orchestrator"]), ("reward-service", ["reward-service"]), ("decode", ["decode"]),
         ("env", ["env"]), ("reward", ["reward"]), ("trainer", ["trainer"]),
@@ -45,7 +45,7 @@ def test_placed_hosts_are_kept_and_only_the_rest_added() -> None:
 
 
 def test_four_host_example_container_options(tmp_path: Path) -> None:
-    cfg = load_run_config(ROOT / "configs/hosts.toml")
+    cfg = load_run_config(ROOT / "trajflow/configs/hosts.toml")
     settings = Settings(state_dir=tmp_path, temporal_address="127.0.0.1:7999", reward_port=8799)
     layout = _layout(cfg)
     placed = hosts.hosts_of(cfg)
@@ -88,7 +88,7 @@ def test_gpus_become_a_device_request(tmp_path: Path) -> None:
 
 
 def test_host_plan_runs_each_kind_of_the_host_with_its_placement() -> None:
-    cfg = load_run_config(ROOT / "configs/hosts.toml")
+    cfg = load_run_config(ROOT / "trajflow/configs/hosts.toml")
     plan = {c.name: c for c in host_plan(cfg, "trainer", 8799, None)}
     assert sorted(plan) == ["reward", "reward-service", "trainer"]
     assert plan["reward-service"].argv[1:] == ["-m", "trajflow.rewards.service", "--host", "0.0.0.0", "--port", "8799"]
@@ -101,7 +101,7 @@ def test_host_plan_runs_each_kind_of_the_host_with_its_placement() -> None:
 
 
 def test_with_metrics_each_worker_of_a_host_serves_them_on_its_fixed_port() -> None:
-    cfg = load_run_config(ROOT / "configs/hosts.toml")
+    cfg = load_run_config(ROOT / "trajflow/configs/hosts.toml")
     plan = {c.name: c for c in host_plan(cfg, "trainer", 8799, None, metrics=True)}
     assert plan["trainer"].env["TRAJFLOW_METRICS_PORT"] == str(HOST_PORTS["trainer"])
     assert plan["reward"].env["TRAJFLOW_METRICS_PORT"] == str(HOST_PORTS["reward"])

