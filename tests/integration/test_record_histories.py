@@ -1,4 +1,4 @@
-"""Record the workflow histories checked in under tests/histories/ from real runs (Temporal dev server, Docker
+"""Record the workflow histories checked in under trajflow/cli/replay/histories/ from real runs (Temporal dev server, Docker
 sandboxes, the reward service; a scripted policy so the runs are short and reproducible in shape).
 
 Skipped unless TRAJFLOW_RECORD_HISTORIES=1: histories are refreshed deliberately, after a workflow change that is
@@ -38,7 +38,7 @@ pytestmark = [
     pytest.mark.skipif(os.environ.get("TRAJFLOW_RECORD_HISTORIES") != "1", reason="set TRAJFLOW_RECORD_HISTORIES=1"),
 ]
 
-OUT = Path(__file__).resolve().parents[1] / "histories"
+OUT = Path(__file__).resolve().parents[2] / "trajflow" / "cli" / "replay" / "histories"
 
 
 def save(name: str, history) -> Path:  # type: ignore[no-untyped-def]

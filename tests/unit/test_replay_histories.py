@@ -1,4 +1,4 @@
-"""The workflow histories checked in under tests/histories/ replay against the current workflow code (Temporal's
+"""The workflow histories checked in under trajflow/cli/replay/histories/ replay against the current workflow code (Temporal's
 Replayer, offline: no server), so a change that makes a workflow non-deterministic for what those runs went
 through fails here, in CI, before it meets running workflows. Refresh them deliberately with
 tests/integration/test_record_histories.py."""

@@ -125,7 +125,7 @@ def replay(
         bool, typer.Option("--env-only", help="Re-drive a fresh sandbox with the recorded actions, no LLM.")
     ] = False,
     check: Annotated[
-        bool, typer.Option("--check", help="Replay histories (default tests/histories/*.json) against this code.")
+        bool, typer.Option("--check", help="Replay histories (default trajflow/cli/replay/histories/*.json) against this code.")
     ] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the new run.")] = 600.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,

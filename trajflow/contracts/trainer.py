@@ -135,7 +135,7 @@ class TrainerConfig(NanSafeContract):
     @classmethod
     def _drop_simulate_step_s(cls, data: object) -> object:
         """`simulate_step_s` was removed (benchmarks register their own simulated trainer, `trajflow.lab.bench.sim_trainer`);
-        inputs recorded before (running workflows, tests/histories/) still carry it, and must still decode."""
+        inputs recorded before (running workflows, trajflow/cli/replay/histories/) still carry it, and must still decode."""
         if isinstance(data, dict) and "simulate_step_s" in data:
             return {k: v for k, v in data.items() if k != "simulate_step_s"}
         return data

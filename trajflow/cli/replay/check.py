@@ -3,7 +3,7 @@ Temporal's `Replayer`, to catch non-deterministic changes before they meet runni
 
 Targets are history JSON files (the format `temporal workflow show -o json` and the Web UI's download write;
 plus an optional `workflowId` key, else the file's stem is the id), folders of them, or workflow ids whose live
-history is fetched from the server. Default: the histories checked in under tests/histories/ (refreshed deliberately by
+history is fetched from the server. Default: the histories shipped in trajflow/cli/replay/histories/ (refreshed deliberately by
 tests/integration/test_record_histories.py; a unit test replays them in CI).
 
 Limits: a history proves determinism only for the code paths it went through; queries and signal handlers'
@@ -22,7 +22,7 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-HISTORIES_DIR = Path(__file__).resolve().parents[3] / "tests" / "histories"
+HISTORIES_DIR = Path(__file__).resolve().parent / "histories"
 
 
 @dataclass(frozen=True)
