@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from infra.store import LocalStore
-from trajflow.envs.user.packages import PackageError, digest_of, pack, package_key, publish, unpack
+from trajflow.envs.user.packages import PackageError, digest_of, extract_files, pack, package_key, publish, unpack
 from trajflow.envs.user.source import EnvSourceError, check_source, split_env_id
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,3 +120,32 @@ def test_a_tampered_or_missing_package_is_refused(tmp_path: Path) -> None:
         unpack(store, store.uri_for(package_key(b"other")), tmp_path / "cache")
     with pytest.raises(PackageError, match="is not an env package"):
         digest_of("file:///tmp/x.tar")
+
+
+def _tar_with(member: tarfile.TarInfo, data: bytes = b"") -> tarfile.TarFile:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+    return tarfile.open(fileobj=io.BytesIO(out.getvalue()), mode="r:")
+
+
+@pytest.mark.parametrize(
+    "member",
+    [tarfile.TarInfo("../escape.py"), tarfile.TarInfo("/abs.py"), tarfile.TarInfo("a/../../b.py")],
+    ids=["dotdot", "absolute", "nested-dotdot"],
+)
+def test_unpacking_refuses_a_member_outside_the_package(tmp_path: Path, member: tarfile.TarInfo) -> None:
+    with pytest.raises(PackageError, match="not a plain file at a relative path"):
+        extract_files(_tar_with(member, b"x"), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unpacking_refuses_links_and_needs_no_tarfile_filter(tmp_path: Path) -> None:
+    """Debian 12's Python 3.11.2 (the worker image's) has no `extractall(filter=...)`: nothing here relies on it."""
+    link = tarfile.TarInfo("env.py")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    with pytest.raises(PackageError, match="'env.py' is not a plain file"):
+        extract_files(_tar_with(link), tmp_path)
+    extract_files(tarfile.open(fileobj=io.BytesIO(pack({"a/b.py": b"x = 1\n"})), mode="r:"), tmp_path)
+    assert (tmp_path / "a" / "b.py").read_bytes() == b"x = 1\n"

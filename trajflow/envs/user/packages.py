@@ -15,7 +15,7 @@ import os
 import shutil
 import tarfile
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from infra.store import ObjectStore
 
@@ -62,6 +62,21 @@ def publish(files: dict[str, bytes], store: ObjectStore) -> str:
     return uri
 
 
+def extract_files(tar: tarfile.TarFile, dest: Path) -> None:
+    """Write the tar's members under `dest`: plain files at relative paths only (what `pack` writes); an absolute
+    path, a `..`, a link or a device is refused. Checked here rather than by tarfile's `filter="data"`, which the
+    Python of the worker image (Debian 12's 3.11.2) does not have."""
+    for member in tar.getmembers():
+        parts = PurePosixPath(member.name).parts
+        if not member.isfile() or member.name.startswith("/") or ".." in parts or not parts:
+            raise PackageError(f"env package member {member.name!r} is not a plain file at a relative path")
+        out = dest.joinpath(*parts)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        source = tar.extractfile(member)
+        assert source is not None  # a plain file always has its bytes
+        out.write_bytes(source.read())
+
+
 def unpack(store: ObjectStore, uri: str, cache_dir: Path) -> Path:
     """The directory under `cache_dir` holding the package `uri`, fetched and unpacked on first use; checks
     that the bytes hash to the name."""
@@ -79,7 +94,7 @@ def unpack(store: ObjectStore, uri: str, cache_dir: Path) -> Path:
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix="staging-"))
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            tar.extractall(staging, filter="data")  # no absolute paths, links out or devices
+            extract_files(tar, staging)
         (staging / MARKER).write_text(digest)
         try:
             os.rename(staging, target)
