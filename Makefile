@@ -4,7 +4,7 @@
 # The main job: start the embedded stack, then train SmolLM2 on the default config (eval before and after).
 demo: setup
 	.venv/bin/trajflow up
-	.venv/bin/trajflow train trajflow/configs/default.toml
+	.venv/bin/trajflow train default
 
 # Static checks first (ruff, pyright in basic mode; configured in pyproject.toml), then the tests.
 # pytest's exit code 5 ("no tests ran") is turned into a loud failure, never mistaken for success.

@@ -10,9 +10,11 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 
 
@@ -43,6 +45,20 @@ def process_start_ticks(pid: int) -> int | None:
 
 def is_alive(rec: ProcessRecord) -> bool:
     return process_start_ticks(rec.pid) == rec.start_ticks
+
+
+def python_module(module: str, *args: str, python: str | None = None) -> list[str]:
+    """The command line of a child that runs `python -m MODULE ARGS` (this interpreter unless `python`). `-P` keeps
+    the working directory off `sys.path`: trajflow started from a user's project runs its own `workflows`, `infra`,
+    ... never the project's files of the same names."""
+    return [python or sys.executable, "-P", "-m", module, *args]
+
+
+def same_code_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with PYTHONPATH led by the directory this process imported trajflow from (a checkout, a worktree or
+    site-packages), so a child started with it runs the same code as this process."""
+    root = str(Path(str(resources.files("trajflow"))).parent)
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)}
 
 
 def start_detached(

@@ -10,9 +10,9 @@ How it is made (no image registry is reachable, so everything is built here):
 - The service's runtime dependencies, pinned to the versions in the project's environment, are fetched on the
   host with `pip wheel` (`trajflow.sandbox.builder.wheels.download_wheels`) and installed by a build stage with pip run from
   its own wheel, so the wheels and pip stay out of the final image.
-- The sources of the `trajflow/rewards/` and `trajflow/contracts/` packages and of `trajflow/envs/verify.py` (the
-  verifier rewards' answer
-  checkers) are copied in (and byte-compiled).
+- The sources of the `trajflow.rewards` and `trajflow.contracts` packages and of `trajflow.envs.verify` (the
+  verifier rewards' answer checkers), read where Python imports them from (an installed wheel or a checkout), are
+  copied in (and byte-compiled).
 The tag is a hash of the base tag, the requirements, the wheels' sha256, the copied sources and the Dockerfile
 text, so it rebuilds only when one of them changes; a cached call costs a few file hashes and image lookups.
 
@@ -26,7 +26,9 @@ the image is never pushed: publishing it to a platform's registry is the deploym
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import time
+from importlib import resources
 from pathlib import Path
 
 import docker
@@ -76,12 +78,13 @@ REWARD_REQUIREMENTS: tuple[str, ...] = (
     "mpmath==1.3.0",
 )
 
-SOURCE_PACKAGES: tuple[str, ...] = ("trajflow/contracts", "trajflow/rewards")
-"""The project's packages copied into the image whole."""
-SOURCE_FILES: tuple[str, ...] = ("trajflow/__init__.py", "trajflow/envs/__init__.py", "trajflow/envs/verify.py")
-"""Single modules copied beside them: the answer checkers of the verifier rewards (the service imports nothing
-else of the project)."""
-REPO_ROOT = Path(__file__).resolve().parent.parent
+SOURCE_PACKAGES: tuple[str, ...] = ("trajflow.contracts", "trajflow.rewards")
+"""The project's packages copied into the image whole (the local reward models' server, `trajflow.rewards.models`,
+left out: it runs elsewhere, on torch)."""
+SOURCE_MODULES: tuple[str, ...] = ("trajflow", "trajflow.envs", "trajflow.envs.verify")
+"""Single modules copied beside them: the namespace's and the envs package's `__init__`, and the answer checkers of
+the verifier rewards (the service imports nothing else of the project)."""
+LEFT_OUT = ("trajflow.rewards.models",)
 APP_DIR = "/opt/trajflow/app"
 SITE_DIR = "/opt/trajflow/site"
 DEFAULT_PORT = 8080
@@ -89,15 +92,32 @@ SERVICE_UID = UNPRIVILEGED_UID
 """The unprivileged user (nobody) that the service runs as."""
 
 
-def source_files(root: Path = REPO_ROOT) -> dict[str, bytes]:
-    """{path relative to `root`: content} of every `.py` file of the copied packages."""
+def _module_file(module: str) -> tuple[str, Path]:
+    """(path relative to the install root, file) of a module, or of a package's `__init__`, where Python imports it
+    from."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(module)
+    origin = Path(spec.origin)
+    parts = module.split(".")
+    rel = [*parts, "__init__.py"] if origin.name == "__init__.py" else [*parts[:-1], origin.name]
+    return "/".join(rel), origin
+
+
+def source_files() -> dict[str, bytes]:
+    """{path relative to the install root: content} of every `.py` file of the copied packages and modules, read
+    where Python imports them from (an installed wheel or a checkout)."""
     files: dict[str, bytes] = {}
     for package in SOURCE_PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            if "__pycache__" not in path.parts:
-                files[path.relative_to(root).as_posix()] = path.read_bytes()
-    for name in SOURCE_FILES:
-        files[name] = (root / name).read_bytes()
+        root = Path(str(resources.files(package)))
+        prefix = package.replace(".", "/")
+        for path in sorted(root.rglob("*.py")):
+            rel = f"{prefix}/{path.relative_to(root).as_posix()}"
+            if "__pycache__" not in path.parts and not any(rel.startswith(m.replace(".", "/") + "/") for m in LEFT_OUT):
+                files[rel] = path.read_bytes()
+    for module in SOURCE_MODULES:
+        rel, path = _module_file(module)
+        files[rel] = path.read_bytes()
     return files
 
 

@@ -191,4 +191,5 @@ def is_loopback_host(host: str) -> bool:
 
 
 def load_settings() -> Settings:
+    """The process settings from the `TRAJFLOW_*` environment variables (the embedded stack's defaults)."""
     return Settings()

@@ -12,7 +12,6 @@ checks that the cluster answers and knows the project's search attributes, then 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from temporalio.client import Client
 from infra import monitoring
 from infra.placement import Placement, placement
 from infra.ports import port_free
-from infra.processes import ProcessRecord, ProcessTable, is_alive, kill, restart, start_detached, stop
+from infra.processes import ProcessRecord, ProcessTable, is_alive, kill, python_module, restart, start_detached, stop
 from infra.settings import Settings
 from infra.temporal import dev_server_command, ensure_search_attributes, pollers, wait_until_reachable
 from trajflow.contracts import names
@@ -42,7 +41,7 @@ class Component:
 
 
 def _trajflow(*args: str) -> list[str]:
-    return [sys.executable, "-m", "trajflow", *args]
+    return python_module("trajflow", *args)
 
 
 def _pool_args(pools: list[str]) -> list[str]:
@@ -51,9 +50,9 @@ def _pool_args(pools: list[str]) -> list[str]:
 
 def components(settings: Settings, config: RunConfig, config_path: Path) -> list[Component]:
     cfg = str(config_path.resolve())
-    reward_service = [
-        sys.executable, "-m", "trajflow.rewards.service", "--host", settings.reward_host, "--port", str(settings.reward_port)
-    ]  # fmt: skip
+    reward_service = python_module(
+        "trajflow.rewards.service", "--host", settings.reward_host, "--port", str(settings.reward_port)
+    )
     workers = [
         Component("reward-service", reward_service),
         Component("orchestrator", _trajflow("worker", "orchestrator")),

@@ -1,16 +1,18 @@
-"""The Python client: start trajectories from programs, wait for them, load what they recorded.
+"""The Python client: start trajectories from programs, wait for them, load what they recorded; start a training
+run, attach to one by its id, follow its progress. Re-exported by `trajflow` (import from there).
 
     import asyncio
-    from trajflow.client import run_trajectory
-    from trajflow.contracts.trajectory import TrajectoryRequest
+    from trajflow import TrajectoryRequest, run_trajectory
 
     result = asyncio.run(run_trajectory(TrajectoryRequest(env_id="game:GuessTheNumber-v0-easy", seed=3)))
     print(result.status, result.reward, result.trajectory_uri)
 
 Training runs the same way: `start_training(TrainingRunConfig(steps=20), run_id="my-run")` returns the
-TrainingWorkflow's handle (its workflow id is the run id); `training_progress(handle)` shows where it is.
+TrainingWorkflow's handle (its workflow id is the run id); `attach_training("my-run")` returns the same handle from
+another process; `training_progress(handle)` shows where it is.
 
-Addresses come from the `TRAJFLOW_*` settings (the embedded stack's by default).
+Addresses come from the `TRAJFLOW_*` settings (the embedded stack's by default). Not covered here: stopping a run
+(cancel its workflow from the Temporal UI or `handle.cancel()`).
 """
 
 from __future__ import annotations
@@ -100,6 +102,24 @@ async def start_training(
         result_type=TrainingResult,
     )
     return client.get_workflow_handle(started.id, result_type=TrainingResult)
+
+
+async def attach_training(
+    run_id: str, *, client: Client | None = None, settings: Settings | None = None
+) -> WorkflowHandle[object, TrainingResult]:
+    """The handle of an existing training run (its newest execution), to query its progress or await its result
+    from a process other than the one that started it. Raises LookupError when no run has that id."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    client = client or await connect(settings or load_settings())
+    handle = client.get_workflow_handle(run_id, result_type=TrainingResult)
+    try:
+        await handle.describe()
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise LookupError(f"no training run {run_id!r} on {client.namespace}") from None
+        raise
+    return handle
 
 
 async def training_progress(handle: WorkflowHandle) -> TrainingProgress:  # type: ignore[type-arg]

@@ -17,13 +17,13 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra.monitoring import HOST_PORTS, METRICS_PORT_VAR
 from infra.placement import worker_env
+from infra.processes import python_module
 from trajflow.contracts.config import RunConfig
 from trajflow.contracts.hardware import POOL_KINDS
 
@@ -53,11 +53,11 @@ def host_plan(
         raise ValueError(f"no host {host_name!r} in the config's layout: {[h.name for h in hardware.hosts]}")
     placed = config.model_copy(update={"hardware": hardware})
     cfg = ["--config", str(config_path)] if config_path is not None else []
-    trajflow = [sys.executable, "-m", "trajflow", "worker"]
+    trajflow = python_module("trajflow", "worker")
     children = []
     for kind in host.kinds():
         if kind == "reward-service":
-            argv = [sys.executable, "-m", "trajflow.rewards.service", "--host", "0.0.0.0", "--port", str(reward_port)]
+            argv = python_module("trajflow.rewards.service", "--host", "0.0.0.0", "--port", str(reward_port))
             children.append(Child(kind, argv, {}))
         elif kind == "orchestrator":
             children.append(Child(kind, [*trajflow, kind], _metrics_env(kind, metrics)))

@@ -80,7 +80,7 @@ def test_no_file_holds_merge_conflict_markers() -> None:
 def test_the_worker_image_copies_every_package() -> None:
     """A package missing from the worker image's sources fails only inside `trajflow up --hosts` containers (as
     `telemetry`, imported by the workflows, would have)."""
-    from trajflow.sandbox.builder.worker_image import SOURCE_DIRS
+    from trajflow.sandbox.builder.worker_image import SOURCE_PACKAGES
 
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
-    assert packages <= set(SOURCE_DIRS)
+    assert packages <= set(SOURCE_PACKAGES)

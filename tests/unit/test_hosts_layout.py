@@ -91,8 +91,9 @@ def test_host_plan_runs_each_kind_of_the_host_with_its_placement() -> None:
     cfg = load_run_config(ROOT / "trajflow/configs/hosts.toml")
     plan = {c.name: c for c in host_plan(cfg, "trainer", 8799, None)}
     assert sorted(plan) == ["reward", "reward-service", "trainer"]
-    assert plan["reward-service"].argv[1:] == ["-m", "trajflow.rewards.service", "--host", "0.0.0.0", "--port", "8799"]
-    assert plan["trainer"].argv == [sys.executable, "-m", "trajflow", "worker", "trainer", "--pool", "default"]
+    # -P: the working directory stays off sys.path, so a user's own `workflows.py` there shadows nothing
+    assert plan["reward-service"].argv[1:] == ["-P", "-m", "trajflow.rewards.service", "--host", "0.0.0.0", "--port", "8799"]
+    assert plan["trainer"].argv == [sys.executable, "-P", "-m", "trajflow", "worker", "trainer", "--pool", "default"]
     assert plan["trainer"].env["OMP_NUM_THREADS"] == "1"  # cpus = "1": one CPU, one torch worker
     assert plan["reward"].argv[-2:] == ["--pool", "default"]
     with pytest.raises(ValueError, match="no host 'nope'"):

@@ -61,19 +61,26 @@ def test_the_worker_image_holds_every_package_the_workers_import() -> None:
     import sys
     from importlib.metadata import distribution, packages_distributions
 
-    from trajflow.sandbox.builder.worker_image import REPO_ROOT, worker_requirements
+    from trajflow.sandbox.builder.worker_image import SOURCE_PACKAGES, package_dir, worker_requirements
 
-    # envs runs inside the sandboxes (its own image), not in a worker
-    worker_side = ("activities", "contracts", "infra", "rewards", "rl", "sandbox", "telemetry", "workers", "workflows")
-    project = {p.parent.name for p in REPO_ROOT.glob("*/__init__.py")}
+    # envs runs inside the sandboxes (its own image), not in a worker; the lab, the CLI's commands and the trackers
+    # run on the user's side
+    root = package_dir("trajflow").parent
+    worker_side = ("activities", "infra", "workers", "workflows", "trajflow/contracts", "trajflow/rewards",
+                   "trajflow/rl", "trajflow/sandbox", "trajflow/observability")
+    user_side = ("trajflow/observability/tracking",)
+    project = set(SOURCE_PACKAGES)
     imported: set[str] = set()
-    for package in worker_side:
-        for path in (REPO_ROOT / package).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Import):
-                    imported |= {a.name for a in node.names}
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    imported.add(node.module)
+    files = [p for package in worker_side for p in (root / package).rglob("*.py")]
+    assert len(files) > 100, "the worker-side packages were not found"
+    for path in files:
+        if any(path.is_relative_to(root / u) for u in user_side):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module)
     # optional engines and GPU tooling, imported inside functions for the configs that name them
     optional = {"vllm", "openai", "pynvml"}
     skip = set(sys.stdlib_module_names) | project | optional | {"__future__"}

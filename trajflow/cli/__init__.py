@@ -1,7 +1,8 @@
 """The `trajflow` command (typer). Thin: parses arguments, imports what a command needs inside it, prints.
 
 `app` is assembled here from the command modules: `stack` (setup, reward-image, up, down, status, worker),
-`runs` (rollout, train, chaos, demo), `inspection` (images, trajectories, replay) and `benchmarks` (bench).
+`runs` (rollout, train, chaos, demo), `inspection` (images, trajectories, replay), `configs` (the shipped run configs)
+and `benchmarks` (bench).
 `--help` must stay instant, so nothing heavy (torch, transformers, docker, temporalio) is imported at module
 level in any of them.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 # Each module registers its commands on `app` when imported; the order here is the order of `--help`.
 from trajflow.cli import (
     benchmarks,  # noqa: E402, F401
+    configs,  # noqa: E402, F401
     inspection,  # noqa: E402, F401
     runs,  # noqa: E402, F401
     stack,  # noqa: E402, F401, I001

@@ -21,8 +21,30 @@ T = TypeVar("T")
 
 app = typer.Typer(help="trajflow: agentic RL where every trajectory is a durable Temporal workflow.", no_args_is_help=True)
 
-DEFAULT_CONFIG = Path("trajflow/configs/default.toml")
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Run config (TOML).")]
+DEFAULT_CONFIG = Path("default")
+"""The shipped config named `default` (`trajflow configs list`); options resolve it to its file."""
+
+
+def config_file(value: Path | None) -> Path | None:
+    """A `--config`/CONFIG value as the file it names: a path that exists, else a shipped config's name (`default`,
+    `tiny`, ...). Anything else is a usage error (exit 2) that lists the shipped configs."""
+    if value is None:
+        return None
+    from trajflow.contracts.config import resolve_config
+
+    try:
+        return resolve_config(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def is_default_config(path: Path) -> bool:
+    """`path` is the shipped default config (what an option without a value resolves to)."""
+    return config_file(path) == config_file(DEFAULT_CONFIG)
+
+
+CONFIG_HELP = "Run config: a TOML file, or a shipped config's name (`trajflow configs list`)."
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help=CONFIG_HELP, callback=config_file)]
 PoolOpt = Annotated[list[str], typer.Option("--pool", "-p", help="Pool to serve (repeatable).")]
 
 
@@ -43,7 +65,7 @@ def load_worker_config(path: Path) -> RunConfig:
     from trajflow.contracts.config import parse_run_config
 
     text = load_settings().run_config
-    if path != DEFAULT_CONFIG or not text:
+    if not is_default_config(path) or not text:
         return load_config(path)
 
     try:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from trajflow.cli.common import DEFAULT_CONFIG, ConfigOpt, app
+from trajflow.cli.common import DEFAULT_CONFIG, ConfigOpt, app, config_file
 from trajflow.cli.common import exit_now as _exit
 from trajflow.cli.common import load_config as _config
 from trajflow.cli.common import publish_envs as _publish_envs
@@ -78,7 +78,13 @@ def _publish_request(
 
 @app.command()
 def train(
-    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="Run config (TOML) with a \\[train] section.")],
+    config_path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="CONFIG", callback=config_file,
+            help="Run config with a \\[train] section: a TOML file or a shipped config's name (`trajflow configs list`).",
+        ),
+    ],
     run_id: Annotated[str | None, typer.Option(help="Run id = the TrainingWorkflow's id (default: generated).")] = None,
     json_summary: Annotated[Path | None, typer.Option(help="Also write the JSON summary here.")] = None,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the held-out evaluation before and after.")] = False,
@@ -134,7 +140,13 @@ def train(
 
 @app.command("eval")
 def eval_policy(
-    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="Run config (TOML): its tasks and \\[train.eval] seeds.")],
+    config_path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="CONFIG", callback=config_file,
+            help="Run config (a TOML file or a shipped config's name): its tasks and \\[train.eval] seeds.",
+        ),
+    ],
     policy: Annotated[
         str | None,
         typer.Option(

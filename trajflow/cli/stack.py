@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from trajflow.cli.common import DEFAULT_CONFIG, ConfigOpt, PoolOpt, app
+from trajflow.cli.common import DEFAULT_CONFIG, ConfigOpt, PoolOpt, app, config_file, is_default_config
 from trajflow.cli.common import exit_now as _exit
 from trajflow.cli.common import load_config as _config
 from trajflow.cli.common import load_worker_config as _worker_config
@@ -104,7 +104,11 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="With RUN: print JSON only.")] = False,
     limit: Annotated[int, typer.Option(help="With RUN: query at most this many running trajectories.")] = 100,
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Run config whose queues to list (default: the one `up` started).")
+        Path | None,
+        typer.Option(
+            "--config", "-c", callback=config_file,
+            help="Run config (file or shipped name) whose queues to list (default: the one `up` started).",
+        ),
     ] = None,
 ) -> None:
     """Show the stack's processes and queue pollers; with RUN, the live state of that run (or trajectory)."""
@@ -137,7 +141,8 @@ def status(
     if config is None:
         config = stack.started_config(records)
         if config is None or not config.exists():
-            config = DEFAULT_CONFIG
+            config = config_file(DEFAULT_CONFIG)
+            assert config is not None
         else:
             typer.echo(f"queues of {config} (the config `trajflow up` started with; -c for another)")
     try:
@@ -236,7 +241,7 @@ def worker_host(
     cfg = _worker_config(config)
     try:
         settings = load_settings()
-        path = None if config == DEFAULT_CONFIG else config
+        path = None if is_default_config(config) else config
         children = host_plan(cfg, name, settings.reward_port, path, metrics=settings.prometheus_port != 0)
     except ValueError as e:
         typer.secho(str(e), fg="red", err=True)

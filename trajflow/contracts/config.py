@@ -1,12 +1,15 @@
 """The run config: which model, which pools, which tasks and where each task's stages run.
 
-Loaded from TOML (`trajflow/configs/*.toml`), validated once, frozen. Process settings (addresses, directories,
-credentials) are not here: they come from the environment (`infra.settings`).
+Loaded from TOML, validated once, frozen: a file of the user's, or one of the configs shipped with trajflow
+(`trajflow/configs/*.toml`, package data found with `importlib.resources`) named by its stem (`default`, `tiny`,
+`hosts`, ...). A path that exists wins over a shipped name. Process settings (addresses, directories, credentials)
+are not here: they come from the environment (`infra.settings`).
 """
 
 from __future__ import annotations
 
 import tomllib
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -28,6 +31,8 @@ __all__ = [
     "HardwareConfig",
     "RunConfig",
     "load_run_config",
+    "resolve_config",
+    "shipped_configs",
 ]
 
 
@@ -185,10 +190,31 @@ class RunConfig(Contract):
         return task.model_copy(update={"reward_model": spec})
 
 
-def load_run_config(path: str | Path) -> RunConfig:
-    """Parse and validate a TOML run config; errors name the file and the field. A task's `env_path` is made
-    absolute (it is relative to the config file)."""
-    path = Path(path)
+def shipped_configs() -> dict[str, Path]:
+    """The configs shipped with trajflow, by name (the file's stem), in name order."""
+    folder = Path(str(resources.files("trajflow") / "configs"))
+    return {p.stem: p for p in sorted(folder.glob("*.toml"))}
+
+
+def resolve_config(name_or_path: str | Path) -> Path:
+    """The config file that `name_or_path` names: that file when it exists, else the shipped config of that name
+    (`default` or `default.toml`). Raises ValueError naming both and listing the shipped configs."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = shipped_configs()
+    name = path.name.removesuffix(".toml")
+    if path.parent == Path(".") and name in shipped:
+        return shipped[name]
+    raise ValueError(
+        f"config file not found: {path} (nor is it the name of a shipped config; shipped: {', '.join(shipped)})"
+    )
+
+
+def load_run_config(name_or_path: str | Path) -> RunConfig:
+    """Parse and validate a TOML run config, a file or a shipped config's name; errors name the file and the
+    field. A task's `env_path` is made absolute (it is relative to the config file)."""
+    path = resolve_config(name_or_path)
     try:
         text = path.read_text()
     except FileNotFoundError:

@@ -30,6 +30,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 
 import docker
@@ -64,7 +65,8 @@ RUNTIME_REQUIREMENTS: tuple[str, ...] = (
     "gymnasium==1.4.0",
 )
 
-ENVS_DIR = Path(__file__).resolve().parent.parent / "envs"
+ENVS_DIR = Path(str(resources.files("trajflow.envs")))
+"""The envs package where Python imports it from: its runner sources, NLTK data and shell tasks are package data."""
 
 RUNTIME_SOURCES: tuple[str, ...] = ("runner.py", "shell.py", "gym_adapter.py", "gym_text.py", "dataset.py", "verify.py")
 """The files of `trajflow/envs/` copied into the runtime layer, beside each other in /opt/trajflow (the runner imports its

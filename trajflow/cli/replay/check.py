@@ -16,13 +16,14 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-HISTORIES_DIR = Path(__file__).resolve().parent / "histories"
+HISTORIES_DIR = Path(str(resources.files("trajflow.cli.replay") / "histories"))
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]
+from infra.processes import python_module, same_code_env
+
 SETTINGS = ("torch-default", "placed", "passive")
 _CLEARED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TRAJFLOW_THREADS", "OMP_WAIT_POLICY")
 
@@ -42,7 +43,7 @@ def child_env(setting: str, kind: str) -> dict[str, str]:
     from trajflow.contracts.config import RunConfig
 
     env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = same_code_env(env)
     if setting == "placed":
         env.update({k: v for k, v in worker_env(RunConfig(), kind).items() if k != "TRAJFLOW_DEVICE"})
     elif setting == "passive":
@@ -114,8 +115,8 @@ def _trainer_child(model: Path, batch: int, steps: int | None) -> None:
 
 
 def _spawn(kind: str, setting: str, args: list[str]) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "trajflow.lab.bench.contention", "child", kind, *args]
-    return subprocess.Popen(argv, env=child_env(setting, kind), stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    argv = python_module("trajflow.lab.bench.contention", "child", kind, *args)
+    return subprocess.Popen(argv, env=child_env(setting, kind), stdout=subprocess.PIPE, text=True)
 
 
 def _events(lines: list[str] | Any) -> list[dict[str, Any]]:

@@ -39,9 +39,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]
+from infra.processes import python_module, same_code_env
+
 OPTIONS = ("last-blocks", "lora", "every-logit")
-DEFAULT_CONFIG = ROOT / "trajflow" / "configs" / "default.toml"
+DEFAULT_CONFIG = "default"
+"""The shipped config whose trainer settings the options share."""
 
 
 def _maxrss_mib() -> float:
@@ -135,10 +137,9 @@ def _threads() -> int:
 
 
 def _run_child(option: str, model: Path, steps: int, quick: bool, rank: int) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    argv = [sys.executable, "-m", "trajflow.lab.bench.lora", "--child", option, "--model", str(model), "--steps", str(steps)]
+    argv = python_module("trajflow.lab.bench.lora", "--child", option, "--model", str(model), "--steps", str(steps))
     argv += ["--rank", str(rank), *(["--quick"] if quick else [])]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(argv, env=same_code_env(dict(os.environ)), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"bench lora: the {option} process exited {done.returncode}:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -3,7 +3,8 @@
 The server (`python -m trajflow.rewards.models.server`, the process `trajflow reward-model serve` runs) is started once per
 setting, `--max-batch 1` and then `--max-batch B`, on SmolLM2-135M-Instruct as a yes/no verifier (the tiny random
 model with `--quick`). Each gets one warm-up request, then `--requests` N requests at once: the prompts and reference
-answers of the shipped arithmetic dataset (`examples/arithmetic/chain_sum.jsonl`), every other one answered right.
+answers of arithmetic problems like the example dataset's (`examples/arithmetic/chain_sum.jsonl`: sums and
+differences of two to four numbers of one or two digits), drawn from a fixed seed, every other one answered right.
 Reported per setting: seconds, requests/s and the batch sizes the server formed (its `/healthz`); then the ratio of
 the two rates, and the largest difference between the two settings' rewards for the same request (batching pads
 the shorter prompts; the rewards must not change beyond float32 noise, `MAX_REWARD_GAP`).
@@ -18,40 +19,48 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from infra.processes import python_module
 from trajflow.lab.bench.real_report import machine
 from trajflow.lab.bench.stack import stop_process, wait_healthy
 
-ROOT = Path(__file__).resolve().parents[3]
-DATASET = ROOT / "examples" / "arithmetic" / "chain_sum.jsonl"
 MAX_REWARD_GAP = 1e-3
 """The most a request's reward may differ between batch 1 and batched (float32, padded prompts)."""
 START_S = 300.0
 
 
-def requests(n: int) -> list[dict[str, str]]:
-    """N scoring requests from the shipped dataset: every other one with the right answer, the rest off by one."""
-    rows = [json.loads(line) for line in DATASET.read_text().splitlines() if line.strip()][:n]
-    if len(rows) < n:
-        raise ValueError(f"{DATASET} has {len(rows)} rows, fewer than {n} requests")
+def problem(rng: random.Random) -> tuple[str, int]:
+    """An arithmetic prompt in the example dataset's wording, and its answer."""
+    terms = [rng.randint(1, 99 if rng.random() < 0.5 else 9) for _ in range(rng.randint(2, 4))]
+    signs = [rng.choice("+-") for _ in terms[1:]]
+    text = " ".join([str(terms[0]), *(f"{s} {t}" for s, t in zip(signs, terms[1:], strict=True))])
+    answer = terms[0] + sum(t if s == "+" else -t for s, t in zip(signs, terms[1:], strict=True))
+    return f"State the final answer to the following arithmetic problem: {text} = Put the final answer in \\boxed{{}}.", answer
+
+
+def requests(n: int, seed: int = 0) -> list[dict[str, str]]:
+    """N scoring requests: every other one with the right answer, the rest off by one."""
+    rng = random.Random(seed)
     out = []
-    for i, row in enumerate(rows):
-        answer = int(row["answer"]) + (0 if i % 2 == 0 else 1)
-        out.append({"prompt": row["prompt"], "response": f"\\boxed{{{answer}}}", "reference": str(row["answer"])})
+    for i in range(n):
+        prompt, right = problem(rng)
+        answer = right + (0 if i % 2 == 0 else 1)
+        out.append({"prompt": prompt, "response": f"\\boxed{{{answer}}}", "reference": str(right)})
     return out
 
 
 async def _measure(model: str, max_batch: int, bodies: list[dict[str, str]], port: int, say: Any) -> dict[str, Any]:
     import httpx
 
-    argv = [sys.executable, "-m", "trajflow.rewards.models.server", "--model", model, "--port", str(port),
-            "--max-batch", str(max_batch), "--max-wait-ms", "20"]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    argv = python_module("trajflow.rewards.models.server", "--model", model, "--port", str(port),
+                         "--max-batch", str(max_batch), "--max-wait-ms", "20")  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
         await wait_healthy(proc, url, START_S, "the reward-model server")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -20,9 +19,10 @@ from pathlib import Path
 
 from temporalio.client import Client
 
+from infra.processes import python_module
 from trajflow.contracts import names
 from trajflow.lab.bench.scale_workers import ROLES
-from trajflow.lab.bench.stack import ROOT, child_output_to_devnull, quiet_runtime, start_reward_service, stop_process
+from trajflow.lab.bench.stack import child_output_to_devnull, quiet_runtime, start_reward_service, stop_process
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -106,8 +106,8 @@ async def scale_stack(
             common += ["--workflow-cache", str(workflow_cache)]
         log = (work / "workers.log").open("ab")
         for role in ROLES:
-            argv = [sys.executable, "-m", "trajflow.lab.bench.scale_workers", role, *common]
-            procs[role] = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            argv = python_module("trajflow.lab.bench.scale_workers", role, *common)
+            procs[role] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         await wait_for_queues(
             env.client,
             [(queue, False), (names.decode_queue(pool), True), (names.env_queue(pool), True), (names.reward_queue(pool), True)],

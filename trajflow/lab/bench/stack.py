@@ -32,9 +32,8 @@ from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, Telemetr
 from temporalio.worker import Worker
 
 from infra.ports import free_port
+from infra.processes import python_module
 from trajflow.lab.bench.workload import Workload
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass
@@ -55,8 +54,7 @@ class BenchStack:
 async def start_reward_service(timeout_s: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trajflow.rewards.service", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT,
+        python_module("trajflow.rewards.service", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

