@@ -1,14 +1,14 @@
 # The two commands of the quick start. Both set up (idempotently) and reuse .venv.
-.PHONY: demo test lint test-vllm vllm-venv setup setup-test down
+.PHONY: demo test lint docs test-vllm vllm-venv setup setup-test down
 
 # The main job: start the embedded stack, then train SmolLM2 on the default config (eval before and after).
 demo: setup
 	.venv/bin/trajflow up
 	.venv/bin/trajflow train default
 
-# Static checks first (ruff, pyright in basic mode; configured in pyproject.toml), then the tests.
+# Static checks first (ruff, pyright in basic mode; configured in pyproject.toml), then the docs site, then the tests.
 # pytest's exit code 5 ("no tests ran") is turned into a loud failure, never mistaken for success.
-test: setup-test lint
+test: setup-test lint docs
 	.venv/bin/python -m pytest -ra $(PYTEST_ARGS); code=$$?; \
 	if [ $$code = 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$code
 
@@ -20,6 +20,10 @@ test-vllm: setup-test vllm-venv
 lint: setup-test
 	.venv/bin/ruff check .
 	.venv/bin/pyright
+
+# The docs site (mkdocs.yml) in strict mode: a broken link or anchor, a missing page or one left out of the nav fails.
+docs: setup-test
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir .site
 
 vllm-venv:
 	scripts/vllm_venv.sh

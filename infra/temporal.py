@@ -42,7 +42,7 @@ DEV_SERVER_DYNAMIC_CONFIG: dict[str, int] = {"history.transferProcessorMaxPollRP
 second per history shard, 20 by default; the dev server has one shard, so every activity waited up to 50 ms twice
 (its dispatch, then the workflow task its result makes): a 40 ms floor under each round trip. At 1,000 the reads
 still batch under load (up to 100 tasks each) and one activity's round trip takes about 12 ms (`trajflow bench
-scale`'s floor, docs/capacity.md)."""
+scale`'s floor, docs/results/capacity.md)."""
 
 
 def search_attribute_args() -> list[str]:

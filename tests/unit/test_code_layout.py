@@ -1,6 +1,7 @@
-"""The shape of the tree: no module over ~400 lines (STYLE.md: grow a package by adding a file), and the README's
-Layout table lists exactly the top-level packages. Counted: every .py file outside tests/ and outside
-trajflow/envs/shell_tasks/ (task data: the repositories an agent fixes)."""
+"""The shape of the tree: no module over ~400 lines (STYLE.md: grow a package by adding a file); the Layout table of
+docs/architecture.md lists exactly the top-level packages and its import-rule table exactly the packages with a rule;
+the README stays a front page. Counted: every .py file outside tests/ and outside trajflow/envs/shell_tasks/ (task
+data: the repositories an agent fixes)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 400
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+README_MAX_LINES = 250
 
 def project_files() -> list[Path]:
     return sorted(
@@ -30,10 +33,14 @@ def test_no_module_is_over_the_limit() -> None:
     assert over == {}
 
 
-def readme_layout_packages(text: str) -> list[str]:
-    """The package paths (`trajflow/rl`, `workers`) in the first column of the table under README's `## Layout`."""
-    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^\| `([A-Za-z_][A-Za-z0-9_/]*)/` \|", section, flags=re.M)
+def section(text: str, heading: str) -> str:
+    """The text under `## heading`, up to the next `## ` heading."""
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def table_packages(text: str) -> list[str]:
+    """The package paths (`trajflow/rl`, `workers`) in the first column of a Markdown table."""
+    return re.findall(r"^\| `([A-Za-z_][A-Za-z0-9_/]*)/` \|", text, flags=re.M)
 
 
 def packages(depth: int) -> set[str]:
@@ -45,12 +52,29 @@ def packages(depth: int) -> set[str]:
     return {p for p in found if "shell_tasks" not in p}
 
 
-def test_the_readme_layout_table_matches_the_tree() -> None:
+def test_the_architecture_layout_table_matches_the_tree() -> None:
     """Every package at the root and directly under trajflow/ is listed; deeper ones may be; none that is not one."""
-    listed = readme_layout_packages((ROOT / "README.md").read_text())
+    listed = table_packages(section(ARCHITECTURE.read_text(), "Layout"))
     assert len(listed) == len(set(listed)), listed
     assert packages(1) <= set(listed), packages(1) - set(listed)
     assert set(listed) <= packages(3), set(listed) - packages(3)
+
+
+def test_the_architecture_import_rule_table_lists_every_rule() -> None:
+    """The table under "Packages and their import rules" has one row per package of test_import_rules.RULES."""
+    from tests.unit.test_import_rules import RULES
+
+    listed = table_packages(section(ARCHITECTURE.read_text(), "Packages and their import rules"))
+    dotted = [p.replace("/", ".") for p in listed]
+    assert len(dotted) == len(set(dotted)), dotted
+    assert set(dotted) == set(RULES), {"missing": set(RULES) - set(dotted), "extra": set(dotted) - set(RULES)}
+
+
+def test_the_readme_is_a_front_page() -> None:
+    """STYLE.md: the README is what it is, a picture, the two commands, short examples and links; guides live in
+    docs/."""
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move guide material to docs/"
 
 
 def test_every_package_says_its_job() -> None:

@@ -1,5 +1,5 @@
 """`summary.json` and the eval result are models (`trajflow.contracts.runs`): `trajflow train` writes them with the keys the
-README lists, NaN metrics survive, and scripts/plot_runs.py and the plots read them back."""
+training guide (docs/training.md) lists, NaN metrics survive, and scripts/plot_runs.py and the plots read them back."""
 
 from __future__ import annotations
 

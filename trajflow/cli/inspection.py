@@ -27,7 +27,7 @@ def images_build(
     ] = False,
 ) -> None:
     """Build the layers that are missing (base, runtime, each shell task's); print each one's tag, cached or built.
-    With --worker: the worker image, `trajflow-worker:<hash>` (see README, "Pools on their own hosts")."""
+    With --worker: the worker image, `trajflow-worker:<hash>` (see docs/stack.md, "Pools on their own hosts")."""
     from trajflow.cli.commands.images import UnknownTask, build, build_worker
 
     if worker:

@@ -57,7 +57,7 @@ def up(
     and a Prometheus scraping every worker's metrics (127.0.0.1:9090; TRAJFLOW_PROMETHEUS_PORT, 0 for none).
 
     With TRAJFLOW_TEMPORAL_* settings that point at a cluster (TLS, an API key or a non-loopback address; see
-    README "Connecting to a Temporal cluster") no dev server is started and everything uses the cluster."""
+    docs/stack.md, "Connecting to a Temporal cluster") no dev server is started and everything uses the cluster."""
     from infra import stack
     from infra.settings import load_settings
     from trajflow.cli.commands.setup import prepare
@@ -217,7 +217,8 @@ def worker_reward(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
 @worker_app.command("trainer")
 def worker_trainer(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFIG) -> None:  # noqa: B006
     """Optimizer steps of the given trainer pools (model from the config). Under `accelerate launch` (or
-    torchrun) rank 0 is the worker and the other ranks train with it; see the README's "The trainer on several processes"."""
+    torchrun) rank 0 is the worker and the other ranks train with it; see docs/training.md, "The trainer on several
+    processes"."""
     from infra.settings import load_settings
     from workers import trainer
     from workers.common import configure_logging

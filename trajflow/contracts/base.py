@@ -26,7 +26,7 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 class Contract(BaseModel):
     """Every contracts model derives from this (a unit test walks them all)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants", use_attribute_docstrings=True)
 
 
 class MutableContract(Contract):

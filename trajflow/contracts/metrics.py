@@ -1,5 +1,5 @@
 """trajflow's own Prometheus metrics: one catalogue that the emitting code, `trajflow.observability.metrics` (bucket
-boundaries), the README's table and the metrics test all read, so a name is spelled in one place.
+boundaries), the table in docs/observability.md and the metrics test all read, so a name is spelled in one place.
 
 Every worker serves them on its `/metrics` beside the Temporal SDK's own (`temporal_*`). Counters are exposed with
 the `_total` suffix; a histogram as `_bucket`, `_sum` and `_count`. Workflows emit through `workflow.metric_meter()`

@@ -2,7 +2,7 @@
 `trajflow eval --json` writes (one `EvalResult`).
 
 Written with `model_dump_json` and read back with `model_validate_json` (scripts/plot_runs.py, tests); the JSON
-keys are the ones the README lists. Not a Temporal contract (nothing here crosses a workflow boundary), but kept
+keys are the ones docs/training.md lists. Not a Temporal contract (nothing here crosses a workflow boundary), but kept
 beside them so every file trajflow writes has one schema.
 """
 

@@ -52,7 +52,7 @@ class TrainSettings(_Model):
     """The run's seed: each trajectory samples with a seed derived from it, its group's env seed and its index
     in the group (`member_seed`; each turn then from that and the turn index), and the trainer's shuffling
     is seeded by it (`trainer.seed` follows it). Same seed, same config, `sync` without redundancy: the same
-    rewards per step (README "Reproducible runs" says what async and redundancy leave to timing)."""
+    rewards per step (docs/training.md, "Reproducible runs", says what async and redundancy leave to timing)."""
     max_group_restarts: Annotated[int, Field(ge=0, le=1000)] = 4
     """Replacement samples started for a group whose members failed before it has n completed; past it the
     group is abandoned (counted)."""

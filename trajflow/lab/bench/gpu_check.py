@@ -17,7 +17,8 @@ It measures, on `--device` (default auto: the GPU when one is visible):
 
 `--quick` shrinks the model (2 blocks, hidden 64), the batches and the steps: a smoke test that the path runs
 (the unit test runs it on the CPU), not a measurement. Python 3.11+ with torch, transformers, accelerate,
-safetensors, tokenizers and pydantic; on a machine without pydantic, install its wheels first (README, "GPU").
+safetensors, tokenizers and pydantic; on a machine without pydantic, install its wheels first
+(docs/stack.md, "GPU check").
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ how many were lost (ended without completing). Before the levels, the floor (`tr
 no-op activities in sequence, alone, the least round trip any activity pays on this server.
 
 Not covered: Docker sandboxes, real models, a persistent Temporal database (the dev server keeps it in memory),
-several hosts. The figures describe this machine; `docs/capacity.md` extrapolates from them.
+several hosts. The figures describe this machine; `docs/results/capacity.md` extrapolates from them.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ The tag hashes the base tag, the pinned requirements, the wheels' sha256, the so
 Limits: built for the host's platform (Linux x86_64, CPython 3.11); a GPU host needs a CUDA build of torch (not
 made here: no CUDA wheel is reachable); processes run as root, because env workers drive the Docker engine through
 its socket; old images are never garbage-collected; pushing to a registry is the user's (`docker tag` + `docker
-push`, see README).
+push`, see docs/stack.md).
 """
 
 from __future__ import annotations
