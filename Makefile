@@ -1,5 +1,5 @@
 # The two commands of the quick start. Both set up (idempotently) and reuse .venv.
-.PHONY: demo test lint docs test-vllm vllm-venv setup setup-test down
+.PHONY: demo test lint docs test-vllm vllm-venv setup setup-test down lock
 
 # The main job: start the embedded stack, then train SmolLM2 on the default config (eval before and after).
 demo: setup
@@ -30,6 +30,11 @@ vllm-venv:
 
 setup:
 	scripts/bootstrap.sh
+
+# Regenerate requirements/{dev,all,base}.txt (pip-compile with hashes) after editing pyproject.toml's dependencies;
+# the set-up installs from them. Existing pins are kept; `scripts/lock.sh --upgrade-package NAME` moves one.
+lock:
+	scripts/lock.sh
 
 setup-test:
 	scripts/bootstrap.sh --test

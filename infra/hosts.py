@@ -34,10 +34,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import docker
-import docker.errors
-import docker.types
 import httpx
 
 from infra import monitoring
@@ -48,6 +46,9 @@ from infra.store import ObjectStore, open_store
 from infra.temporal import dev_server_command, wait_until_reachable
 from trajflow.contracts.config import RunConfig
 from trajflow.contracts.hardware import POOL_KINDS, HostConfig
+
+if TYPE_CHECKING:
+    import docker  # imported where used: the store of an `up --hosts` stack (hosts_store) is read without the SDK
 
 LABEL_HOSTS = "trajflow.hosts"
 LABEL_HOST = "trajflow.host"
@@ -159,6 +160,8 @@ def container_options(settings: Settings, layout: Layout, host: HostConfig, env:
     if host.memory:
         opts["mem_limit"] = host.memory
     if host.gpus:
+        import docker.types
+
         opts["device_requests"] = [docker.types.DeviceRequest(device_ids=host.gpus.split(","), capabilities=[["gpu"]])]
     traces = str(settings.traces_dir.resolve())
     opts["volumes"] = {traces: {"bind": traces, "mode": "rw"}}
@@ -222,6 +225,8 @@ def up(settings: Settings, config: RunConfig, config_text: str, image: str, prog
     store = settings.store_url or ""
     if store and not store.startswith("s3://"):
         raise ValueError(f"--hosts shares no filesystem: TRAJFLOW_STORE_URL must be s3://..., not {store}")
+    import docker
+
     client = docker.from_env()
     prefix = settings.hosts_prefix
     network, gateway = _network(client, f"{prefix}-net", prefix)
@@ -310,6 +315,8 @@ def report(settings: Settings) -> list[str]:
     layout = load_layout(settings)
     if layout is None:
         return []
+    import docker
+
     client = docker.from_env()
     found = {c.labels.get(LABEL_HOST): c for c in _labelled(client, layout.prefix)}
     lines = []
@@ -332,6 +339,8 @@ def down(settings: Settings, progress: Progress) -> int:
     layout = load_layout(settings)
     if layout is None:
         return 0
+    import docker.errors
+
     client = docker.from_env()
     stopped = 0
     for c in _labelled(client, layout.prefix):

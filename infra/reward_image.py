@@ -50,7 +50,7 @@ REWARD_FORMAT = 1
 """Bump when the image changes in a way that the hashed inputs (Dockerfile text, sources, wheels) do not show."""
 
 REWARD_REQUIREMENTS: tuple[str, ...] = (
-    # what trajflow.rewards.service, trajflow.rewards.registry and contracts import, pinned as in pyproject.toml ...
+    # what trajflow.rewards.service, trajflow.rewards.registry and contracts import, pinned as in the lock files ...
     "fastapi==0.165.0",
     "uvicorn==0.54.0",
     "pydantic==2.13.4",

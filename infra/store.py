@@ -383,7 +383,7 @@ def open_store_from(settings: Settings) -> ObjectStore:
     `trajflow up --hosts` runs the stack (its layout in the run dir) gets the hosts' S3 store, so that a command on
     this machine publishes env packages and reads trajectories where the hosts do."""
     if settings.store_url is None:
-        from infra.hosts import hosts_store  # only here: infra.hosts imports the Docker SDK
+        from infra.hosts import hosts_store  # only here: infra.hosts imports this module
 
         shared = hosts_store(settings)
         if shared is not None:

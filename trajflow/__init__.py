@@ -33,11 +33,12 @@ if TYPE_CHECKING:
     from trajflow.contracts.config import load_run_config as load_config
     from trajflow.contracts.records import TrajectoryRecord
     from trajflow.contracts.training import TrainingProgress, TrainingResult, TrainingRunConfig
-    from trajflow.contracts.trajectory import TrajectoryRequest, TrajectoryResult
+    from trajflow.contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryResult
 
 _EXPORTS: dict[str, tuple[str, str]] = {
     # models: what a trajectory is asked to do and what it gives back; a run config and a training run's state
     "TrajectoryRequest": ("trajflow.contracts.trajectory", "TrajectoryRequest"),
+    "SamplingParams": ("trajflow.contracts.trajectory", "SamplingParams"),
     "TrajectoryResult": ("trajflow.contracts.trajectory", "TrajectoryResult"),
     "TrajectoryRecord": ("trajflow.contracts.records", "TrajectoryRecord"),
     "RunConfig": ("trajflow.contracts.config", "RunConfig"),
@@ -62,6 +63,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 
 __all__ = [
     "TrajectoryRequest",
+    "SamplingParams",
     "TrajectoryResult",
     "TrajectoryRecord",
     "RunConfig",

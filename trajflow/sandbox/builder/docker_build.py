@@ -17,9 +17,10 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import docker
-import docker.errors
+if TYPE_CHECKING:
+    import docker  # imported where used: the hashing and wheel helpers run without the SDK (a base install's CLI)
 
 Progress = Callable[[str], None]
 
@@ -62,6 +63,8 @@ def build_lock(cache_dir: Path) -> contextlib.AbstractContextManager[None]:
 
 
 def image_exists(client: docker.DockerClient, tag: str) -> bool:
+    import docker.errors
+
     try:
         client.images.get(tag)
     except docker.errors.ImageNotFound:

