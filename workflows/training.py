@@ -36,6 +36,7 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import metrics, names
     from trajflow.contracts.training import (
+        PROGRESS_RECENT_STEPS,
         GroupState,
         TrainingProgress,
         TrainingResult,
@@ -289,6 +290,7 @@ class TrainingWorkflow:
             buffered=sum(len(g.completed) for g in s.groups.values()),
             counters=s.counters,
             last=s.history[-1] if s.history else None,
+            recent=s.history[-PROGRESS_RECENT_STEPS:],
             elapsed_s=workflow.time() - s.started_at,
             paused=s.paused,
             tasks=[t.name for t in self.cfg.tasks],

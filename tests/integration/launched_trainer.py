@@ -27,7 +27,10 @@ class LaunchedTrainer:
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
 
-    def start(self, temporal_address: str, store_url: str, models: Path, processes: int = 2) -> None:
+    def start(
+        self, temporal_address: str, store_url: str, models: Path, processes: int = 2, config: Path | None = None
+    ) -> None:
+        """Launch `processes` ranks serving `config` (None: trajflow/configs/tiny.toml)."""
         (self.state_dir / "cache").mkdir(parents=True, exist_ok=True)
         link = self.state_dir / "cache" / "models"
         if not link.exists():
@@ -51,7 +54,7 @@ class LaunchedTrainer:
             "--max_restarts", "3",
             "-m", "trajflow", "worker", "trainer",
             "--pool", self.pool,
-            "--config", str(ROOT / "trajflow" / "configs" / "tiny.toml"),
+            "--config", str(config or ROOT / "trajflow" / "configs" / "tiny.toml"),
         ]  # fmt: skip
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)

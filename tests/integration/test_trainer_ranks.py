@@ -27,7 +27,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from infra.layout import policy_version_prefix
 from infra.policies import get_dir
 from infra.store import LocalStore
-from tests.conftest import pending_work, wait_for
+from tests.conftest import ROOT, pending_work, wait_for
 from tests.integration.launched_trainer import LaunchedTrainer
 from trajflow.contracts import names
 from trajflow.contracts.records import TrajectoryRecord, TurnContext
@@ -38,6 +38,18 @@ pytestmark = pytest.mark.integration
 
 CONFIG = TrainerConfig(lr=1e-3, micro_batch=2, autocast="off", loss=LossConfig(kind="ppo_clip", aggregation="token_mean"))
 """float32 everywhere (no bf16 autocast, whatever the CPU), so the two runs may differ only by summation order."""
+
+
+def float32_config(tmp_path: Path) -> Path:
+    """trajflow/configs/tiny.toml with decode weights forced to float32: the trainer publishes in decode's dtype, which "auto"
+    makes bfloat16 on a CPU with native bf16, and one bf16 rounding step (2**-8 relative) of a weight is far more
+    than the summation-order noise this test bounds. Publishing in float32 keeps the comparison exact on every CPU."""
+    path = tmp_path / "tiny-float32.toml"
+    text = (ROOT / "trajflow" / "configs" / "tiny.toml").read_text()
+    forced = text.replace('name_or_path = "tiny"\n', 'name_or_path = "tiny"\ndtype = "float32"\n', 1)
+    assert forced != text, "trajflow/configs/tiny.toml changed: set the dtype another way"
+    path.write_text(forced)
+    return path
 
 
 class StepsInput(BaseModel):
@@ -125,7 +137,8 @@ async def launched_steps(
     launched = LaunchedTrainer(tmp_path / f"state-{name}", pool, tmp_path / f"{name}.log")
     client = temporal_env.client
     try:
-        launched.start(client.service_client.config.target_host, (tmp_path / "store").as_uri(), tiny_model.parent)
+        address, store_url = client.service_client.config.target_host, (tmp_path / "store").as_uri()
+        launched.start(address, store_url, tiny_model.parent, config=float32_config(tmp_path))
         launched.wait_polling()
         results = await run_steps(client, pool, steps, f"{steps[0].run_id}-{name}")
     finally:
@@ -181,6 +194,7 @@ async def test_two_ranks_publish_what_one_process_trains(
     published = get_dir(store, policy_version_prefix(run_id, 3), tmp_path / "published")
     weights = load_file(str(published / "model.safetensors"))
     assert weights.keys() <= expected.keys() and len(weights) > 0
+    assert {v.dtype for v in weights.values()} == {torch.float32}, "published in float32 (float32_config)"
     assert_same_update(weights, expected)
 
 

@@ -7,7 +7,17 @@ import pytest
 
 from trajflow.contracts.config import ModelConfig
 from trajflow.contracts.training import TrainerConfig
-from trajflow.rl.precision import CpuInfo, autocast_precision, choose_precision, cpuinfo_flags, detect_cpu, resolve_dtype
+from trajflow.rl.precision import (
+    ASSUME_NATIVE_BF16_ENV,
+    ASSUMED_BF16_FLAG,
+    CpuInfo,
+    assume_native_bf16,
+    autocast_precision,
+    choose_precision,
+    cpuinfo_flags,
+    detect_cpu,
+    resolve_dtype,
+)
 
 AVX2 = CpuInfo("AVX2", frozenset({"avx", "avx2", "fma3"}))
 AVX512_NO_BF16 = CpuInfo("AVX512", frozenset({"avx2", "avx512_f", "avx512_bw", "avx512_vnni"}))
@@ -75,6 +85,19 @@ def test_detect_cpu_on_this_machine_is_consistent() -> None:
     cpu = detect_cpu()
     assert cpu.capability  # whatever it is, the decision must follow the flags torch reports
     assert choose_precision("cpu", cpu=cpu).bf16 == bool(cpu.native_bf16)
+
+
+def test_assume_native_bf16_makes_auto_pick_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The testing aid: an AVX2 CPU counts as native-bf16, and the reason says it was assumed."""
+    assert assume_native_bf16({ASSUME_NATIVE_BF16_ENV: "1"}) and not assume_native_bf16({ASSUME_NATIVE_BF16_ENV: "0"})
+    assumed = CpuInfo("AVX2", AVX2.flags | {ASSUMED_BF16_FLAG})
+    chosen = choose_precision("cpu", cpu=assumed)
+    assert chosen.dtype == "bfloat16" and ASSUME_NATIVE_BF16_ENV in chosen.reason and "emulated" in chosen.reason
+    assert autocast_precision("auto", "cpu", cpu=assumed).bf16
+    monkeypatch.setenv(ASSUME_NATIVE_BF16_ENV, "1")
+    assert ASSUMED_BF16_FLAG in detect_cpu().flags and choose_precision("cpu").bf16
+    monkeypatch.setenv(ASSUME_NATIVE_BF16_ENV, "")
+    assert ASSUMED_BF16_FLAG not in detect_cpu().flags
 
 
 def test_configs_default_to_auto_and_read_the_legacy_autocast_flag() -> None:

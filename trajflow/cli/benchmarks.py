@@ -151,13 +151,16 @@ def bench_prefix_cache(
     episodes: Annotated[int, typer.Option("--episodes", min=1, help="Episodes played at once, one batch per turn.")] = 32,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="Torch threads (default: the decode worker's).")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="The tiny model: a smoke test, not a measurement.")] = False,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="auto (the CPU's native choice), float32 or bfloat16.")
+    ] = "auto",
 ) -> None:
     """The HF engine playing the default task's episodes (GEM GuessTheNumber, SmolLM2) turn by turn with and
     without its prefix cache, side by side: seconds per turn, prompt tokens reused, identical completions."""
     from infra.settings import load_settings
     from trajflow.lab.bench.prefix_cache import main as prefix_main
 
-    _exit(prefix_main(quick, json_path, load_settings().cache_dir / "models", episodes, threads))
+    _exit(prefix_main(quick, json_path, load_settings().cache_dir / "models", episodes, threads, dtype))
 
 
 @bench_app.command("reward-model")

@@ -153,8 +153,9 @@ def render(root: type[BaseModel] = RunConfig) -> str:
         "",
         f"    {COMMAND}",
         "",
-        "Do not edit it by hand: a unit test fails when it is stale. A run config is a TOML file (e.g. "
-        "`configs/default.toml`); every field has a default, and an unknown field is an error that names it.",
+        "Do not edit it by hand: a unit test fails when it is stale. A run config is a TOML file, or a shipped "
+        "config's name (`trajflow configs list`, e.g. `default`: `trajflow/configs/default.toml`); every field has a "
+        "default, and an unknown field is an error that names it.",
         "",
     ]
     for model, path in walk(root):

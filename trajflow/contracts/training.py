@@ -307,6 +307,10 @@ class TrainingResult(_Model):
     """Task name -> every trajectory of it trained on in the run."""
 
 
+PROGRESS_RECENT_STEPS = 16
+"""Step records the `progress` query carries (`TrainingProgress.recent`)."""
+
+
 class TrainingProgress(_Model):
     """What the `progress` query answers."""
 
@@ -322,6 +326,9 @@ class TrainingProgress(_Model):
     elapsed_s: float
     paused: str | None = None
     """Why admission is stopped, while it is."""
+    recent: list[StepRecord] = Field(default_factory=list)
+    """The last `PROGRESS_RECENT_STEPS` step records, oldest first (`last` is the final one): a view polling every
+    few seconds sees every step even when several finish between two polls. Empty from a worker older than it."""
     tasks: list[str] = Field(default_factory=list)
     """The run's task names, in config order."""
     by_task: dict[str, TaskStats] = Field(default_factory=dict)

@@ -14,13 +14,18 @@ The CPU's features come from `torch.cpu.get_capabilities()` (the cpuinfo library
 decision is tested without the hardware. torch is imported only by `detect_cpu` and `choose_precision` when
 nothing is injected.
 
+Testing aid: `TRAJFLOW_ASSUME_NATIVE_BF16=1` in the environment makes `detect_cpu` count this CPU as one with
+native bf16, so every "auto" above picks bfloat16, as on an AVX512-BF16/AMX machine. It exercises that path (and its
+numerics) on a CPU without them, where bf16 is emulated and slow; it is read by every process, workers included.
+
 Not covered: float16 (never chosen), speed probes (the decision is by feature flags, not by timing), and
 CPUs whose bf16 support is present but slow in a given torch build.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -29,6 +34,10 @@ DType = Literal["float32", "bfloat16"]
 
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16", "sve_bf16"})
 """CPU features with bf16 arithmetic in hardware (x86: AVX512-BF16, AMX; ARM: BF16, SVE-BF16)."""
+ASSUME_NATIVE_BF16_ENV = "TRAJFLOW_ASSUME_NATIVE_BF16"
+"""Set to 1 (true, yes), `detect_cpu` adds `ASSUMED_BF16_FLAG`: a testing aid (see the module docstring)."""
+ASSUMED_BF16_FLAG = "assumed_native_bf16"
+"""The pseudo-feature `ASSUME_NATIVE_BF16_ENV` adds; it counts as native bf16."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,7 @@ class CpuInfo:
 
     @property
     def native_bf16(self) -> frozenset[str]:
-        return self.flags & NATIVE_BF16_FLAGS
+        return self.flags & (NATIVE_BF16_FLAGS | {ASSUMED_BF16_FLAG})
 
 
 @dataclass(frozen=True)
@@ -68,8 +77,14 @@ def cpuinfo_flags(text: str) -> frozenset[str]:
     return frozenset()
 
 
+def assume_native_bf16(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether `ASSUME_NATIVE_BF16_ENV` is set to a true value in `environ` (None: this process's environment)."""
+    value = (os.environ if environ is None else environ).get(ASSUME_NATIVE_BF16_ENV, "")
+    return value.strip().lower() in ("1", "true", "yes")
+
+
 def detect_cpu() -> CpuInfo:
-    """This machine's CPU as torch sees it (imports torch)."""
+    """This machine's CPU as torch sees it (imports torch), plus `ASSUMED_BF16_FLAG` when `assume_native_bf16()`."""
     import torch
 
     capability = str(torch.backends.cpu.get_cpu_capability())
@@ -79,6 +94,8 @@ def detect_cpu() -> CpuInfo:
     else:
         path = Path("/proc/cpuinfo")
         flags = cpuinfo_flags(path.read_text()) if path.exists() else frozenset()
+    if assume_native_bf16():
+        flags |= {ASSUMED_BF16_FLAG}
     return CpuInfo(capability=capability, flags=flags)
 
 
@@ -89,8 +106,15 @@ def _names(flags: Iterable[str]) -> str:
 def cpu_precision(cpu: CpuInfo) -> Precision:
     """bfloat16 when the CPU has bf16 arithmetic in hardware, else float32 (see the module docstring)."""
     native = cpu.native_bf16
+    if native == {ASSUMED_BF16_FLAG}:
+        return Precision(
+            "bfloat16",
+            f"{ASSUME_NATIVE_BF16_ENV} is set: this CPU ({cpu.capability}) counts as running bf16 natively, "
+            "although it has no AVX512-BF16 or AMX (bf16 is emulated: slow)",
+        )
     if native:
-        return Precision("bfloat16", f"this CPU ({cpu.capability}, {_names(native)}) runs bf16 natively")
+        names = _names(native - {ASSUMED_BF16_FLAG})
+        return Precision("bfloat16", f"this CPU ({cpu.capability}, {names}) runs bf16 natively")
     return Precision(
         "float32",
         f"this CPU ({cpu.capability}) has no native bf16 (no AVX512-BF16 or AMX); bf16 would be emulated, "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from temporalio.client import Client
@@ -36,18 +36,43 @@ def sparkline(values: list[float], width: int = 24) -> str:
     return "".join(SPARKS[round((v - low) / (high - low) * (len(SPARKS) - 1))] for v in shown)
 
 
-def progress_line(p: TrainingProgress, first_t: float, rewards: list[float] | None = None) -> str:
-    """One line of the live view; `rewards`: the batch reward of every step so far, drawn as a sparkline."""
+def progress_line(
+    p: TrainingProgress, first_t: float, rewards: list[float] | None = None, step: StepRecord | None = None
+) -> str:
+    """One line of the live view; `rewards`: the batch reward of every step so far, drawn as a sparkline. `step`: the
+    finished step the line is about (None: `p.last`, the newest); the counters are always the poll's."""
     c = p.counters
     rate = c.completed / p.elapsed_s if p.elapsed_s > 0 else 0.0
-    reward = f"{p.last.reward_mean:.3f}" if p.last else "-"
+    shown = step or p.last
+    reward = f"{shown.reward_mean:.3f}" if shown else "-"
     if rewards and len(rewards) > 1:
         reward += f" {sparkline(rewards)}"
+    newest = shown is None or shown.step == p.version  # per-task lines describe the newest step only
     return (
-        f"[{time.monotonic() - first_t:6.0f}s] step {p.version}/{p.steps}  reward {reward}  running {p.running}  "
-        f"buffered {p.buffered}  trained {c.consumed}  stale-dropped {c.dropped_stale}  failed {c.failed}+"
-        f"{c.infra_failed} infra  {rate:.2f} traj/s"
-    ) + "".join(f"\n{line}" for line in task_lines(p)) + (f"\n  ADMISSION PAUSED: {p.paused}" if p.paused else "")
+        f"[{time.monotonic() - first_t:6.0f}s] step {step.step if step else p.version}/{p.steps}  reward {reward}  "
+        f"running {p.running}  buffered {p.buffered}  trained {c.consumed}  stale-dropped {c.dropped_stale}  "
+        f"failed {c.failed}+{c.infra_failed} infra  {rate:.2f} traj/s"
+    ) + "".join(f"\n{line}" for line in (task_lines(p) if newest else [])) + (
+        f"\n  ADMISSION PAUSED: {p.paused}" if p.paused else ""
+    )
+
+
+class StepOrder:
+    """The run's finished steps in version order, each once, from whatever the polls and the result carry: a poll
+    may see several new steps at once (`TrainingProgress.recent`), or, from an older worker, only the newest
+    (`last`). Never goes back: a step older than one already passed on is dropped (only possible when more steps
+    than `PROGRESS_RECENT_STEPS` finished between two polls), so trackers get steps in increasing order."""
+
+    def __init__(self) -> None:
+        self.last = 0
+        """The newest step passed on (versions start at 1)."""
+
+    def new(self, records: Iterable[StepRecord]) -> list[StepRecord]:
+        """Those of `records` newer than every step passed on so far, oldest first."""
+        fresh = sorted({r.step: r for r in records if r.step > self.last}.values(), key=lambda r: r.step)
+        if fresh:
+            self.last = fresh[-1].step
+        return fresh
 
 
 def _local_autocast(setting: str) -> str:
@@ -94,8 +119,6 @@ async def train(
     say(f"training workflow {run_id} started (Temporal UI: {ui})")
     steps = StepLog(trackers)
     result = await follow_run(handle, say, on_step=steps.log)
-    for record in result.history:  # the steps the 2-s polls did not see (a fast trainer), in order
-        steps.log(record)
     wall = time.monotonic() - t0
     after = await evaluate(client, run, say, policy=run_id, version=result.version) if evaluate_now else None
     if after is not None:
@@ -125,8 +148,9 @@ class StepLog:
 async def follow_run(  # type: ignore[no-untyped-def]
     handle, say: Say, give_up_after_s: float = 600.0, on_step: Callable[[StepRecord], None] | None = None
 ) -> TrainingResult:
-    """Print a line per finished step and a heartbeat line every 20 s until the run ends; `on_step` gets each
-    finished step the polls see (steps closer together than a poll are seen only in the result's history).
+    """Print a line per finished step, in version order, and a heartbeat line every 20 s until the run ends;
+    `on_step` gets each finished step once, in version order (`StepOrder`): from the polls' recent steps, and at
+    the end from the result's history (the steps that finished after the last poll).
 
     Polls (describe + the progress query) instead of holding one long call open; the client retries calls
     while the Temporal server restarts, and other errors are reported and retried, so the command rides out
@@ -135,13 +159,26 @@ async def follow_run(  # type: ignore[no-untyped-def]
     from temporalio.client import WorkflowExecutionStatus
 
     first = time.monotonic()
-    last_version, last_line, unreachable_since = -1, 0.0, None
+    last_line, unreachable_since, total = 0.0, None, None
     rewards: dict[int, float] = {}
+    order = StepOrder()
+
+    def finished(record: StepRecord) -> None:
+        rewards[record.step] = record.reward_mean
+        if on_step is not None:
+            on_step(record)
+
     while True:
         try:
             status = (await handle.describe()).status
             if status is not WorkflowExecutionStatus.RUNNING:
                 result: TrainingResult = await handle.result()
+                for record in order.new(result.history):  # the steps that finished after the last poll
+                    finished(record)
+                    say(
+                        f"[{time.monotonic() - first:6.0f}s] step {record.step}/{total or result.version}  reward "
+                        f"{record.reward_mean:.3f}  trajectories {record.trajectories} (from the run's result)"
+                    )
                 c = result.counters
                 say(
                     f"[{time.monotonic() - first:6.0f}s] finished: step {result.version}, trained {c.consumed}, "
@@ -159,13 +196,16 @@ async def follow_run(  # type: ignore[no-untyped-def]
                 raise
             await asyncio.sleep(2.0)
             continue
-        if p.last is not None and p.last.step not in rewards:
-            rewards[p.last.step] = p.last.reward_mean
-            if on_step is not None:
-                on_step(p.last)
-        if p.version != last_version or time.monotonic() - last_line > 20:
+        total = p.steps
+        fresh = order.new(p.recent or ([p.last] if p.last is not None else []))
+        for record in fresh:
+            finished(record)
+            say(progress_line(p, first, [rewards[k] for k in sorted(rewards) if k <= record.step], step=record))
+        if fresh:
+            last_line = time.monotonic()
+        elif time.monotonic() - last_line > 20:
             say(progress_line(p, first, [rewards[k] for k in sorted(rewards)]))
-            last_version, last_line = p.version, time.monotonic()
+            last_line = time.monotonic()
         await asyncio.sleep(2.0)
 
 

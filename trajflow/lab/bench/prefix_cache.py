@@ -1,18 +1,18 @@
 """`trajflow bench prefix-cache`: the HF engine playing the default task's episodes turn by turn, with and without
 its prefix cache (`trajflow.rl.engines.prefix_cache`), side by side in one process on this machine.
 
-Each option gets a fresh `trajflow.rl.engines.hf.HFEngine` (SmolLM2-135M-Instruct in the dtype `trajflow.rl.precision` picks for
-the CPU, the decode worker's threads on this machine unless `--threads`) and plays the same `--episodes` games of
-GEM's GuessTheNumber-v0-easy (seeds 0..N-1, the default task): every turn, all episodes' prompts go to the engine
-at once (one batch, as the decode worker batches concurrent trajectories), each request seeded by episode and
-turn, with the default config's sampling (T = 0.7, 32 new tokens); the env answers and the chat context grows as
-in a trajectory (`trajflow.rl.chat`, `trajflow.envs.formatting`). Every episode lasts all 4 turns, the length of a
-trained policy's
-game: where GEM ended one (an untrained model often writes no boxed answer, which ends the game), the next user
-message is the game's own "Enter your next guess." (counted per turn as `stand_in_replies`). Then a second set
-of episodes plays its first turn, which shares only the task's instructions with the first set. Reported per
-option: seconds per turn and in all, prompt tokens and those the cache supplied; whether both options generated
-the same tokens; the ratio of the totals. A plot shows seconds per turn.
+Each option gets a fresh `trajflow.rl.engines.hf.HFEngine` (SmolLM2-135M-Instruct in the dtype
+`trajflow.rl.precision` picks for the CPU unless `--dtype` forces one, the decode worker's threads on this machine
+unless `--threads`) and plays the same `--episodes` games of GEM's GuessTheNumber-v0-easy (seeds 0..N-1, the default
+task): every turn, all episodes' prompts go to the engine at once (one batch, as the decode worker batches
+concurrent trajectories), each request seeded by episode and turn, with the default config's sampling (T = 0.7, 32
+new tokens); the env answers and the chat context grows as in a trajectory (`trajflow.rl.chat`,
+`trajflow.envs.formatting`). Every episode lasts all 4 turns, the length of a trained policy's game: where GEM ended
+one (an untrained model often writes no boxed answer, which ends the game), the next user message is the game's own
+"Enter your next guess." (counted per turn as `stand_in_replies`). Then a second set of episodes plays its first
+turn, which shares only the task's instructions with the first set. Reported per option: seconds per turn and in
+all, prompt tokens and those the cache supplied; whether both options generated the same tokens; the ratio of the
+totals. A plot shows seconds per turn.
 
 Limits: one machine, whatever else runs on it (the load average before and after is reported); one batch per
 turn (a worker serving a training run sees mixed turns and a new policy version every step, which clears the
@@ -92,13 +92,14 @@ async def play(engine: Any, seeds: list[int], turns: int, label: str = "") -> li
     return played
 
 
-async def run_option(name: str, model: Path, episodes: int, threads: int) -> dict[str, Any]:
+async def run_option(name: str, model: Path, episodes: int, threads: int, dtype: str = "auto") -> dict[str, Any]:
+    """One option's episodes; `dtype` "auto" (the CPU's native choice), "float32" or "bfloat16"."""
     import torch
 
     from trajflow.rl.engines.hf import HFEngine
-    from trajflow.rl.precision import choose_precision
+    from trajflow.rl.precision import resolve_dtype
 
-    dtype = choose_precision("cpu").dtype
+    dtype = resolve_dtype(dtype, "cpu").dtype
     engine = HFEngine(
         model,
         max_batch=episodes,
@@ -117,7 +118,7 @@ async def run_option(name: str, model: Path, episodes: int, threads: int) -> dic
     return {"option": name, "dtype": dtype, "seconds": round(sum(t["seconds"] for t in turns), 2), "turns": turns}
 
 
-def run(models_dir: Path, episodes: int, threads: int | None, quick: bool) -> dict[str, Any]:
+def run(models_dir: Path, episodes: int, threads: int | None, quick: bool, dtype: str = "auto") -> dict[str, Any]:
     import torch
 
     from infra.placement import worker_env
@@ -127,7 +128,7 @@ def run(models_dir: Path, episodes: int, threads: int | None, quick: bool) -> di
     model = resolve_model("tiny" if quick else "smollm2", models_dir)
     threads = threads or int(worker_env(RunConfig(), "decode")["TRAJFLOW_THREADS"])
     load_before = os.getloadavg()
-    options = [asyncio.run(run_option(name, model, episodes, threads)) for name in OPTIONS]
+    options = [asyncio.run(run_option(name, model, episodes, threads, dtype)) for name in OPTIONS]
     plain, cached = options
     same, diverged, gap = 0, [], 0.0
     for x, y in zip(plain["turns"], cached["turns"], strict=True):
@@ -206,10 +207,17 @@ def write_plot(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def main(quick: bool, json_path: Path | None, models_dir: Path, episodes: int = 32, threads: int | None = None) -> int:
+def main(
+    quick: bool,
+    json_path: Path | None,
+    models_dir: Path,
+    episodes: int = 32,
+    threads: int | None = None,
+    dtype: str = "auto",
+) -> int:
     if episodes < 1:
         raise ValueError(f"--episodes must be at least 1 (got {episodes})")
-    report = run(models_dir, episodes, threads, quick)
+    report = run(models_dir, episodes, threads, quick, dtype)
     print(render(report), flush=True)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
