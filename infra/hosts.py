@@ -142,9 +142,9 @@ def env_host_dir(settings: Settings, host: str) -> Path:
     return (settings.state_dir / "hosts" / host).resolve()
 
 
-def container_options(settings: Settings, layout: Layout, host: HostConfig, env: dict[str, str]) -> dict:  # type: ignore[type-arg]
+def container_options(settings: Settings, layout: Layout, host: HostConfig, env: dict[str, str]) -> dict:
     """The keyword arguments of `containers.run` for one host (pure: unit-tested without Docker)."""
-    opts: dict = {  # type: ignore[type-arg]
+    opts: dict = {
         "image": layout.image,
         "command": ["worker", "host", host.name],
         "name": layout.container(host.name),
@@ -176,7 +176,7 @@ def container_options(settings: Settings, layout: Layout, host: HostConfig, env:
     return opts
 
 
-def _labelled(client: docker.DockerClient, prefix: str) -> list:  # type: ignore[type-arg]
+def _labelled(client: docker.DockerClient, prefix: str) -> list:
     return client.containers.list(all=True, filters={"label": f"{LABEL_HOSTS}={prefix}"})
 
 

@@ -15,7 +15,7 @@ from infra.settings import Settings
 from trajflow.contracts.config import RunConfig
 
 
-def docker_client():  # type: ignore[no-untyped-def]
+def docker_client():
     import docker
     from docker.errors import DockerException
 

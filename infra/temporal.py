@@ -109,7 +109,7 @@ async def connect(settings: Settings, *, quiet: bool = False, plugins: Sequence[
 _QUIET: list = []
 
 
-def _runtime(settings: Settings, quiet: bool):  # type: ignore[no-untyped-def]
+def _runtime(settings: Settings, quiet: bool):
     """A worker with a metrics port serves `/metrics` through its runtime (`trajflow.observability.metrics`); `quiet`: errors
     only; else the SDK's default runtime."""
     if settings.metrics_port is not None:
@@ -119,7 +119,7 @@ def _runtime(settings: Settings, quiet: bool):  # type: ignore[no-untyped-def]
     return _quiet_runtime() if quiet else None
 
 
-def _quiet_runtime():  # type: ignore[no-untyped-def]
+def _quiet_runtime():
     from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 
     if not _QUIET:

@@ -46,7 +46,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "condition"):
     """Poll until predicate() is truthy (returning it) or fail after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -58,7 +58,7 @@ def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1, what: 
         time.sleep(interval_s)
 
 
-async def async_wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
+async def async_wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "condition"):
     import asyncio
 
     deadline = time.monotonic() + timeout_s
@@ -71,7 +71,7 @@ async def async_wait_for(predicate, timeout_s: float = 30.0, interval_s: float =
         await asyncio.sleep(interval_s)
 
 
-async def pending_work(client, run_id: str) -> str:  # type: ignore[no-untyped-def]
+async def pending_work(client, run_id: str) -> str:
     """What a run is waiting on, for the message of a test that timed out: the training workflow's and its running
     trajectories' pending workflow task and activities (attempt, heartbeat, last failure), the last workflow-task
     failures in their histories, and the stacks of this process's threads and asyncio tasks (the in-process
@@ -139,7 +139,7 @@ def tiny_model(cache_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-async def temporal_env():  # type: ignore[no-untyped-def]
+async def temporal_env():
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
@@ -156,7 +156,7 @@ async def temporal_env():  # type: ignore[no-untyped-def]
         await env.shutdown()
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, what: str, log: Path | None = None) -> None:  # type: ignore[type-arg]
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, what: str, log: Path | None = None) -> None:
     """Wait until the HTTP server `proc` answers 200 on `url`/healthz; fail at once (with the end of `log`) if it
     exits first."""
 
@@ -189,7 +189,7 @@ def reward_service() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def docker_client():  # type: ignore[no-untyped-def]
+def docker_client():
     import docker
 
     client = docker.from_env()
@@ -198,14 +198,14 @@ def docker_client():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def runtime_image(docker_client, cache_dir: Path) -> str:  # type: ignore[no-untyped-def]
+def runtime_image(docker_client, cache_dir: Path) -> str:
     from trajflow.sandbox.images import ensure_runtime_image
 
     return ensure_runtime_image(docker_client, cache_dir / "images")
 
 
 @pytest.fixture(scope="session")
-def sandbox_manager(docker_client, runtime_image: str, tmp_path_factory):  # type: ignore[no-untyped-def]
+def sandbox_manager(docker_client, runtime_image: str, tmp_path_factory):
     from trajflow.sandbox.manager import SandboxManager
 
     manager = SandboxManager(
@@ -220,14 +220,14 @@ def sandbox_manager(docker_client, runtime_image: str, tmp_path_factory):  # typ
 
 
 @pytest.fixture()
-def store(tmp_path: Path):  # type: ignore[no-untyped-def]
+def store(tmp_path: Path):
     from infra.store import LocalStore
 
     return LocalStore(tmp_path / "store")
 
 
 @pytest.fixture()
-def package_images(docker_client, cache_dir, store):  # type: ignore[no-untyped-def]
+def package_images(docker_client, cache_dir, store):
     """An image resolver as an env worker makes one: `py:` and `data:` envs from their packages in `store`."""
     from trajflow.envs.user.packages import unpack
     from trajflow.sandbox.images import ImageResolver
@@ -246,21 +246,21 @@ class Stack:
     store: ObjectStore
     manager: object
     tag: str = ""
-    workers: list = field(default_factory=list)  # type: ignore[type-arg]
+    workers: list = field(default_factory=list)
     """The in-process workers, for tests that stop some of them (a host that dies)."""
 
-    def request(self, **fields):  # type: ignore[no-untyped-def]
+    def request(self, **fields):
         from trajflow.contracts.trajectory import StagePools, TrajectoryRequest
 
         fields.setdefault("pools", StagePools(decode=self.pools, env=self.pools, reward=self.pools))
         return TrajectoryRequest(**fields)
 
-    async def run(self, req, workflow_id: str | None = None):  # type: ignore[no-untyped-def]
+    async def run(self, req, workflow_id: str | None = None):
         from trajflow.client import run_trajectory
 
         return await run_trajectory(req, client=self.client, task_queue=self.queue, workflow_id=workflow_id)
 
-    async def start(self, req, workflow_id: str | None = None):  # type: ignore[no-untyped-def]
+    async def start(self, req, workflow_id: str | None = None):
         from trajflow.client import start_trajectory
 
         return await start_trajectory(req, client=self.client, task_queue=self.queue, workflow_id=workflow_id)
@@ -268,7 +268,7 @@ class Stack:
 
 @asynccontextmanager
 async def running_stack(
-    temporal_env,  # type: ignore[no-untyped-def]
+    temporal_env,
     reward_url: str,
     store,
     manager,
@@ -276,7 +276,7 @@ async def running_stack(
     decode_pools: dict[str, Engine] | None = None,
     trainer_model: Path | None = None,
     tag: str | None = None,
-    images=None,  # type: ignore[no-untyped-def]
+    images=None,
     train_step_s: float = 0.3,
     external_trainer: bool = False,
 ) -> AsyncIterator[Stack]:

@@ -122,6 +122,6 @@ async def attach_training(
     return handle
 
 
-async def training_progress(handle: WorkflowHandle) -> TrainingProgress:  # type: ignore[type-arg]
+async def training_progress(handle: WorkflowHandle) -> TrainingProgress:
     """The run's live state (version, buffer, counters, last step) from the workflow's `progress` query."""
     return await handle.query(names.QUERY_PROGRESS, result_type=TrainingProgress)

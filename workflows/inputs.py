@@ -42,7 +42,7 @@ def decode_input(raw: RawValue, model: type[M]) -> M:
         if not isinstance(value, model):
             raise TypeError(f"decoded to {type(value).__name__}, not {model.__name__}")
         return value
-    except Exception as e:  # noqa: BLE001 - every decoding failure is reported, classified just below
+    except Exception as e:
         message = explain_invalid(model, e, "fix the workflow input")  # type: ignore[arg-type]
         info = workflow.info()
         if info.continued_run_id or info.parent:

@@ -339,5 +339,5 @@ class TrajectoryWorkflow:
             updates.append(SA_REPLAY_OF.value_set(req.replay_of))
         return updates
 
-    def _upsert(self, *updates) -> None:  # type: ignore[no-untyped-def]
+    def _upsert(self, *updates) -> None:
         workflow.upsert_search_attributes(list(updates))

@@ -27,7 +27,7 @@ class SandboxKillingEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def generate(self, prompt_ids, params, policy=""):  # type: ignore[no-untyped-def]
+    async def generate(self, prompt_ids, params, policy=""):
         call, self.calls = self.calls, self.calls + 1
         if call in self.kill_at:
             assert self.handle is not None, "set .handle to the trajectory's handle before it reaches a kill"

@@ -65,7 +65,7 @@ def raw_json(data: bytes) -> RawValue:
 
 
 @asynccontextmanager
-async def orchestrator(temporal_env) -> AsyncIterator[str]:  # type: ignore[no-untyped-def]
+async def orchestrator(temporal_env) -> AsyncIterator[str]:
     """The real workflow worker on a fresh queue (no activity workers: these workflows must not get that far)."""
     from workers.orchestrator import orchestrator_workers
 
@@ -75,7 +75,7 @@ async def orchestrator(temporal_env) -> AsyncIterator[str]:  # type: ignore[no-u
         yield queue
 
 
-async def closed(handle: WorkflowHandle, timeout_s: float = BOUND_S) -> str:  # type: ignore[type-arg]
+async def closed(handle: WorkflowHandle, timeout_s: float = BOUND_S) -> str:
     """The workflow's status once it is no longer running (fails after timeout_s)."""
 
     async def status() -> str | None:
@@ -85,7 +85,7 @@ async def closed(handle: WorkflowHandle, timeout_s: float = BOUND_S) -> str:  # 
     return await async_wait_for(status, timeout_s, 0.2, f"{handle.id} to close")
 
 
-async def task_failures(handle: WorkflowHandle) -> list[str]:  # type: ignore[type-arg]
+async def task_failures(handle: WorkflowHandle) -> list[str]:
     """The messages of every workflow-task failure in the history: a workflow retrying bad input shows them."""
     history = await handle.fetch_history()
     return [
@@ -95,7 +95,7 @@ async def task_failures(handle: WorkflowHandle) -> list[str]:  # type: ignore[ty
     ]
 
 
-async def failure(handle: WorkflowHandle) -> ApplicationError:  # type: ignore[type-arg]
+async def failure(handle: WorkflowHandle) -> ApplicationError:
     with pytest.raises(WorkflowFailureError) as info:
         await handle.result()
     cause = info.value.cause
@@ -103,7 +103,7 @@ async def failure(handle: WorkflowHandle) -> ApplicationError:  # type: ignore[t
     return cause
 
 
-async def activity_attempts(handle: WorkflowHandle, name: str) -> int:  # type: ignore[type-arg]
+async def activity_attempts(handle: WorkflowHandle, name: str) -> int:
     """How many times activity `name` was started (a retry is a start with a higher attempt)."""
     history = await handle.fetch_history()
     scheduled = {
@@ -138,7 +138,7 @@ BAD_TRAJECTORY_INPUTS = [
 
 
 @pytest.mark.parametrize(("payload", "expected"), BAD_TRAJECTORY_INPUTS)
-async def test_a_trajectory_started_with_bad_input_fails_at_once_saying_what_to_fix(temporal_env, payload, expected) -> None:  # type: ignore[no-untyped-def]
+async def test_a_trajectory_started_with_bad_input_fails_at_once_saying_what_to_fix(temporal_env, payload, expected) -> None:
     async with orchestrator(temporal_env) as queue:
         t0 = time.monotonic()
         handle = await temporal_env.client.start_workflow(
@@ -170,7 +170,7 @@ BAD_TRAINING_INPUTS = [
 
 
 @pytest.mark.parametrize(("payload", "expected"), BAD_TRAINING_INPUTS)
-async def test_a_training_run_started_with_an_invalid_config_fails_at_once_saying_what_to_fix(  # type: ignore[no-untyped-def]
+async def test_a_training_run_started_with_an_invalid_config_fails_at_once_saying_what_to_fix(
     temporal_env, payload, expected
 ) -> None:
     async with orchestrator(temporal_env) as queue:
@@ -187,7 +187,7 @@ async def test_a_training_run_started_with_an_invalid_config_fails_at_once_sayin
         assert await task_failures(handle) == []
 
 
-async def test_an_oversized_start_is_refused_by_the_server_and_nothing_starts(temporal_env) -> None:  # type: ignore[no-untyped-def]
+async def test_an_oversized_start_is_refused_by_the_server_and_nothing_starts(temporal_env) -> None:
     wid = f"huge-{uuid.uuid4().hex[:8]}"
     with pytest.raises(RPCError) as info:
         await temporal_env.client.start_workflow(
@@ -199,7 +199,7 @@ async def test_an_oversized_start_is_refused_by_the_server_and_nothing_starts(te
     assert missing.value.status == RPCStatusCode.NOT_FOUND
 
 
-async def test_no_input_at_all_runs_the_defaults(temporal_env) -> None:  # type: ignore[no-untyped-def]
+async def test_no_input_at_all_runs_the_defaults(temporal_env) -> None:
     """A start with no input is `{}`, as the UI's form promises (before, the workflow task failed forever)."""
     async with orchestrator(temporal_env) as queue:
         handle = await temporal_env.client.start_workflow(
@@ -217,7 +217,7 @@ async def test_no_input_at_all_runs_the_defaults(temporal_env) -> None:  # type:
             await handle.terminate("test over")
 
 
-async def _progress(handle: WorkflowHandle) -> dict | None:  # type: ignore[type-arg]
+async def _progress(handle: WorkflowHandle) -> dict | None:
     try:
         return await handle.query(names.QUERY_PROGRESS)
     except (RPCError, WorkflowQueryFailedError):
@@ -235,7 +235,7 @@ class BadInputParent:
         )
 
 
-async def test_input_our_own_code_wrote_still_fails_the_task_so_a_fix_can_resume_it(temporal_env) -> None:  # type: ignore[no-untyped-def]
+async def test_input_our_own_code_wrote_still_fails_the_task_so_a_fix_can_resume_it(temporal_env) -> None:
     client = temporal_env.client
     parent_queue = f"bad-parent-{uuid.uuid4().hex[:8]}"
     async with orchestrator(temporal_env) as queue, Worker(client, task_queue=parent_queue, workflows=[BadInputParent]):
@@ -252,14 +252,14 @@ async def test_input_our_own_code_wrote_still_fails_the_task_so_a_fix_can_resume
             await parent.terminate("test over")  # the child goes with it (parent close policy: terminate)
 
 
-async def _child_task_failures(child: WorkflowHandle) -> list[str]:  # type: ignore[type-arg]
+async def _child_task_failures(child: WorkflowHandle) -> list[str]:
     try:
         return await task_failures(child)
     except RPCError:
         return []  # not started yet
 
 
-async def test_malformed_trajectory_finished_signals_are_dropped_with_a_warning_and_the_run_goes_on(temporal_env, caplog) -> None:  # type: ignore[no-untyped-def]
+async def test_malformed_trajectory_finished_signals_are_dropped_with_a_warning_and_the_run_goes_on(temporal_env, caplog) -> None:
     client = temporal_env.client
     pool = f"unserved{uuid.uuid4().hex[:6]}"  # nobody serves it: the run's own trajectories wait, harmlessly
     run = {
@@ -341,7 +341,7 @@ class FakePools:
 
 
 @asynccontextmanager
-async def fake_stack(temporal_env, fakes: FakePools, pool: str) -> AsyncIterator[str]:  # type: ignore[no-untyped-def]
+async def fake_stack(temporal_env, fakes: FakePools, pool: str) -> AsyncIterator[str]:
     client = temporal_env.client
     workers = [
         Worker(client, task_queue=names.env_queue(pool), activities=[fakes.reset]),
@@ -357,7 +357,7 @@ def fake_request(pool: str, max_turns: int) -> TrajectoryRequest:
     return TrajectoryRequest(env_id="game:Fake-v0", max_turns=max_turns, pools=StagePools(decode=pool, env=pool, reward=pool))
 
 
-async def test_an_activity_result_over_the_payload_limit_ends_the_trajectory_failed_after_one_attempt(temporal_env) -> None:  # type: ignore[no-untyped-def]
+async def test_an_activity_result_over_the_payload_limit_ends_the_trajectory_failed_after_one_attempt(temporal_env) -> None:
     """An env that answers 3 MB (one the env worker's cap does not cover): the SDK fails the activity with
     PayloadsTooLarge, which is the env's fault, so the trajectory ends `failed`, unscored, not infra and not retried."""
     pool = f"fat{uuid.uuid4().hex[:6]}"
@@ -374,7 +374,7 @@ async def test_an_activity_result_over_the_payload_limit_ends_the_trajectory_fai
     assert "env.step: PayloadsTooLarge" in (result.error or "") and "size that exceeded the error limit" in (result.error or "")
 
 
-async def test_an_activity_input_over_the_payload_limit_fails_the_workflow_instead_of_retrying_its_task(temporal_env) -> None:  # type: ignore[no-untyped-def]
+async def test_an_activity_input_over_the_payload_limit_fails_the_workflow_instead_of_retrying_its_task(temporal_env) -> None:
     """Two 1.2 MB actions make a 2.4 MB reward.score input: without the stubs' guard the SDK fails the workflow
     task on it forever; with it the workflow fails once, saying which activity and how big."""
     pool = f"big{uuid.uuid4().hex[:6]}"
@@ -392,7 +392,7 @@ async def test_an_activity_input_over_the_payload_limit_fails_the_workflow_inste
     assert err.message.startswith("reward.score: its input would be 2,4") and "lower max_turns" in err.message
 
 
-async def test_a_training_run_whose_id_holds_an_at_sign_fails_at_once(temporal_env) -> None:  # type: ignore[no-untyped-def]
+async def test_a_training_run_whose_id_holds_an_at_sign_fails_at_once(temporal_env) -> None:
     """A run id is the policy name of its trajectories, and policy RUN@V pins a version: '@' in it is refused."""
     async with orchestrator(temporal_env) as queue:
         handle = await temporal_env.client.start_workflow(

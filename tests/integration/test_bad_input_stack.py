@@ -42,7 +42,7 @@ GARBAGE: dict[int, tuple[bytes, str]] = {
 class _Garbage(http.server.BaseHTTPRequestHandler):
     """A reward service gone wrong: answers POST /score with 200 and the garbage GARBAGE holds for the seed."""
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_POST(self) -> None:
         seed = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))["seed"]
         body = GARBAGE[seed][0]
         self.send_response(200)
@@ -68,11 +68,11 @@ def garbage_service() -> Iterator[str]:
         thread.join(timeout=10)
 
 
-def scripted(tiny_model, replies: str | list[str]) -> ScriptedEngine:  # type: ignore[no-untyped-def]
+def scripted(tiny_model, replies: str | list[str]) -> ScriptedEngine:
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), replies)
 
 
-async def attempts(client, workflow_id: str, activity_name: str) -> list[int]:  # type: ignore[no-untyped-def]
+async def attempts(client, workflow_id: str, activity_name: str) -> list[int]:
     """The attempt number of every start of `activity_name` in the workflow's history."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
     scheduled = {
@@ -91,7 +91,7 @@ async def attempts(client, workflow_id: str, activity_name: str) -> list[int]:  
 
 async def test_an_unknown_env_id_fails_after_one_reset_saying_how_to_find_valid_ids(
     temporal_env, reward_service, store, sandbox_manager, tiny_model
-):  # type: ignore[no-untyped-def]
+):
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, scripted(tiny_model, "\\boxed{5}")) as st:
         result = await st.run(st.request(env_id="game:NoSuchGame-v0", seed=1))
         tries = await attempts(st.client, result.workflow_id, names.ENV_RESET)
@@ -105,7 +105,7 @@ async def test_an_unknown_env_id_fails_after_one_reset_saying_how_to_find_valid_
 
 async def test_a_reward_service_answering_garbage_fails_the_trajectory_unscored_after_one_attempt(
     temporal_env, garbage_service, store, sandbox_manager, tiny_model
-):  # type: ignore[no-untyped-def]
+):
     import asyncio
 
     engine = scripted(tiny_model, "\\boxed{5}")
@@ -125,7 +125,7 @@ async def test_a_reward_service_answering_garbage_fails_the_trajectory_unscored_
 
 async def test_an_agent_that_prints_ten_megabytes_gets_a_cut_observation_and_is_scored(
     temporal_env, reward_service, store, sandbox_manager, tiny_model, docker_client, cache_dir
-):  # type: ignore[no-untyped-def]
+):
     images = ImageResolver(docker_client, cache_dir / "images")
     flood = "I will run this.\n```bash\npython3 -c \"print('y' * 10_000_000)\"\n```"
     engine = scripted(tiny_model, [flood, "submit"])

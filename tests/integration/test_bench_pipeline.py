@@ -32,7 +32,7 @@ from workflows.trajectory import TrajectoryWorkflow
 pytestmark = pytest.mark.integration
 
 
-async def test_batch_rollout_runs_every_episode_in_lockstep(temporal_env, reward_service, store, tiny_model) -> None:  # type: ignore[no-untyped-def]
+async def test_batch_rollout_runs_every_episode_in_lockstep(temporal_env, reward_service, store, tiny_model) -> None:
     client = temporal_env.client
     tag = uuid.uuid4().hex[:8]
     pool, queue = f"b{tag}", f"trajflow-test-{tag}"

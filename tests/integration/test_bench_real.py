@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def test_bench_real_writes_every_figure(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_bench_real_writes_every_figure(cli_stack, tmp_path: Path) -> None:
     out = tmp_path / "real.json"
     proc = cli_stack.trajflow(
         "bench", "real", "-c", str(cli_stack.config), "--steps", "3", "--batch-size", "4", "--group-size", "2",

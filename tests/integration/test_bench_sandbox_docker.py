@@ -27,7 +27,7 @@ def _bench_images(client: docker.DockerClient) -> set[str]:
     return {tag for image in client.images.list() for tag in image.tags if tag.startswith("trajflow-bench-")}
 
 
-def test_quick_bench_measures_everything_and_leaves_nothing_behind(  # type: ignore[no-untyped-def]
+def test_quick_bench_measures_everything_and_leaves_nothing_behind(
     docker_client, runtime_image: str, cache_dir: Path, tmp_path: Path, capsys
 ) -> None:
     # A short state dir (sandbox sockets live under it) sharing the session's image cache.

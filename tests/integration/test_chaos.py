@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
-def chaos_env(cache_dir: Path):  # type: ignore[no-untyped-def]
+def chaos_env(cache_dir: Path):
     state_dir = stack_state_dir(cache_dir, "tf-chaos-")
     env = {
         **os.environ,
@@ -36,7 +36,7 @@ def chaos_env(cache_dir: Path):  # type: ignore[no-untyped-def]
         subprocess.run([trajflow, "down"], cwd=ROOT, env=env, capture_output=True, timeout=120)
 
 
-def test_quick_chaos_run_loses_nothing(chaos_env) -> None:  # type: ignore[no-untyped-def]
+def test_quick_chaos_run_loses_nothing(chaos_env) -> None:
     env, state_dir, trajflow = chaos_env
     out = state_dir / "chaos.json"
     proc = subprocess.run(

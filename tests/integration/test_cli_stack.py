@@ -13,7 +13,7 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.integration
 
 
-def test_status_shows_every_process_and_a_poller_per_queue(cli_stack) -> None:  # type: ignore[no-untyped-def]
+def test_status_shows_every_process_and_a_poller_per_queue(cli_stack) -> None:
     out = cli_stack.trajflow("status", "-c", str(cli_stack.config)).stdout
     for name in ("temporal", "reward-service", "orchestrator", "decode", "env", "reward"):
         assert f"{name} " in out
@@ -23,7 +23,7 @@ def test_status_shows_every_process_and_a_poller_per_queue(cli_stack) -> None:  
         assert int(line.split()[-1]) >= 1, line
 
 
-def test_rollout_json_and_transcript(cli_stack) -> None:  # type: ignore[no-untyped-def]
+def test_rollout_json_and_transcript(cli_stack) -> None:
     proc = cli_stack.trajflow(
         "rollout", "-c", str(cli_stack.config), "--env", "game:GuessTheNumber-v0-easy", "--seed", "3", "--json", check=False
     )
@@ -56,7 +56,7 @@ def test_rollout_json_and_transcript(cli_stack) -> None:  # type: ignore[no-unty
     assert "Guess The Number" in text and "status   completed" in text and "[action]" in text
 
 
-def test_bad_config_is_a_clear_error(cli_stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_bad_config_is_a_clear_error(cli_stack, tmp_path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[[tasks]]\nname = "x"\npools = { decode = "gpu-a" }\n')
     proc = cli_stack.trajflow("rollout", "-c", str(bad), check=False)
@@ -64,7 +64,7 @@ def test_bad_config_is_a_clear_error(cli_stack, tmp_path) -> None:  # type: igno
     assert "gpu-a" in proc.stderr and "declares only" in proc.stderr
 
 
-def test_restart_keeps_workflows_and_down_stops_exactly_what_up_started(cli_stack) -> None:  # type: ignore[no-untyped-def]
+def test_restart_keeps_workflows_and_down_stops_exactly_what_up_started(cli_stack) -> None:
     first = json.loads(cli_stack.trajflow("rollout", "-c", str(cli_stack.config), "--seed", "11", "--json").stdout)
     records = ProcessTable(cli_stack.state_dir / "run").load()
     names = ["temporal", "reward-service", "orchestrator", "decode", "env", "reward", "trainer", "prometheus"]

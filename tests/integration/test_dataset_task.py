@@ -25,7 +25,7 @@ TEST = [r for r in ROWS if r["split"] == "test"]
 
 
 @pytest.fixture()
-def package(store, cache_dir) -> str:  # type: ignore[no-untyped-def]
+def package(store, cache_dir) -> str:
     return package_env(DATA, str(SHIPPED), store, cache_dir / "images", print)
 
 

@@ -17,12 +17,12 @@ pytestmark = pytest.mark.integration
 SMOKE = ROOT / "trajflow" / "configs" / "smoke.toml"
 
 
-def _records(cli_stack, pattern: str) -> list[TrajectoryRecord]:  # type: ignore[no-untyped-def]
+def _records(cli_stack, pattern: str) -> list[TrajectoryRecord]:
     root = cli_stack.state_dir / "store" / "trajectories"
     return [TrajectoryRecord.model_validate_json(p.read_text()) for p in root.glob(f"{pattern}/*/trajectory.json")]
 
 
-def test_eval_of_the_base_model_and_of_a_pinned_version(cli_stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_eval_of_the_base_model_and_of_a_pinned_version(cli_stack, tmp_path) -> None:
     out = tmp_path / "base.json"
     proc = cli_stack.trajflow("eval", str(SMOKE), "--episodes", "3", "--samples", "2", "--json", str(out), timeout=300)
     base = json.loads(out.read_text())
@@ -60,7 +60,7 @@ def test_eval_of_the_base_model_and_of_a_pinned_version(cli_stack, tmp_path) -> 
     assert unknown.returncode == 2 and "runs that have:" in unknown.stderr and run_id in unknown.stderr
 
 
-def test_eval_says_when_the_stack_is_not_up(cli_stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_eval_says_when_the_stack_is_not_up(cli_stack, tmp_path) -> None:
     # no Temporal server at the address
     env = {**cli_stack.env, "TRAJFLOW_TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}
     import subprocess

@@ -75,7 +75,7 @@ def test_wordle_plays_on_the_shipped_word_list(wordle: Sandbox) -> None:
     assert (malformed["reward"], malformed["terminated"]) == (-0.1, True)
 
 
-def test_nltk_download_returns_without_a_network(wordle: Sandbox, docker_client) -> None:  # type: ignore[no-untyped-def]
+def test_nltk_download_returns_without_a_network(wordle: Sandbox, docker_client) -> None:
     """GEM's word games call `nltk.download("words")` at every reset: offline, it fails at once and says so (False),
     and the corpus is read from the image's copy. (`timeout` only keeps a hang from hanging the test.)"""
     probe = (

@@ -19,7 +19,7 @@ SAFE_PATH = ["down", "down", "right", "right", "down", "right"]
 """From S to G on FrozenLake-v1's 4x4 map, around its holes (worked out by hand from the map)."""
 
 
-def scripted(tiny_model, replies: list[str]) -> ScriptedEngine:  # type: ignore[no-untyped-def]
+def scripted(tiny_model, replies: list[str]) -> ScriptedEngine:
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), replies)
 
 

@@ -89,7 +89,7 @@ def test_compose_file_validates() -> None:
 
 
 @pytest.fixture()
-def hosts_stack(cache_dir: Path):  # type: ignore[no-untyped-def]
+def hosts_stack(cache_dir: Path):
     state_dir = stack_state_dir(cache_dir, "tf-hosts-")
     config = state_dir / "hosts.toml"
     config.write_text(CONFIG.replace("CPU_LAST", str((os.cpu_count() or 2) - 1)))
@@ -121,7 +121,7 @@ def hosts_stack(cache_dir: Path):  # type: ignore[no-untyped-def]
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
-def test_training_across_four_hosts_survives_a_killed_env_host(hosts_stack, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_training_across_four_hosts_survives_a_killed_env_host(hosts_stack, monkeypatch) -> None:
     env, state_dir, config, prefix, run = hosts_stack
     started = time.monotonic()
     up = run("up", "--hosts", "-c", str(config), timeout=900)
@@ -170,7 +170,7 @@ def test_training_across_four_hosts_survives_a_killed_env_host(hosts_stack, monk
     print(json.dumps({"up_s": round(up_s, 1), **report}))
 
 
-def _metrics_and_traces_of_every_host(env: dict[str, str], state_dir: Path, prefix: str, run) -> None:  # type: ignore[no-untyped-def]
+def _metrics_and_traces_of_every_host(env: dict[str, str], state_dir: Path, prefix: str, run) -> None:
     """The machine's Prometheus scrapes every host's workers at their container's address (the trajectories the
     orchestrator host finished among them), and `trajflow trace` reads spans the containers wrote."""
     from trajflow.observability import prometheus
@@ -208,7 +208,7 @@ def _metrics_and_traces_of_every_host(env: dict[str, str], state_dir: Path, pref
     assert {"trajflow-orchestrator", "trajflow-decode", "trajflow-env", "trajflow-reward"} <= services, services
 
 
-async def _train_killing_env(env: dict[str, str], config: Path, prefix: str, docker_client) -> dict:  # type: ignore[no-untyped-def,type-arg]
+async def _train_killing_env(env: dict[str, str], config: Path, prefix: str, docker_client) -> dict:
     """Start the config's training run from this machine, kill -9 the env host's container once trajectories are
     completing, start it again, wait for the run; then audit its records."""
     from infra import hosts

@@ -16,12 +16,12 @@ pytestmark = pytest.mark.integration
 EASY = "game:GuessTheNumber-v0-easy"
 
 
-def test_list_replay_and_status_through_the_cli(cli_stack) -> None:  # type: ignore[no-untyped-def]
+def test_list_replay_and_status_through_the_cli(cli_stack) -> None:
     cfg = str(cli_stack.config)
     first = json.loads(cli_stack.trajflow("rollout", "-c", cfg, "--env", EASY, "--seed", "21", "--json", check=False).stdout)
     wid = first["workflow_id"]
 
-    def listed():  # type: ignore[no-untyped-def]
+    def listed():
         out = json.loads(
             cli_stack.trajflow("trajectories", "list", "--status", first["status"], "--env", EASY,
                                "--task", "guess-the-number", "--json").stdout  # fmt: skip

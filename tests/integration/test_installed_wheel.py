@@ -189,7 +189,7 @@ def test_the_venv_imports_trajflow_from_the_wheel_not_the_checkout(venv: Path, p
         assert Path(path).is_relative_to(venv) and not Path(path).is_relative_to(ROOT), path
 
 
-def test_a_researchers_project_runs_the_stack_from_the_installed_wheel(run, project: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_researchers_project_runs_the_stack_from_the_installed_wheel(run, project: Path) -> None:
     listed = json.loads(run("configs", "list", "--json").stdout)
     assert {"default", "tiny"} <= {c["name"] for c in listed}
     assert all("site-packages" in c["path"] for c in listed), listed

@@ -88,7 +88,7 @@ def server(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 @pytest.fixture(scope="module")
-def alone(smollm2: Path):  # type: ignore[no-untyped-def]
+def alone(smollm2: Path):
     """P(Yes) / (P(Yes) + P(No)) of one request at batch 1, computed here with transformers (only the rubric's text
     is taken from the server's code)."""
     tok = AutoTokenizer.from_pretrained(smollm2)
@@ -105,7 +105,7 @@ def alone(smollm2: Path):  # type: ignore[no-untyped-def]
     return p_yes
 
 
-async def test_concurrent_requests_are_batched_and_score_as_the_model_does_alone(server: Server, alone) -> None:  # type: ignore[no-untyped-def]
+async def test_concurrent_requests_are_batched_and_score_as_the_model_does_alone(server: Server, alone) -> None:
     async with httpx.AsyncClient(timeout=120) as http:
         before = (await http.get(f"{server.url}/healthz")).json()
         answers = await asyncio.gather(
@@ -123,7 +123,7 @@ async def test_concurrent_requests_are_batched_and_score_as_the_model_does_alone
         assert result["reward"] == pytest.approx(alone(prompt, response), abs=TOL), (prompt, response)
 
 
-async def test_scored_through_the_reward_service(server: Server, reward_service: str, alone) -> None:  # type: ignore[no-untyped-def]
+async def test_scored_through_the_reward_service(server: Server, reward_service: str, alone) -> None:
     spec = LocalModelConfig(url=server.url)
     req = ScoreRequest(
         env_id="data:x", reward_fn="model:rm", reward_model=spec, actions=["\\boxed{56}"],
@@ -136,11 +136,11 @@ async def test_scored_through_the_reward_service(server: Server, reward_service:
 
 
 @pytest.fixture()
-def package(store, cache_dir) -> str:  # type: ignore[no-untyped-def]
+def package(store, cache_dir) -> str:
     return package_env(DATA, str(SHIPPED), store, cache_dir / "images", print)
 
 
-async def test_a_trajectory_is_scored_by_the_model_and_infra_fails_when_it_is_down(  # type: ignore[no-untyped-def]
+async def test_a_trajectory_is_scored_by_the_model_and_infra_fails_when_it_is_down(
     temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, package, smollm2, tmp_path, alone
 ) -> None:
     rows = [json.loads(line) for line in SHIPPED.read_text().splitlines()]

@@ -57,7 +57,7 @@ def worker_totals(url: str, now: str) -> dict[str, float]:
     return {k: value(url, q) for k, q in queries.items()}
 
 
-async def kill_sandboxes(client, want: int, done: asyncio.Event) -> int:  # type: ignore[no-untyped-def]
+async def kill_sandboxes(client, want: int, done: asyncio.Event) -> int:
     """Kill the containers of `want` running episodes of the run once each has a sandbox (as `trajflow chaos` does)."""
     import docker
 
@@ -72,7 +72,7 @@ async def kill_sandboxes(client, want: int, done: asyncio.Event) -> int:  # type
                 continue
             try:
                 p = await client.get_workflow_handle(wf.id).query(names.QUERY_PROGRESS, result_type=TrajectoryProgress)
-            except Exception:  # noqa: BLE001 - it ended meanwhile
+            except Exception:
                 continue
             if p.sandbox and p.turn == 0:  # killed before its first step: that step finds it gone
                 found = engine.containers.list(filters={"label": f"{SANDBOX_ID}={p.sandbox}"})
@@ -83,7 +83,7 @@ async def kill_sandboxes(client, want: int, done: asyncio.Event) -> int:  # type
     return len(killed)
 
 
-async def test_prometheus_sees_a_training_run_as_the_run_counts_it(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_prometheus_sees_a_training_run_as_the_run_counts_it(cli_stack, tmp_path: Path) -> None:
     url = prometheus.url(int(cli_stack.env["TRAJFLOW_PROMETHEUS_PORT"]))
     assert prometheus.ready(url)
     active = prometheus.active_targets(url)

@@ -31,7 +31,7 @@ RUN = "multi-task-run"
 
 
 @pytest.fixture(scope="module")
-def multi_task_stack(cache_dir):  # type: ignore[no-untyped-def]
+def multi_task_stack(cache_dir):
     with started_cli_stack(cache_dir, CONFIG, prefix="tf-multi-") as stack:
         yield stack
 
@@ -43,7 +43,7 @@ def expected_groups(groups: int) -> Counter[str]:
     return Counter(run.tasks[book.pick_task(k)].name for k in range(groups))
 
 
-async def scheduled_queues(client, workflow_id: str) -> dict[str, set[str]]:  # type: ignore[no-untyped-def]
+async def scheduled_queues(client, workflow_id: str) -> dict[str, set[str]]:
     """Activity name -> the task queues it was scheduled on, from the workflow's history."""
     out: dict[str, set[str]] = {}
     async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
@@ -53,7 +53,7 @@ async def scheduled_queues(client, workflow_id: str) -> dict[str, set[str]]:  # 
     return out
 
 
-def test_three_tasks_train_in_their_weighted_shares_each_on_its_own_pools(multi_task_stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_three_tasks_train_in_their_weighted_shares_each_on_its_own_pools(multi_task_stack, tmp_path) -> None:
     stack = multi_task_stack
     config = load_run_config(CONFIG)
     tasks = {t.name: t for t in config.tasks}

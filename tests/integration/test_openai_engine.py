@@ -103,13 +103,13 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
                 proc.wait(timeout=10)
 
 
-def server_config(server: Server, **fields) -> OpenAIServerConfig:  # type: ignore[no-untyped-def]
+def server_config(server: Server, **fields) -> OpenAIServerConfig:
     fields = {"base_url": server.base_url, "served_model": "tiny", "policy_version": VERSION, **fields}
     return OpenAIServerConfig(**fields)
 
 
 @pytest.fixture(scope="module")
-async def engine(vllm_server: Server):  # type: ignore[no-untyped-def]
+async def engine(vllm_server: Server):
     engine = OpenAIEngine(server_config(vllm_server), vllm_server.model_path, api_key=API_KEY, max_in_flight=8)
     await engine.start()
     try:
@@ -141,7 +141,7 @@ def teacher(tiny_model: Path) -> Teacher:
     return Teacher(tiny_model)
 
 
-def check_completion(engine: OpenAIEngine, completion, max_new_tokens: int) -> None:  # type: ignore[no-untyped-def]
+def check_completion(engine: OpenAIEngine, completion, max_new_tokens: int) -> None:
     eos = {engine.tokenizer.eos_token_id}
     assert 0 < len(completion.token_ids) <= max_new_tokens
     assert len(completion.logprobs) == len(completion.token_ids)
@@ -238,7 +238,7 @@ async def test_a_prompt_over_the_servers_context_is_rejected(engine: OpenAIEngin
 
 async def test_a_decode_worker_with_the_engine_runs_a_trajectory(
     temporal_env, reward_service, store, sandbox_manager, engine: OpenAIEngine
-):  # type: ignore[no-untyped-def]
+):
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as stack:
         result = await stack.run(stack.request(seed=11, max_turns=3))
         # A system prompt longer than the server's context: the request is the trajectory's fault, so it fails

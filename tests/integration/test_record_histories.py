@@ -41,7 +41,7 @@ pytestmark = [
 OUT = Path(__file__).resolve().parents[2] / "trajflow" / "cli" / "replay" / "histories"
 
 
-def save(name: str, history) -> Path:  # type: ignore[no-untyped-def]
+def save(name: str, history) -> Path:
     """The history as `temporal workflow show -o json` writes it plus its `workflowId` (replay needs the real id),
     one event per line (small, readable diffs). Failures' stack traces are blanked: they name this machine's
     paths and play no part in replay."""
@@ -53,7 +53,7 @@ def save(name: str, history) -> Path:  # type: ignore[no-untyped-def]
     return path
 
 
-def _blank_stack_traces(node):  # type: ignore[no-untyped-def]
+def _blank_stack_traces(node):
     if isinstance(node, dict):
         return {k: "" if k == "stackTrace" else _blank_stack_traces(v) for k, v in node.items()}
     if isinstance(node, list):
@@ -62,7 +62,7 @@ def _blank_stack_traces(node):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture()
-def scripted(tiny_model):  # type: ignore[no-untyped-def]
+def scripted(tiny_model):
     from transformers import AutoTokenizer
 
     from trajflow.rl.engines.scripted import ScriptedEngine
@@ -72,7 +72,7 @@ def scripted(tiny_model):  # type: ignore[no-untyped-def]
 
 async def test_record_trajectory_histories(
     temporal_env, reward_service, store, sandbox_manager, docker_client, scripted
-):  # type: ignore[no-untyped-def]
+):
     engine = SandboxKillingEngine(scripted, sandbox_manager, docker_client, kill_at=set())
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
         completed = await st.start(st.request(task="guess", seed=1, max_turns=3), workflow_id=f"hist-completed-{st.tag}")
@@ -108,7 +108,7 @@ async def test_record_trajectory_histories(
 
 async def test_record_training_history_that_continued_as_new(
     temporal_env, reward_service, store, sandbox_manager, tiny_model, tmp_path
-):  # type: ignore[no-untyped-def]
+):
     from transformers import AutoTokenizer
 
     from infra.policies import PolicyStore

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
-def scripted(tiny_model):  # type: ignore[no-untyped-def]
+def scripted(tiny_model):
     from transformers import AutoTokenizer
 
     from trajflow.rl.engines.scripted import ScriptedEngine
@@ -39,14 +39,14 @@ def scripted(tiny_model):  # type: ignore[no-untyped-def]
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), GUESS)
 
 
-def signals_sent(history) -> int:  # type: ignore[no-untyped-def]
+def signals_sent(history) -> int:
     return sum(e.HasField("signal_external_workflow_execution_initiated_event_attributes") for e in history.events)
 
 
-async def listed(client, query: str, expected: set[str]) -> list:  # type: ignore[no-untyped-def]
+async def listed(client, query: str, expected: set[str]) -> list:
     """The rows of `query` once visibility shows exactly `expected` (it is eventually consistent)."""
 
-    async def exactly():  # type: ignore[no-untyped-def]
+    async def exactly():
         rows = await list_trajectories(client, query, 50)
         return (rows,) if {r.workflow_id for r in rows} == expected else None
 
@@ -56,7 +56,7 @@ async def listed(client, query: str, expected: set[str]) -> list:  # type: ignor
 
 async def test_rerun_keeps_the_request_and_reports_to_nobody(
     temporal_env, reward_service, store, sandbox_manager, scripted
-):  # type: ignore[no-untyped-def]
+):
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, scripted) as st:
         run = f"run-{st.tag}"
         req = st.request(task="guess", seed=5, max_turns=2, run_id=run)  # reports to its run (absent here)
@@ -82,7 +82,7 @@ async def test_rerun_keeps_the_request_and_reports_to_nobody(
 
 async def test_each_list_filter_returns_exactly_its_trajectories(
     temporal_env, reward_service, store, sandbox_manager, scripted
-):  # type: ignore[no-untyped-def]
+):
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, scripted) as st:
         ta, tb, ra, rb = (f"{x}-{st.tag}" for x in ("ta", "tb", "ra", "rb"))
         a, b = await asyncio.gather(
@@ -110,7 +110,7 @@ async def test_each_list_filter_returns_exactly_its_trajectories(
 
 async def test_from_failure_continues_once_sandboxes_start_again(
     temporal_env, reward_service, store, sandbox_manager, scripted
-):  # type: ignore[no-untyped-def]
+):
     flaky = FlakyManager(sandbox_manager)  # every container start fails: env.reset spends its retries
     async with running_stack(temporal_env, reward_service, store, flaky, scripted) as st:
         run = f"run-{st.tag}"
@@ -132,7 +132,7 @@ async def test_from_failure_continues_once_sandboxes_start_again(
 
 async def test_from_failure_restores_a_killed_sandbox_and_finishes(
     temporal_env, reward_service, store, sandbox_manager, docker_client, scripted
-):  # type: ignore[no-untyped-def]
+):
     engine = SandboxKillingEngine(scripted, sandbox_manager, docker_client, kill_at={1, 2})
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
         req = st.request(env_id="game:GuessTheNumber-v0-hard", seed=4, max_turns=4, max_env_recoveries=1)
@@ -158,7 +158,7 @@ async def test_from_failure_restores_a_killed_sandbox_and_finishes(
 
 async def test_env_only_shows_the_recorded_observations_again(
     temporal_env, reward_service, store, sandbox_manager, scripted
-):  # type: ignore[no-untyped-def]
+):
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, scripted) as st:
         result = await st.run(st.request(seed=8, max_turns=3))
         lines: list[str] = []
@@ -180,15 +180,15 @@ async def test_env_only_shows_the_recorded_observations_again(
 class HoldingEngine:
     """Holds every generation until released, so a test sees trajectories mid-episode."""
 
-    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, inner) -> None:
         self.inner = inner
         self.release = asyncio.Event()
         self.waiting = 0
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+    def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
-    async def generate(self, prompt_ids, params, policy=""):  # type: ignore[no-untyped-def]
+    async def generate(self, prompt_ids, params, policy=""):
         self.waiting += 1
         await self.release.wait()
         return await self.inner.generate(prompt_ids, params, policy)
@@ -196,7 +196,7 @@ class HoldingEngine:
 
 async def test_status_shows_the_live_queries_of_a_run_and_its_trajectories(
     temporal_env, reward_service, store, sandbox_manager, tiny_model, tmp_path
-):  # type: ignore[no-untyped-def]
+):
     from transformers import AutoTokenizer
 
     from infra.policies import PolicyStore
@@ -215,7 +215,7 @@ async def test_status_shows_the_live_queries_of_a_run_and_its_trajectories(
         run_id = f"run-{uuid.uuid4().hex[:8]}"
         handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
 
-        async def both_mid_episode():  # type: ignore[no-untyped-def]
+        async def both_mid_episode():
             s = await live.status(st.client, run_id, 50)
             ready = len(s["trajectories"]) == 2 and all((t["progress"] or {}).get("sandbox") for t in s["trajectories"])
             return s if ready and engine.waiting >= 2 else None

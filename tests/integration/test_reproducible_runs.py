@@ -25,7 +25,7 @@ LOSS_TOL = 1e-4
 ~1e-6 in float32, so the loss is too, not bitwise."""
 
 
-def test_two_sync_runs_with_the_same_seed_sample_the_same_tokens_and_rewards(cli_stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_two_sync_runs_with_the_same_seed_sample_the_same_tokens_and_rewards(cli_stack, tmp_path) -> None:
     config = tmp_path / "smoke-reproducible.toml"
     config.write_text((ROOT / "trajflow" / "configs" / "smoke.toml").read_text().replace("redundancy = 1", "redundancy = 0"))
     summaries, tokens = {}, {}
@@ -61,7 +61,7 @@ def test_two_sync_runs_with_the_same_seed_sample_the_same_tokens_and_rewards(cli
     )  # fmt: skip
 
 
-def _sampled_tokens(state_dir, run_id: str) -> dict[tuple[str, str], tuple[int, ...]]:  # type: ignore[no-untyped-def]
+def _sampled_tokens(state_dir, run_id: str) -> dict[tuple[str, str], tuple[int, ...]]:
     """Each trained trajectory's whole context (prompts, observations, completions), keyed by group and member."""
     out = {}
     for path in (state_dir / "store" / "trajectories").glob(f"{run_id}-g*/*/trajectory.json"):
@@ -72,6 +72,6 @@ def _sampled_tokens(state_dir, run_id: str) -> dict[tuple[str, str], tuple[int, 
     return out
 
 
-def _step_records(state_dir, run_id: str) -> list[dict]:  # type: ignore[no-untyped-def, type-arg]
+def _step_records(state_dir, run_id: str) -> list[dict]:
     steps = sorted((state_dir / "store" / "runs" / run_id / "steps").glob("v*.json"))
     return [json.loads(p.read_text()) for p in steps]

@@ -78,7 +78,7 @@ def service_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 class _Scripted(http.server.BaseHTTPRequestHandler):
     """Answers every POST with the server's scripted status and body."""
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", "0")))
         status, body = self.server.answer  # type: ignore[attr-defined]
         self.send_response(status)

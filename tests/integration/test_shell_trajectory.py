@@ -27,11 +27,11 @@ def bash(command: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def images(docker_client, cache_dir):  # type: ignore[no-untyped-def]
+def images(docker_client, cache_dir):
     return ImageResolver(docker_client, cache_dir / "images")
 
 
-def scripted(tiny_model, replies: list[str]) -> ScriptedEngine:  # type: ignore[no-untyped-def]
+def scripted(tiny_model, replies: list[str]) -> ScriptedEngine:
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), replies)
 
 

@@ -113,7 +113,7 @@ def test_list_and_exists(store: S3Store) -> None:
     assert not store.exists(store.uri_for("runs/r1/zzz"))
 
 
-def test_put_file(store: S3Store, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_put_file(store: S3Store, tmp_path) -> None:
     src = tmp_path / "w.bin"
     src.write_bytes(b"x" * 100)
     assert store.get_bytes(store.put_file("runs/r/w.bin", src)) == b"x" * 100
@@ -165,7 +165,7 @@ def test_open_store_with_a_prefix(endpoint: str) -> None:
 
 async def test_a_trajectory_stores_its_data_in_s3(
     endpoint: str, temporal_env, reward_service, sandbox_manager, tiny_model
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """The same workers with the S3 backend: context and trajectory records land in the bucket."""
     from tests.conftest import running_stack
     from trajflow.contracts.records import TrajectoryRecord

@@ -35,7 +35,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 @pytest.fixture(scope="module")
-def frontend(temporal_env) -> str:  # type: ignore[no-untyped-def]
+def frontend(temporal_env) -> str:
     """host:port of the session dev server's plaintext gRPC frontend."""
     return temporal_env.client.service_client.config.target_host
 

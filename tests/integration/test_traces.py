@@ -14,7 +14,7 @@ from trajflow.contracts.traces import attr
 pytestmark = pytest.mark.integration
 
 
-def test_a_rollout_is_one_trace_with_a_span_per_activity(cli_stack) -> None:  # type: ignore[no-untyped-def]
+def test_a_rollout_is_one_trace_with_a_span_per_activity(cli_stack) -> None:
     proc = cli_stack.trajflow(
         "rollout", "-c", str(cli_stack.config), "--env", "game:GuessTheNumber-v0-easy", "--seed", "11", "--json"
     )
@@ -77,7 +77,7 @@ def test_a_rollout_is_one_trace_with_a_span_per_activity(cli_stack) -> None:  # 
     assert text.count("llm.generate (turn") == turns
 
 
-def test_an_unknown_trajectory_is_a_clear_error(cli_stack) -> None:  # type: ignore[no-untyped-def]
+def test_an_unknown_trajectory_is_a_clear_error(cli_stack) -> None:
     proc = cli_stack.trajflow("trace", "no-such-trajectory", check=False)
     assert proc.returncode == 1
     assert "no spans of no-such-trajectory" in proc.stderr

@@ -15,7 +15,7 @@ from trajflow.contracts.records import TrajectoryRecord
 pytestmark = pytest.mark.integration
 
 
-def test_train_smoke_config_end_to_end(cli_stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_train_smoke_config_end_to_end(cli_stack, tmp_path) -> None:
     out = tmp_path / "summary.json"
     proc = cli_stack.trajflow(
         "train", str(ROOT / "trajflow" / "configs" / "smoke.toml"), "--run-id", "smoke-run", "--json-summary", str(out),
@@ -67,7 +67,7 @@ def test_train_smoke_config_end_to_end(cli_stack, tmp_path) -> None:  # type: ig
     assert json.loads((store_root / "runs" / "smoke-run" / "policy" / "latest.json").read_text())["version"] == 3
 
 
-def test_training_survives_a_restart_of_the_whole_stack(cli_stack, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_training_survives_a_restart_of_the_whole_stack(cli_stack, tmp_path) -> None:
     """`trajflow down` then `up` mid-run (Temporal server, every worker and the trainer mid-step killed): the run
     continues from its durable state and ends with every step taken and every sample counted once."""
     import subprocess

@@ -97,7 +97,7 @@ def records(rng: random.Random, count: int, vocab: int) -> list[TrajectoryRecord
     return out
 
 
-def single_process(tiny_model: Path, batches: list[list[TrajectoryRecord]], steps: list[TrainStepInput]):  # type: ignore[no-untyped-def]
+def single_process(tiny_model: Path, batches: list[list[TrajectoryRecord]], steps: list[TrainStepInput]):
     """What one process makes of the same steps: (the weights it would publish after the last step, the steps'
     metrics)."""
     from trajflow.rl import lora
@@ -116,7 +116,7 @@ def single_process(tiny_model: Path, batches: list[list[TrajectoryRecord]], step
     return weights, metrics
 
 
-async def run_steps(client, pool: str, steps: list[TrainStepInput], workflow_id: str) -> list[TrainStepResult]:  # type: ignore[no-untyped-def]
+async def run_steps(client, pool: str, steps: list[TrainStepInput], workflow_id: str) -> list[TrainStepResult]:
     queue = f"test-ranks-{uuid.uuid4().hex[:8]}"
     async with Worker(client, task_queue=queue, workflows=[TrainSteps], workflow_runner=UnsandboxedWorkflowRunner()):
         return await client.execute_workflow(
@@ -130,7 +130,7 @@ async def launched_steps(
     tmp_path: Path,
     name: str,
     tiny_model: Path,
-    steps: list[TrainStepInput],  # type: ignore[no-untyped-def]
+    steps: list[TrainStepInput],
 ) -> tuple[list[TrainStepResult], str]:
     """Launch the trainer on two ranks, run `steps` through it, stop it as an operator would; results and log."""
     pool = f"ranks{uuid.uuid4().hex[:8]}"
@@ -158,7 +158,7 @@ LORA_CONFIG = CONFIG.model_copy(update={"lora": LoraConfig(rank=4, alpha=8)})
 @pytest.mark.parametrize("config", [CONFIG, LORA_CONFIG], ids=["full", "lora"])
 async def test_two_ranks_publish_what_one_process_trains(
     temporal_env, tiny_model: Path, tmp_path: Path, config: TrainerConfig
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """Steps v0 and v1 on one launch, stopped; v2 on a second launch, which resumes both ranks from the store. With
     LoRA, the ranks train adapters (DDP over the adapters only), checkpoint the adapter and publish merged weights."""
     from transformers import AutoConfig
@@ -213,7 +213,7 @@ def assert_same_update(got: dict[str, torch.Tensor], expected: dict[str, torch.T
     assert outside <= total // 10_000, f"{outside} of {total} weights outside rtol 1e-5 / atol 1e-6"
 
 
-async def train_step_attempts(client, run_id: str) -> dict[int, int]:  # type: ignore[no-untyped-def]
+async def train_step_attempts(client, run_id: str) -> dict[int, int]:
     """Step version -> the attempt that completed it, from the training workflow's history."""
     scheduled: dict[int, int] = {}
     attempts: dict[int, int] = {}

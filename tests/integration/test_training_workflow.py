@@ -26,7 +26,7 @@ from trajflow.rl.engines.scripted import ScriptedEngine
 pytestmark = pytest.mark.integration
 
 
-def run_config(pools: str, **fields) -> TrainingRunConfig:  # type: ignore[no-untyped-def]
+def run_config(pools: str, **fields) -> TrainingRunConfig:
     task = TaskConfig(
         max_turns=1,
         sampling=SamplingParams(temperature=0.0, max_new_tokens=16),
@@ -36,7 +36,7 @@ def run_config(pools: str, **fields) -> TrainingRunConfig:  # type: ignore[no-un
 
 
 @pytest.fixture()
-def engine(tiny_model, store, tmp_path):  # type: ignore[no-untyped-def]
+def engine(tiny_model, store, tmp_path):
     """A scripted policy that stamps each turn with the run's newest published version."""
     tok = AutoTokenizer.from_pretrained(tiny_model)
     return ScriptedEngine(tok, "\\boxed{5}", weights=PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0))
@@ -46,12 +46,12 @@ class GatedEngine(ScriptedEngine):
     """The scripted policy, holding every generation until the test opens the gate: trajectories stay running
     for as long as a test needs them to (to terminate some, or to continue as new around them)."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.gate = asyncio.Event()
         self.waiting = 0
 
-    async def generate(self, prompt_ids, params, policy=""):  # type: ignore[no-untyped-def]
+    async def generate(self, prompt_ids, params, policy=""):
         self.waiting += 1
         try:
             await self.gate.wait()
@@ -61,12 +61,12 @@ class GatedEngine(ScriptedEngine):
 
 
 @pytest.fixture()
-def gated(tiny_model, store, tmp_path):  # type: ignore[no-untyped-def]
+def gated(tiny_model, store, tmp_path):
     tok = AutoTokenizer.from_pretrained(tiny_model)
     return GatedEngine(tok, "\\boxed{5}", weights=PolicyStore(store, tmp_path / "gated-policies", pointer_ttl_s=0.0))
 
 
-async def trained(client, run_id: str, issued: dict[int, int] | None = None) -> dict[int, list[TrainRef]]:  # type: ignore[no-untyped-def]
+async def trained(client, run_id: str, issued: dict[int, int] | None = None) -> dict[int, list[TrainRef]]:
     """What each step trained on (version before the step -> refs), from the train_step inputs in the history of
     every run of the workflow. A step issued again (after continue-as-new) must carry the same refs; `issued`
     counts how often each step was issued."""
@@ -83,7 +83,7 @@ async def trained(client, run_id: str, issued: dict[int, int] | None = None) -> 
     return steps
 
 
-async def children(client, run_id: str) -> list:  # type: ignore[no-untyped-def]
+async def children(client, run_id: str) -> list:
     """Every trajectory the run started (its child workflows), from Temporal visibility."""
     out = []
     async for wf in client.list_workflows(f"WorkflowType = 'TrajectoryWorkflow' AND TrajflowRun = '{run_id}'"):
@@ -104,7 +104,7 @@ async def test_async_run_respects_admission_and_staleness_bounds(
         runs = await children(st.client, run_id)
         start_versions = {w.id: await _min_policy_version(st.client, w.id) for w in runs}
 
-        async def all_closed():  # type: ignore[no-untyped-def]
+        async def all_closed():
             return all(w.status.name != "RUNNING" for w in await children(st.client, run_id))
 
         # cancelled redundant samples and leftovers end (cancelled), they do not run on or "recover"
@@ -127,7 +127,7 @@ async def test_async_run_respects_admission_and_staleness_bounds(
     assert progress.version == 3 and progress.counters.consumed == 12
 
 
-async def _started_request(client, workflow_id: str):  # type: ignore[no-untyped-def]
+async def _started_request(client, workflow_id: str):
     """The TrajectoryRequest a trajectory was started with, from its history's first event."""
     from trajflow.contracts.trajectory import TrajectoryRequest
 
@@ -138,7 +138,7 @@ async def _started_request(client, workflow_id: str):  # type: ignore[no-untyped
     raise AssertionError(f"{workflow_id} has no start event")
 
 
-async def _min_policy_version(client, workflow_id: str) -> int:  # type: ignore[no-untyped-def]
+async def _min_policy_version(client, workflow_id: str) -> int:
     return (await _started_request(client, workflow_id)).min_policy_version
 
 
@@ -166,7 +166,7 @@ async def test_stale_samples_are_dropped_never_trained(
         run_id = f"run-{uuid.uuid4().hex[:8]}"
         handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
 
-        async def at_v2():  # type: ignore[no-untyped-def]
+        async def at_v2():
             return (await training_progress(handle)).version >= 2
 
         await async_wait_for(at_v2, timeout_s=120, what="version 2")
@@ -199,7 +199,7 @@ async def test_continue_as_new_and_worker_restart_keep_the_run(
         run_id = f"run-{uuid.uuid4().hex[:8]}"
         handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
 
-        async def at_v2():  # type: ignore[no-untyped-def]
+        async def at_v2():
             return (await training_progress(handle)).version >= 2
 
         await async_wait_for(at_v2, timeout_s=120, what="version 2")
@@ -236,7 +236,7 @@ async def test_a_dead_docker_engine_pauses_admission_and_a_live_one_resumes_it(
         run_id = f"run-{uuid.uuid4().hex[:8]}"
         handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
 
-        async def paused():  # type: ignore[no-untyped-def]
+        async def paused():
             return (await training_progress(handle)).paused
 
         reason = await async_wait_for(paused, timeout_s=120, what="admission to pause")
@@ -253,14 +253,14 @@ async def test_a_dead_docker_engine_pauses_admission_and_a_live_one_resumes_it(
         assert (await training_progress(handle)).counters.started <= started_at_pause + 2
 
         # continue-as-new while paused, with replacements queued: the new run is paused with the same queue
-        async def queued():  # type: ignore[no-untyped-def]
+        async def queued():
             state = await handle.query(names.QUERY_STATE, result_type=TrainingState)
             return state if state.replacements else None
 
         before = await async_wait_for(queued, timeout_s=60, what="replacements queued while paused")
         await handle.signal(names.SIGNAL_CONTINUE_AS_NEW)
 
-        async def continued():  # type: ignore[no-untyped-def]
+        async def continued():
             state = await handle.query(names.QUERY_STATE, result_type=TrainingState)
             return state if state.continued == 1 else None
 
@@ -280,8 +280,8 @@ async def test_a_dead_docker_engine_pauses_admission_and_a_live_one_resumes_it(
     assert (await handle.describe()).search_attributes.get("TrajflowStatus") == ["done"]
 
 
-async def _running_members(client, run_id: str, group: str, count: int) -> list[str]:  # type: ignore[no-untyped-def]
-    async def running():  # type: ignore[no-untyped-def]
+async def _running_members(client, run_id: str, group: str, count: int) -> list[str]:
+    async def running():
         ids = [w.id for w in await children(client, run_id) if f"-{group}-" in w.id and w.status.name == "RUNNING"]
         return ids if len(ids) >= count else None
 
@@ -299,7 +299,7 @@ async def test_sync_mode_replaces_an_abandoned_group(temporal_env, reward_servic
         for wid in await _running_members(st.client, run_id, "g000001", 2):
             await st.client.get_workflow_handle(wid).terminate("test: a group that fails")
 
-        async def abandoned():  # type: ignore[no-untyped-def]
+        async def abandoned():
             return (await training_progress(handle)).counters.groups_abandoned == 1
 
         await async_wait_for(abandoned, timeout_s=60, what="the group to be abandoned")
@@ -314,7 +314,7 @@ async def test_sync_mode_replaces_an_abandoned_group(temporal_env, reward_servic
     assert sorted({r.group for r in steps[0]}) == ["g000000", "g000002"]  # the replacement group, same batch
 
 
-async def _task_of(client, workflow_id: str) -> str:  # type: ignore[no-untyped-def]
+async def _task_of(client, workflow_id: str) -> str:
     return (await _started_request(client, workflow_id)).task
 
 
@@ -353,7 +353,7 @@ async def test_continue_as_new_while_a_step_trains_issues_the_step_again(
         run_id = f"run-{uuid.uuid4().hex[:8]}"
         handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
 
-        async def training():  # type: ignore[no-untyped-def]
+        async def training():
             state = await handle.query(names.QUERY_STATE, result_type=TrainingState)
             return state.step is not None and state.version == 1
 
@@ -385,13 +385,13 @@ async def test_a_child_inherited_through_continue_as_new_that_ends_unreported_is
         first, _ = await _running_members(st.client, run_id, "g000000", 2)
         await handle.signal(names.SIGNAL_CONTINUE_AS_NEW)
 
-        async def continued():  # type: ignore[no-untyped-def]
+        async def continued():
             return (await handle.query(names.QUERY_STATE, result_type=TrainingState)).continued == 1
 
         await async_wait_for(continued, timeout_s=60, what="the run to continue as new")
         await st.client.get_workflow_handle(first).terminate("test: a trajectory that dies unreported")
 
-        async def noticed():  # type: ignore[no-untyped-def]
+        async def noticed():
             return (await training_progress(handle)).counters.infra_failed == 1
 
         await async_wait_for(noticed, timeout_s=60, what="the inherited child's end to be noticed")

@@ -23,17 +23,17 @@ OUT_OF_RANGE = "I guess \\boxed{999}"  # a valid-format guess outside the range:
 class GatedEngine:
     """Wraps an engine and holds its `gate_at`-th call (0-based) until released, so a test can act mid-episode."""
 
-    def __init__(self, inner, gate_at: int) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, inner, gate_at: int) -> None:
         self.inner = inner
         self.gate_at = gate_at
         self.calls = 0
         self.reached = asyncio.Event()
         self.released = asyncio.Event()
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+    def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
-    async def generate(self, prompt_ids, params, policy=""):  # type: ignore[no-untyped-def]
+    async def generate(self, prompt_ids, params, policy=""):
         call, self.calls = self.calls, self.calls + 1
         if call == self.gate_at:
             self.reached.set()
@@ -42,7 +42,7 @@ class GatedEngine:
 
 
 @pytest.fixture(scope="module")
-async def hf_engine(tiny_model):  # type: ignore[no-untyped-def]
+async def hf_engine(tiny_model):
     from trajflow.rl.engines.hf import HFEngine
 
     engine = HFEngine(tiny_model, max_batch=16, batch_wait_ms=20)
@@ -52,7 +52,7 @@ async def hf_engine(tiny_model):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture()
-def scripted(tiny_model):  # type: ignore[no-untyped-def]
+def scripted(tiny_model):
     from transformers import AutoTokenizer
 
     from trajflow.rl.engines.scripted import ScriptedEngine
@@ -60,14 +60,14 @@ def scripted(tiny_model):  # type: ignore[no-untyped-def]
     return ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), OUT_OF_RANGE)
 
 
-def load_record(store, uri: str | None) -> TrajectoryRecord:  # type: ignore[no-untyped-def]
+def load_record(store, uri: str | None) -> TrajectoryRecord:
     assert uri is not None, "the trajectory saved no record"
     return TrajectoryRecord.model_validate(store.get_json(uri))
 
 
 async def test_trajectory_with_a_real_policy_completes_and_is_stored(
     temporal_env, reward_service, store, sandbox_manager, hf_engine
-):  # type: ignore[no-untyped-def]
+):
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, hf_engine) as stack:
         result = await stack.run(stack.request(seed=7))
     assert result.status is TrajectoryStatus.COMPLETED, result.error
@@ -87,7 +87,7 @@ async def test_trajectory_with_a_real_policy_completes_and_is_stored(
 
 async def test_killed_container_is_restored_by_replay_and_the_episode_finishes(
     temporal_env, reward_service, store, sandbox_manager, docker_client, scripted
-):  # type: ignore[no-untyped-def]
+):
     engine = GatedEngine(scripted, gate_at=2)
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as stack:
         req = stack.request(env_id="game:GuessTheNumber-v0-hard", seed=3, env_kwargs={"max_turns": 6}, max_turns=6)
@@ -111,7 +111,7 @@ async def test_killed_container_is_restored_by_replay_and_the_episode_finishes(
 
 async def test_recovery_budget_spent_ends_infra_failed_and_unscored(
     temporal_env, reward_service, store, sandbox_manager, docker_client, scripted
-):  # type: ignore[no-untyped-def]
+):
     engine = GatedEngine(scripted, gate_at=1)
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as stack:
         req = stack.request(env_id="game:GuessTheNumber-v0-hard", seed=4, max_env_recoveries=0)
@@ -130,7 +130,7 @@ async def test_recovery_budget_spent_ends_infra_failed_and_unscored(
 
 async def test_twenty_turn_history_stays_small(
     temporal_env, reward_service, store, sandbox_manager, scripted
-):  # type: ignore[no-untyped-def]
+):
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, scripted) as stack:
         req = stack.request(env_id="game:GuessTheNumber-v0-hard", seed=1, env_kwargs={"max_turns": 20}, max_turns=20)
         handle = await stack.start(req)
@@ -159,7 +159,7 @@ async def test_twenty_turn_history_stays_small(
 
 async def test_two_tasks_send_llm_steps_to_their_own_decode_pools(
     temporal_env, reward_service, store, sandbox_manager, scripted
-):  # type: ignore[no-untyped-def]
+):
     a, b = f"a{uuid.uuid4().hex[:6]}", f"b{uuid.uuid4().hex[:6]}"
     async with running_stack(
         temporal_env, reward_service, store, sandbox_manager, scripted, decode_pools={a: scripted, b: scripted}
@@ -176,7 +176,7 @@ async def test_two_tasks_send_llm_steps_to_their_own_decode_pools(
 
 async def test_unknown_env_fails_as_env_error_not_infra(
     temporal_env, reward_service, store, sandbox_manager, scripted
-):  # type: ignore[no-untyped-def]
+):
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, scripted) as stack:
         result = await stack.run(stack.request(env_id="game:NoSuchGame-v0"))
     assert result.status is TrajectoryStatus.FAILED
@@ -186,7 +186,7 @@ async def test_unknown_env_fails_as_env_error_not_infra(
 
 async def test_concurrent_trajectories_share_decode_batches(
     temporal_env, reward_service, store, sandbox_manager, tiny_model
-):  # type: ignore[no-untyped-def]
+):
     from trajflow.rl.engines.hf import HFEngine
 
     # A generous batching window: sandboxes start at slightly different times, and the point here is that
@@ -209,7 +209,7 @@ async def test_concurrent_trajectories_share_decode_batches(
 
 async def test_a_reasoning_gym_env_runs_through_the_same_path(
     temporal_env, reward_service, store, sandbox_manager, hf_engine
-):  # type: ignore[no-untyped-def]
+):
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, hf_engine) as stack:
         result = await stack.run(stack.request(env_id="rg:basic_arithmetic", seed=5, max_turns=2))
     assert result.status is TrajectoryStatus.COMPLETED, result.error
@@ -219,7 +219,7 @@ async def test_a_reasoning_gym_env_runs_through_the_same_path(
 
 async def test_a_dead_env_host_is_noticed_by_schedule_to_start_and_another_host_restores_the_episode(
     temporal_env, reward_service, store, sandbox_manager, scripted
-):  # type: ignore[no-untyped-def]
+):
     from trajflow.contracts import names
     from workers.env import env_workers
 
@@ -271,7 +271,7 @@ class FailingImages:
 
 async def test_an_image_build_failure_is_retried_and_past_the_budget_ends_infra_failed_unscored(
     temporal_env, reward_service, store, sandbox_manager, scripted
-):  # type: ignore[no-untyped-def]
+):
     once = FailingImages(sandbox_manager.image, failures=1)
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, scripted, images=once) as stack:
         result = await stack.run(stack.request(env_id="game:GuessTheNumber-v0-hard", seed=6, max_turns=2))

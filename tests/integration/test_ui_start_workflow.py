@@ -37,7 +37,7 @@ CLICK_WAIT_MS = 1500
 right after filling it may do nothing and is repeated."""
 
 
-async def _start_from_ui(page, ui_url: str, workflow_id: str, payload: str, workflow_type: str = "TrajectoryWorkflow") -> None:  # type: ignore[no-untyped-def]
+async def _start_from_ui(page, ui_url: str, workflow_id: str, payload: str, workflow_type: str = "TrajectoryWorkflow") -> None:
     """Open the UI as the README says (the workflow list, then *Start Workflow*), fill the form and submit it."""
     from playwright.async_api import TimeoutError as PlaywrightTimeout
 
@@ -58,7 +58,7 @@ async def _start_from_ui(page, ui_url: str, workflow_id: str, payload: str, work
 
     start_path = f"/api/v1/namespaces/{NAMESPACE}/workflows/{workflow_id}"
 
-    def is_start(request) -> bool:  # type: ignore[no-untyped-def]
+    def is_start(request) -> bool:
         return request.method == "POST" and urlparse(request.url).path == start_path
 
     button = page.get_by_test_id("start-workflow-button")
@@ -82,7 +82,7 @@ async def _start_from_ui(page, ui_url: str, workflow_id: str, payload: str, work
     assert href and f"/namespaces/{NAMESPACE}/workflows/{workflow_id}/" in href, href
 
 
-async def _check_trajectory(cli_stack, workflow_id: str, payload: str, env_id: str, seed: int) -> None:  # type: ignore[no-untyped-def]
+async def _check_trajectory(cli_stack, workflow_id: str, payload: str, env_id: str, seed: int) -> None:
     client = await cli_stack.connect()
     handle = client.get_workflow_handle(workflow_id, result_type=TrajectoryResult)
     result = await asyncio.wait_for(handle.result(), RESULT_TIMEOUT_S)
@@ -117,7 +117,7 @@ async def _check_trajectory(cli_stack, workflow_id: str, payload: str, env_id: s
     ],
     ids=["defaults", "hard-seed-7"],
 )
-async def test_start_trajectory_from_web_ui(cli_stack, tmp_path: Path, payload: str, env_id: str, seed: int) -> None:  # type: ignore[no-untyped-def]
+async def test_start_trajectory_from_web_ui(cli_stack, tmp_path: Path, payload: str, env_id: str, seed: int) -> None:
     from playwright.async_api import async_playwright
 
     workflow_id = f"ui-test-{uuid.uuid4().hex[:12]}"
@@ -137,7 +137,7 @@ async def test_start_trajectory_from_web_ui(cli_stack, tmp_path: Path, payload: 
             await browser.close()
 
 
-async def _screenshots(page, ui_url: str, workflow_id: str, started: bool, tmp_path: Path) -> str:  # type: ignore[no-untyped-def]
+async def _screenshots(page, ui_url: str, workflow_id: str, started: bool, tmp_path: Path) -> str:
     """Best effort: the page as the failure left it and, once started, the workflow's page (status, input, result;
     the bare workflow URL redirects to the latest run's timeline)."""
     lines: list[str] = []
@@ -154,12 +154,12 @@ async def _screenshots(page, ui_url: str, workflow_id: str, started: bool, tmp_p
                 await page.get_by_role("heading", name=workflow_id).wait_for(timeout=15_000)
             await page.screenshot(path=str(path), full_page=True, timeout=15_000)
             lines.append(f"screenshot ({name}): {path}")
-        except Exception as exc:  # noqa: BLE001 - debugging aid only; never hide the real failure
+        except Exception as exc:
             lines.append(f"no {name} screenshot: {exc!r}")
     return "\n".join(lines)
 
 
-async def test_start_training_run_from_web_ui(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_start_training_run_from_web_ui(cli_stack, tmp_path: Path) -> None:
     """A TrainingWorkflow started from the form: one real optimizer step of the tiny model on one group."""
     from playwright.async_api import async_playwright
 
@@ -185,7 +185,7 @@ async def test_start_training_run_from_web_ui(cli_stack, tmp_path: Path) -> None
     assert "loss" in result.history[0].metrics  # a real step, not a simulated one
 
 
-async def test_bad_input_from_web_ui_fails_the_workflow_saying_what_to_fix(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_bad_input_from_web_ui_fails_the_workflow_saying_what_to_fix(cli_stack, tmp_path: Path) -> None:
     """A wrong-typed field typed into the form: the workflow fails at once, non-retryably, with a message naming the
     field (before, its workflow task failed and was retried forever, the workflow Running)."""
     from playwright.async_api import async_playwright

@@ -29,7 +29,7 @@ WRONG, RIGHT = "\\boxed{(x + 1)*(x + 2)}", "It is \\boxed{(3*x - 5)*(x + 9)}"  #
 
 
 @pytest.fixture()
-def package(store, cache_dir) -> str:  # type: ignore[no-untyped-def]
+def package(store, cache_dir) -> str:
     return package_env(FACTOR, str(ROOT / "examples" / "factoring"), store, cache_dir / "images", print)
 
 
@@ -89,7 +89,7 @@ async def test_a_request_without_its_package_fails_as_bad_input(
     assert "needs its package (env_package)" in (result.error or "")
 
 
-def test_the_warm_pool_keeps_user_env_sandboxes(sandbox_manager, package_images, package) -> None:  # type: ignore[no-untyped-def]
+def test_the_warm_pool_keeps_user_env_sandboxes(sandbox_manager, package_images, package) -> None:
     tag = package_images.image_for(FACTOR, package)
     pool = WarmPool(sandbox_manager, size=1)
     try:

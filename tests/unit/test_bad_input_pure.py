@@ -35,7 +35,7 @@ from trajflow.rewards.client import MAX_ANSWER_BYTES, RewardClient, RewardServic
 REPO = Path(__file__).resolve().parents[2]
 
 
-def message(model, data) -> str:  # type: ignore[no-untyped-def]
+def message(model, data) -> str:
     with pytest.raises(ValidationError) as info:
         model.model_validate(data)
     return explain_invalid(model, info.value, "fix the workflow input")
@@ -86,7 +86,7 @@ def test_env_ids_of_the_wrong_form_are_refused_with_examples(env_id: str) -> Non
         ),
     ],
 )
-def test_a_reward_model_and_its_spec_go_together(fields: dict, expected: str) -> None:  # type: ignore[type-arg]
+def test_a_reward_model_and_its_spec_go_together(fields: dict, expected: str) -> None:
     assert expected in message(TrajectoryRequest, fields)
 
 
@@ -101,7 +101,7 @@ def test_a_reward_model_and_its_spec_go_together(fields: dict, expected: str) ->
         ({"pools": {"decode": "gpu pool"}}, "pools.decode: String should match pattern"),
     ],
 )
-def test_user_facing_fields_are_capped(fields: dict, expected: str) -> None:  # type: ignore[type-arg]
+def test_user_facing_fields_are_capped(fields: dict, expected: str) -> None:
     assert expected in message(TrajectoryRequest, fields)
 
 
@@ -177,7 +177,7 @@ def test_the_reward_client_calls_garbage_a_bad_answer_naming_the_service(body: b
     assert expected in str(info.value) and not info.value.retryable
 
 
-def cli(*args: str):  # type: ignore[no-untyped-def]
+def cli(*args: str):
     from trajflow.cli import app
 
     return CliRunner().invoke(app, list(args))

@@ -210,7 +210,7 @@ class FakeDocker:
             raise docker.errors.ImageNotFound(tag)
         return SimpleNamespace(id=self.tags[tag])
 
-    def _list(self, all: bool) -> list[dict[str, str]]:  # noqa: A002 — docker's own keyword
+    def _list(self, all: bool) -> list[dict[str, str]]:
         assert all
         return [{"Id": i, "ParentId": p} for i, p in self.parents.items() if i not in self.removed]
 

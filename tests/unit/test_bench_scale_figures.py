@@ -20,7 +20,7 @@ from trajflow.observability.tracing import record_of
 MS = 1_000_000
 
 
-def _spans(run_id: str, calls: list[tuple[int, int]]) -> list:  # type: ignore[type-arg]
+def _spans(run_id: str, calls: list[tuple[int, int]]) -> list:
     """One traced trajectory: a root, and per (call ms, run ms) a call span with one run beneath it."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

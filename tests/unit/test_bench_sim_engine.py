@@ -29,7 +29,7 @@ class FakeWeights:
     def __init__(self, versions: dict[str, int]) -> None:
         self.versions = versions
 
-    def latest(self, policy: str):  # type: ignore[no-untyped-def]
+    def latest(self, policy: str):
         return None
 
     def latest_version(self, policy: str) -> int:

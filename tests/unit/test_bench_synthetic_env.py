@@ -66,5 +66,5 @@ def test_kwargs_round_trip_and_typos_are_refused() -> None:
         SyntheticSpec(sigma=-1.0)
 
 
-def _run(ep: SyntheticEpisode) -> list:  # type: ignore[type-arg]
+def _run(ep: SyntheticEpisode) -> list:
     return [ep.step("x") for _ in range(ep.turns)]

@@ -41,7 +41,7 @@ def test_train_rejects_contradictory_overrides_before_touching_the_stack() -> No
     assert r.exit_code == 2 and "sync mode is the alpha = 0 barrier" in r.output
 
 
-def test_eval_refuses_a_bad_policy_before_touching_the_stack(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_eval_refuses_a_bad_policy_before_touching_the_stack(tmp_path) -> None:
     from typer.testing import CliRunner
 
     from trajflow.cli import app

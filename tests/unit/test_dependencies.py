@@ -20,7 +20,7 @@ EXTRAS_OF_LOCK = {"base": (), "all": ("all",), "dev": ("dev",)}
 HEAVY = {"torch", "transformers", "tokenizers", "accelerate", "peft", "gguf", "docker", "moto"}
 
 
-def _pyproject() -> dict:  # type: ignore[type-arg]
+def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 

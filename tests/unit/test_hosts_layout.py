@@ -52,7 +52,7 @@ def test_four_host_example_container_options(tmp_path: Path) -> None:
     by_name = {h.name: h for h in placed}
     assert sorted(by_name) == ["decode", "env", "orchestrator", "trainer"]
 
-    def options(name: str) -> dict:  # type: ignore[type-arg]
+    def options(name: str) -> dict:
         host = by_name[name]
         return hosts.container_options(settings, layout, host, hosts.host_env(settings, layout, host, placed, "x"))
 

@@ -114,7 +114,7 @@ def test_shorten_keeps_one_line_within_width() -> None:
 def event(event_id: int, kind: int, **attrs: object) -> HistoryEvent:
     e = HistoryEvent(event_id=event_id, event_type=kind)  # type: ignore[arg-type]
     for name, value in attrs.items():
-        getattr(e, name).CopyFrom(value)  # type: ignore[arg-type]
+        getattr(e, name).CopyFrom(value)
     return e
 
 

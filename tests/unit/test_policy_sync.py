@@ -14,7 +14,7 @@ from trajflow.contracts.trajectory import SamplingParams
 from trajflow.rl.engines.hf import HFEngine
 
 
-def _perturbed(src, dst) -> None:  # type: ignore[no-untyped-def]
+def _perturbed(src, dst) -> None:
     """A copy of the checkpoint with every weight changed (as a trainer step would, only more)."""
     from transformers import AutoModelForCausalLM
 
@@ -27,7 +27,7 @@ def _perturbed(src, dst) -> None:  # type: ignore[no-untyped-def]
     model.save_pretrained(dst, safe_serialization=True)
 
 
-async def _greedy(path, prompt, params):  # type: ignore[no-untyped-def]
+async def _greedy(path, prompt, params):
     fresh = HFEngine(path, max_batch=1, batch_wait_ms=0)
     await fresh.start()
     try:
@@ -37,7 +37,7 @@ async def _greedy(path, prompt, params):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("prefix_cache_bytes", [0, 2**26], ids=["no-prefix-cache", "prefix-cache"])
-async def test_engine_follows_published_versions(tiny_model, tmp_path, prefix_cache_bytes) -> None:  # type: ignore[no-untyped-def]
+async def test_engine_follows_published_versions(tiny_model, tmp_path, prefix_cache_bytes) -> None:
     """With a prefix cache, the same prompt again after a new version must not reuse the old weights' keys."""
     store = LocalStore(tmp_path / "store")
     follower = PolicyStore(store, tmp_path / "decode-cache", pointer_ttl_s=0.0)
@@ -68,7 +68,7 @@ async def test_engine_follows_published_versions(tiny_model, tmp_path, prefix_ca
         await engine.close()
 
 
-def test_prune_keeps_the_newest_versions(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_prune_keeps_the_newest_versions(tiny_model, tmp_path) -> None:
     store = LocalStore(tmp_path / "store")
     policies = PolicyStore(store, tmp_path / "cache")
     for v in (1, 2, 3):
@@ -93,7 +93,7 @@ def test_split_policy_reads_a_pin_only_from_run_at_digits() -> None:
         assert split_policy(unpinned) == (unpinned, None)
 
 
-async def test_engine_serves_a_pinned_version_not_the_newest(tiny_model, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_engine_serves_a_pinned_version_not_the_newest(tiny_model, tmp_path) -> None:
     """`RUN@V` generates with exactly version V while newer versions are published; the newest still serves the
     unpinned run; a version that is not in the store is reported as not available (0) and never served."""
     store = LocalStore(tmp_path / "store")
@@ -131,7 +131,7 @@ async def test_engine_serves_a_pinned_version_not_the_newest(tiny_model, tmp_pat
         await engine.close()
 
 
-def test_caches_of_dead_workers_on_this_host_are_swept(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_caches_of_dead_workers_on_this_host_are_swept(tmp_path) -> None:
     import os
     import subprocess
 

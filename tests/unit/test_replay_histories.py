@@ -47,7 +47,7 @@ class ReorderedTrajectoryWorkflow(TrajectoryWorkflow):
     """A deliberately non-deterministic change: a timer before anything else, so every recorded command shifts."""
 
     @workflow.run
-    async def run(self, raw: RawValue = NO_INPUT) -> object:  # type: ignore[override]
+    async def run(self, raw: RawValue = NO_INPUT) -> object:
         await workflow.sleep(1)
         return await super().run(raw)
 

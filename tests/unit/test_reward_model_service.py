@@ -42,7 +42,7 @@ class _Model(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         SEEN.append({"path": self.path, "body": body, "auth": self.headers.get("authorization")})
         how = self.path.strip("/").split("/")[0]

@@ -43,7 +43,7 @@ def weights(ranks: TrainerRanks) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in ranks.trainer.unwrapped_model.state_dict().items()}
 
 
-def test_a_group_of_one_trains_keeps_and_resumes(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_group_of_one_trains_keeps_and_resumes(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert not launched()
     join_launched_group()  # nothing to join

@@ -210,7 +210,7 @@ def test_a_resumed_trainer_keeps_the_initial_model_as_its_reference(tiny_model: 
     assert_same_params(params(original), params(resumed), atol=1e-6)
 
 
-def test_logits_start_at_the_first_loss_token_and_change_nothing_but_the_work(tiny_model: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_logits_start_at_the_first_loss_token_and_change_nothing_but_the_work(tiny_model: Path, monkeypatch) -> None:
     # A shared prompt before every completion: the LM head skips it. Every path that reads logits runs (the
     # proximal and reference pass, the entropy bonus, two updates) and must give the step that logits at every
     # position give, to float error.

@@ -108,7 +108,7 @@ class FakeEngine:
         self.api = SimpleNamespace(containers=self._containers, images=self._images)
         self.images = SimpleNamespace(remove=self._remove)
 
-    def _containers(self, all: bool) -> list[dict[str, str]]:  # noqa: A002 — Docker's parameter name
+    def _containers(self, all: bool) -> list[dict[str, str]]:
         return [{"ImageID": image_id} for image_id in sorted(self.used)]
 
     def _images(self, name: str) -> list[dict[str, object]]:

@@ -107,7 +107,7 @@ def test_the_otlp_endpoint_comes_from_trajflow_or_opentelemetrys_variables(monke
 class _Receiver(BaseHTTPRequestHandler):
     bodies: list[tuple[str, bytes]] = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         _Receiver.bodies.append((self.path, body))
         self.send_response(200)

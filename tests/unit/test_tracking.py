@@ -75,7 +75,7 @@ def test_tensorboard_event_files_read_back(tmp_path: Path) -> None:
     assert "config" in " ".join(events.Tags()["tensors"])  # the resolved config, as text
 
 
-def wandb_records(path: Path) -> list:  # type: ignore[type-arg]
+def wandb_records(path: Path) -> list:
     """The records of an offline W&B run file (what `wandb sync` uploads): after a 7-byte header, LevelDB's log
     format (32 KiB blocks of chunks: crc32c, length, type), each record a `wandb_internal_pb2.Record`."""
     from wandb.proto import wandb_internal_pb2 as pb
@@ -137,10 +137,10 @@ def test_mlflow_logs_params_and_metrics_by_step(tmp_path: Path) -> None:
 
 def test_a_failing_backend_is_dropped_and_the_others_go_on(tmp_path: Path) -> None:
     class Broken:
-        def config(self, config) -> None:  # type: ignore[no-untyped-def]
+        def config(self, config) -> None:
             raise OSError("disk full")
 
-        def scalars(self, step, values) -> None:  # type: ignore[no-untyped-def]
+        def scalars(self, step, values) -> None:
             raise AssertionError("never called once dropped")
 
         def close(self) -> None: ...
@@ -149,9 +149,9 @@ def test_a_failing_backend_is_dropped_and_the_others_go_on(tmp_path: Path) -> No
         def __init__(self) -> None:
             self.steps: list[int] = []
 
-        def config(self, config) -> None: ...  # type: ignore[no-untyped-def]
+        def config(self, config) -> None: ...
 
-        def scalars(self, step, values) -> None:  # type: ignore[no-untyped-def]
+        def scalars(self, step, values) -> None:
             self.steps.append(step)
 
         def close(self) -> None: ...

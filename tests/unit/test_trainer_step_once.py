@@ -30,7 +30,7 @@ async def test_a_step_issued_again_while_it_trains_is_answered_once(tmp_path: Pa
         trainer._publish(inp.run_id, result, None)
         return result
 
-    trainer._train = counted  # type: ignore[method-assign]
+    trainer._train = counted
     ref = TrainRef(workflow_id="w", trajectory_uri="file:///w", group="g000000", reward=1.0, policy_version=0)
     inp = TrainStepInput(run_id="run", version=0, refs=[ref], trainer=TrainerConfig())
     first, again = await asyncio.gather(

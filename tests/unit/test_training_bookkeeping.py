@@ -9,7 +9,7 @@ from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryStatus
 from workflows.bookkeeping import Book
 
 
-def book(**fields) -> Book:  # type: ignore[no-untyped-def]
+def book(**fields) -> Book:
     fields.setdefault("tasks", [TaskConfig()])
     return Book(TrainingRunConfig(**fields), TrainingState(run_id="run"))
 
@@ -26,7 +26,7 @@ def admit(b: Book) -> list[list[str]]:
     return out
 
 
-def report(wid: str, status: TrajectoryStatus = TrajectoryStatus.COMPLETED, version: int = 0, reward: float = 1.0):  # type: ignore[no-untyped-def]
+def report(wid: str, status: TrajectoryStatus = TrajectoryStatus.COMPLETED, version: int = 0, reward: float = 1.0):
     group = wid.split("-")[1] if wid.count("-") == 2 else ""
     ok = status is TrajectoryStatus.COMPLETED
     return TrajectoryReport(

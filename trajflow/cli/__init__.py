@@ -11,11 +11,11 @@ from __future__ import annotations
 
 # Each module registers its commands on `app` when imported; the order here is the order of `--help`.
 from trajflow.cli import (
-    benchmarks,  # noqa: E402, F401
-    configs,  # noqa: E402, F401
-    inspection,  # noqa: E402, F401
-    runs,  # noqa: E402, F401
-    stack,  # noqa: E402, F401, I001
+    benchmarks,  # noqa: F401
+    configs,  # noqa: F401
+    inspection,  # noqa: F401
+    runs,  # noqa: F401
+    stack,  # noqa: F401
 )
 from trajflow.cli.common import app
 

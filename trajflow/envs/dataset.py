@@ -29,7 +29,7 @@ from typing import Any
 try:  # beside this file in the sandbox image, in the `envs` package on the host
     from trajflow.envs import verify
 except ImportError:  # pragma: no cover — the image's flat layout
-    import verify  # type: ignore[no-redef]
+    import verify
 
 HELD_OUT_FROM = 1_000_000
 """`trajflow.contracts.training.EvalConfig.first_seed`'s default."""

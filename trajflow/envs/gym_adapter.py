@@ -25,7 +25,7 @@ from gymnasium import error as gym_error
 if __package__:
     from trajflow.envs.gym_text import InterfaceFactory, InvalidAction, NoTextInterface, TextInterface, interface_for
 else:  # beside the runner in the sandbox image
-    from gym_text import InterfaceFactory, InvalidAction, NoTextInterface, TextInterface, interface_for  # type: ignore[no-redef]
+    from gym_text import InterfaceFactory, InvalidAction, NoTextInterface, TextInterface, interface_for
 
 FORMAT_ERROR_REWARD = -0.1
 """GEM's `LanguageGameReward.format_error_reward`: a reply with no valid action (the `success_or_penalty` reward

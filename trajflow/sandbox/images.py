@@ -320,7 +320,7 @@ class ImageResolver:
                 tag = image_for_env(self.client, self.cache_dir, env_id, self.progress)
         except UnknownTask:
             raise
-        except Exception as e:  # noqa: BLE001 — any failure to build is the same infra fault to the caller
+        except Exception as e:
             raise ImageBuildError(f"cannot build the image for {env_id!r}: {type(e).__name__}: {e}") from e
         with self._lock:
             self._tags[key] = tag

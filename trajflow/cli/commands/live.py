@@ -46,7 +46,7 @@ async def _query(
         handle = client.get_workflow_handle(workflow_id)
         value = await handle.query(names.QUERY_PROGRESS, result_type=result_type, rpc_timeout=QUERY_TIMEOUT)
         return value.model_dump(mode="json"), None
-    except Exception as e:  # noqa: BLE001 - one unanswered query must not hide the rest of the status
+    except Exception as e:
         return None, f"{type(e).__name__}: {e}"
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")

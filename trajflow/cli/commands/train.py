@@ -145,7 +145,7 @@ class StepLog:
         self.logged[record.step] = record
 
 
-async def follow_run(  # type: ignore[no-untyped-def]
+async def follow_run(
     handle, say: Say, give_up_after_s: float = 600.0, on_step: Callable[[StepRecord], None] | None = None
 ) -> TrainingResult:
     """Print a line per finished step, in version order, and a heartbeat line every 20 s until the run ends;

@@ -87,7 +87,7 @@ async def replay_env(
 
 
 async def _follow(
-    handle: WorkflowHandle,  # type: ignore[type-arg]
+    handle: WorkflowHandle,
     timeout_s: float,
     out: Callable[[str], None] | None,
     first_recorded: str,
@@ -118,7 +118,7 @@ async def _follow(
         result_task.cancel()
 
 
-async def _query(handle: WorkflowHandle) -> EnvReplayResult | None:  # type: ignore[type-arg]
+async def _query(handle: WorkflowHandle) -> EnvReplayResult | None:
     """The replay's progress, or None before its first workflow task ran (a query cannot be answered then)."""
     try:
         return await handle.query(names.QUERY_PROGRESS, result_type=EnvReplayResult)

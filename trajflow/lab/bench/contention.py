@@ -80,7 +80,7 @@ def _decode_child(model: Path, batch: int, new_tokens: int, rounds: int) -> None
 
         engine = HFEngine(model, max_batch=batch, batch_wait_ms=50, device="cpu", dtype=getattr(torch, dtype))
         await engine.start()
-        eos = set(engine._eos)  # noqa: SLF001 - prompts must not contain EOS
+        eos = set(engine._eos)
         vocab = int(engine.model.config.vocab_size)
         await decode_round(engine, prompts(2, vocab, seed=99, avoid=eos), 4)  # warm-up
         _emit("ready", threads=threads, dtype=dtype)

@@ -97,7 +97,7 @@ def check_decode(path: Path, device: str, batches: list[int], new_tokens: int) -
     async def run() -> list[dict[str, Any]]:
         engine = HFEngine(path, max_batch=max(batches), batch_wait_ms=20, device=device, dtype=getattr(torch, precision.dtype))
         await engine.start()
-        vocab, eos = int(engine.model.config.vocab_size), set(engine._eos)  # noqa: SLF001 - prompts avoid EOS
+        vocab, eos = int(engine.model.config.vocab_size), set(engine._eos)
         try:
             await decode_round(engine, prompts(2, vocab, seed=99, avoid=eos), 8)  # warm-up: kernels, allocator
             rows = []

@@ -77,7 +77,7 @@ class RunFigures:
         return dict(self.__dict__)
 
 
-def _task(st: BenchStack, w: Workload, sigma: float):  # type: ignore[no-untyped-def]
+def _task(st: BenchStack, w: Workload, sigma: float):
     from trajflow.contracts.tasks import TaskConfig
     from trajflow.contracts.trajectory import SamplingParams, StagePools
     from trajflow.lab.bench.synthetic_env import ENV_ID, SyntheticSpec
@@ -159,14 +159,14 @@ async def _terminate_leftovers(st: BenchStack, run_id: str, timeout_s: float = 1
         for wid in running:
             try:
                 await st.client.get_workflow_handle(wid).terminate("bench: the run that started it has ended")
-            except Exception:  # noqa: BLE001 - it ended on its own meanwhile
+            except Exception:
                 pass
             ended.add(wid)
         await asyncio.sleep(0.2)
     return len(ended)
 
 
-async def _result_with_progress(handle, label: str, steps: int, t0: float, say: Say):  # type: ignore[no-untyped-def]
+async def _result_with_progress(handle, label: str, steps: int, t0: float, say: Say):
     """The run's result; meanwhile a line each time a step ends (the `progress` query, every 2 s)."""
     from trajflow.client import training_progress
 
@@ -204,7 +204,7 @@ async def _admission_spans(st: BenchStack, run_id: str, batch_size: int) -> tupl
     return spans, len(runs)
 
 
-async def _trajectory_level(st: BenchStack, reqs: list, ids: list[str]) -> tuple[float, list]:  # type: ignore[type-arg]
+async def _trajectory_level(st: BenchStack, reqs: list, ids: list[str]) -> tuple[float, list]:
     from trajflow.client import start_trajectory
 
     t0 = time.monotonic()
@@ -215,7 +215,7 @@ async def _trajectory_level(st: BenchStack, reqs: list, ids: list[str]) -> tuple
     return time.monotonic() - t0, results
 
 
-async def _batch_level(st: BenchStack, reqs: list, ids: list[str]) -> tuple[float, object]:  # type: ignore[type-arg]
+async def _batch_level(st: BenchStack, reqs: list, ids: list[str]) -> tuple[float, object]:
     from trajflow.lab.bench.contracts import BATCH_ROLLOUT_WORKFLOW, BatchRolloutInput, BatchRolloutResult
 
     t0 = time.monotonic()
@@ -229,7 +229,7 @@ async def _batch_level(st: BenchStack, reqs: list, ids: list[str]) -> tuple[floa
     return time.monotonic() - t0, result
 
 
-def _episodes(st: BenchStack, w: Workload, sigma: float, name: str, first_seed: int) -> tuple[list, list[str]]:  # type: ignore[type-arg]
+def _episodes(st: BenchStack, w: Workload, sigma: float, name: str, first_seed: int) -> tuple[list, list[str]]:
     task = _task(st, w, sigma)
     reqs = [task.request(first_seed + i) for i in range(w.batch_size)]
     return reqs, [f"{name}-e{i:03d}" for i in range(w.batch_size)]

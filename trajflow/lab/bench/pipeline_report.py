@@ -107,7 +107,7 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def summarize(  # noqa: PLR0913
+def summarize(
     w: Workload,
     calibration: dict[str, float],
     pilot: RunFigures,

@@ -103,7 +103,7 @@ async def _end_leftovers(client: Client, run_id: str) -> int:
         try:
             await client.get_workflow_handle(wf.id).terminate("bench real: the mode that started it has ended")
             ended += 1
-        except Exception:  # noqa: BLE001 - it ended on its own meanwhile
+        except Exception:
             pass
     return ended
 

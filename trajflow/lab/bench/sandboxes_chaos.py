@@ -114,7 +114,7 @@ async def run_episode(
                 try:
                     step = await ops.step(handle, action)
                     break
-                except Exception as e:  # noqa: BLE001 — classified by _spend exactly as the workflow does
+                except Exception as e:
                     ep.failures.append(f"env.step:{error_type(e)}")
                     _spend(ep, e, budget, "env.step")
                     await _close(ops, handle, ep)
@@ -140,7 +140,7 @@ async def _open(
         while True:
             try:
                 return (await ops.reset(list(done))).handle
-            except Exception as e:  # noqa: BLE001 — classified below as Temporal and the workflow do
+            except Exception as e:
                 ep.failures.append(f"env.reset:{error_type(e)}")
                 if not retryable(e) or attempt >= budget.reset_attempts:
                     _spend(ep, e, budget, "env.reset")
@@ -165,7 +165,7 @@ def _spend(ep: Episode, err: Exception, budget: Budget, what: str) -> None:
 async def _close(ops: EpisodeOps, handle: SandboxHandle, ep: Episode) -> None:
     try:
         await ops.close(handle)
-    except Exception as e:  # noqa: BLE001 — the workflow logs a failed close and carries on; so do we, counted
+    except Exception as e:
         ep.close_errors.append(f"{error_type(e)}: {e}")
 
 

@@ -80,7 +80,7 @@ class ScaleWorkload:
 def quick_scale(**fields: object) -> ScaleWorkload:
     """A smoke run (~2 min): 20 and 100 in flight, 3 short turns, 15-s windows."""
     base = ScaleWorkload(levels=(20, 100), turns=3, decode_s=1.0, env_s=1.0, window_s=15.0, trace_share=0.5)
-    return replace(base, **fields)  # type: ignore[arg-type]
+    return replace(base, **fields)
 
 
 @dataclass
@@ -121,7 +121,7 @@ class _Loop:
         self.in_flight = 0
         """Started and not yet ended, at the last count."""
 
-    def _request(self, i: int):  # type: ignore[no-untyped-def]
+    def _request(self, i: int):
         from trajflow.contracts.trajectory import SamplingParams, StagePools, TrajectoryRequest
         from trajflow.lab.bench.synthetic_env import ENV_ID, SyntheticSpec
 

@@ -50,10 +50,10 @@ class SoakWorkload:
 
 def quick_soak(**fields: object) -> SoakWorkload:
     """The CI run (~2 min): 60 steps, continuing as new every few steps."""
-    return replace(SoakWorkload(steps=60, batch_size=4, group_size=2, history_events=300), **fields)  # type: ignore[arg-type]
+    return replace(SoakWorkload(steps=60, batch_size=4, group_size=2, history_events=300), **fields)
 
 
-def audit(result, steps: int, batch: int, visible: dict[str, int], running: int) -> list[str]:  # type: ignore[no-untyped-def]
+def audit(result, steps: int, batch: int, visible: dict[str, int], running: int) -> list[str]:
     """What does not add up (empty: nothing lost). `visible`: the run's TrajectoryWorkflows by execution
     status, from visibility; `running`: how many of them still run."""
     c = result.counters

@@ -220,7 +220,7 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
         if reward_proc is None:
             try:  # it may still come up: wait for it, so that it is ended too
                 reward_proc = (await reward_task)[0]
-            except Exception:  # noqa: BLE001 - it failed to start; it stopped itself
+            except Exception:
                 reward_proc = None
         if reward_proc is not None:
             stop_process(reward_proc)

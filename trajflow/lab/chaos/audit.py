@@ -140,7 +140,7 @@ def audit(records: RunRecords) -> ChaosCounts:
     )
 
 
-async def collect(client, store, run_id: str, steps_completed: int, steps_configured: int, started: int) -> RunRecords:  # type: ignore[no-untyped-def]
+async def collect(client, store, run_id: str, steps_completed: int, steps_configured: int, started: int) -> RunRecords:
     """Read a finished run's records: visibility, every execution's history of the training workflow, the store."""
     import asyncio
 
@@ -175,7 +175,7 @@ async def collect(client, store, run_id: str, steps_completed: int, steps_config
     def read(ref: TrainRef) -> tuple[str, StoredOutcome]:
         try:
             rec = TrajectoryRecord.model_validate(store.get_json(ref.trajectory_uri))
-        except Exception:  # noqa: BLE001 - an unreadable record is itself the finding
+        except Exception:
             return ref.workflow_id, StoredOutcome(status=None, reward=None)
         return ref.workflow_id, StoredOutcome(status=rec.status.value, reward=rec.reward)
 

@@ -110,7 +110,7 @@ def chaos_run_config(config: RunConfig, quick: bool) -> TrainingRunConfig:
 
 
 class Chaos:
-    def __init__(  # type: ignore[no-untyped-def]
+    def __init__(
         self, settings: Settings, client, store, run_id: str, run: TrainingRunConfig, say: Say
     ) -> None:
         self.settings, self.client, self.store = settings, client, store
@@ -136,7 +136,7 @@ class Chaos:
                 p = await self.handle.query(names.QUERY_PROGRESS, result_type=TrainingProgress)
                 self.progress = p
                 self.timeline.append((self.now(), ended(p), p.version))
-            except Exception:  # noqa: BLE001 - server restarting or between continue-as-new runs
+            except Exception:
                 pass
             await sleep_or(done, 1.0)
 
@@ -212,7 +212,7 @@ class Chaos:
         """The run's progress queried now; the last 1-s sample if the query fails."""
         try:
             return await self.handle.query(names.QUERY_PROGRESS, result_type=TrainingProgress)
-        except Exception:  # noqa: BLE001 - server restarting, between continue-as-new runs
+        except Exception:
             assert self.progress is not None
             return self.progress
 
@@ -235,7 +235,7 @@ class Chaos:
                     return min(started - running)
                 else:
                     running &= started
-            except Exception:  # noqa: BLE001 - between continue-as-new runs
+            except Exception:
                 pass
             await sleep_or(done, 0.1)
         return None
@@ -274,7 +274,7 @@ class Chaos:
                     for a in (await self.handle.describe()).raw_description.pending_activities
                     if a.activity_type.name == names.TRAIN_STEP and a.activity_id == activity_id
                 ]
-            except Exception:  # noqa: BLE001 - server restarting, between continue-as-new runs
+            except Exception:
                 pending = None
             if pending == []:
                 return 0
@@ -357,7 +357,7 @@ async def run_chaos(
     )
 
 
-async def _settle(client, run_id: str, timeout_s: float, say: Say) -> None:  # type: ignore[no-untyped-def]
+async def _settle(client, run_id: str, timeout_s: float, say: Say) -> None:
     """Wait for the run's leftover trajectories (cancelled at its end) to close; what still runs then is lost."""
     query = f"{names.SA_RUN} = '{run_id}' AND ExecutionStatus = 'Running'"
     deadline = time.monotonic() + timeout_s

@@ -55,7 +55,7 @@ def eval_scalars(result: EvalResult) -> dict[str, float]:
 class Fanout:
     """Every tracker of a run as one; a tracker that fails is closed and dropped with a warning, never the run."""
 
-    def __init__(self, trackers: list[tuple[str, Tracker]], warn) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, trackers: list[tuple[str, Tracker]], warn) -> None:
         self.trackers = trackers
         self.warn = warn
 
@@ -63,11 +63,11 @@ class Fanout:
     def names(self) -> list[str]:
         return [name for name, _ in self.trackers]
 
-    def _each(self, call) -> None:  # type: ignore[no-untyped-def]
+    def _each(self, call) -> None:
         for name, tracker in list(self.trackers):
             try:
                 call(tracker)
-            except Exception as e:  # noqa: BLE001 - logging must not end a training run
+            except Exception as e:
                 self.warn(f"tracking: {name} failed ({type(e).__name__}: {e}); it logs nothing more")
                 self.trackers.remove((name, tracker))
 
@@ -81,7 +81,7 @@ class Fanout:
         self._each(lambda t: t.close())
 
 
-def open_trackers(config: TrackingConfig, run_dir: Path, run_id: str, warn) -> Fanout:  # type: ignore[no-untyped-def]
+def open_trackers(config: TrackingConfig, run_dir: Path, run_id: str, warn) -> Fanout:
     """The trackers `config` names, each opened on `run_dir`. A backend whose package is missing raises a
     RuntimeError saying what to install, before the run starts."""
     trackers: list[tuple[str, Tracker]] = []
