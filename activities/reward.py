@@ -75,7 +75,8 @@ class RewardActivities:
             timings=inp.timings,
         )
         info = activity.info()
-        if info.workflow_id is None or info.workflow_run_id is None:  # a standalone activity has no run to file it under
+        # a standalone activity has no run to file it under
+        if info.workflow_id is None or info.workflow_run_id is None:
             raise ApplicationError(
                 f"{names.TRAJECTORY_SAVE} saves a trajectory workflow's record; it was not started by a workflow",
                 type=names.ERR_BAD_REQUEST,

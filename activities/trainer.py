@@ -3,8 +3,8 @@ optimizer in memory between steps and reloads them from the store's checkpoint w
 
 A step is idempotent: its result is recorded in the store before the new version is published, and a retried
 step whose version is already published returns that record instead of training again. A step issued again while
-this worker still trains it (its workflow continued as new mid-step and issued it anew) waits for that one. Per step it writes, in
-this order: the trainer checkpoint (model + optimizer + version) of version v+1, the step record, then the
+this worker still trains it (its workflow continued as new mid-step and issued it anew) waits for that one. Per step it
+writes, in this order: the trainer checkpoint (model + optimizer + version) of version v+1, the step record, then the
 policy weights of v+1 and the `latest` pointer decode workers follow. Old checkpoints and versions are pruned.
 
 The step loads the referenced trajectory records and turns them into training samples with
@@ -12,8 +12,8 @@ The step loads the referenced trajectory records and turns them into training sa
 a batch holding an unscored or token-less trajectory fails without retry (`ERR_BAD_REQUEST`).
 
 Under `accelerate launch` this activity runs on rank 0 only: each step goes to every rank as an
-`trajflow.rl.distributed.StepOrder` and is trained by all of them (`TrainerRanks.lead`); rank 0 alone writes to the store.
-A step that breaks the rank group fails with `ERR_TRAINER_RANKS` (retried) and `on_broken` is called, so the
+`trajflow.rl.distributed.StepOrder` and is trained by all of them (`TrainerRanks.lead`); rank 0 alone writes to the
+store. A step that breaks the rank group fails with `ERR_TRAINER_RANKS` (retried) and `on_broken` is called, so the
 worker stops and the launcher restarts every rank; `keep_followers` pings idle ranks, `release_followers` lets
 them exit. A single process is a group of one and trains exactly as before.
 """
@@ -63,8 +63,8 @@ class TrainerActivities:
         device: str = "auto",
     ) -> None:
         """`export_dtype`: the dtype published weights are written in, the decode workers' choice
-        (`trajflow.rl.engines.load.decode_precision`); they cast on load, so another dtype still works, at a cost in bytes
-        (float32) or precision (bfloat16). `ranks`: the launched rank group this process leads (None: this
+        (`trajflow.rl.engines.load.decode_precision`); they cast on load, so another dtype still works, at a cost in
+        bytes (float32) or precision (bfloat16). `ranks`: the launched rank group this process leads (None: this
         process alone, built on the first step, computing on `device`: a setting, `trajflow.rl.devices`). `on_broken`:
         called (on the event loop) when a step broke the rank group."""
         self.store = store

@@ -105,7 +105,8 @@ def _check_ca(settings: Settings) -> None:
         ssl.create_default_context(cafile=str(settings.temporal_tls_ca_file))
     except ssl.SSLError as e:
         raise ConnectionSettingsError(
-            f"{variable('temporal_tls_ca_file')}={settings.temporal_tls_ca_file}: not a CA certificate OpenSSL can load: "
+            f"{variable('temporal_tls_ca_file')}={settings.temporal_tls_ca_file}: not a CA certificate OpenSSL can "
+            "load: "
             f"{e.reason or e}"
         ) from None
 
@@ -140,7 +141,9 @@ async def explain_failure(settings: Settings, error: BaseException) -> TemporalC
         if found is not None:
             return found
     if "Connection refused" in text or "ConnectionRefused" in text:
-        return TemporalConnectionError(f"Temporal at {address}: nothing accepts connections there ({text})", permanent=False)
+        return TemporalConnectionError(
+            f"Temporal at {address}: nothing accepts connections there ({text})", permanent=False
+        )
     host, port = _host_port(address)
     if not settings.temporal_tls_enabled:
         if await asyncio.to_thread(_speaks_tls, host, port, settings.temporal_tls_server_name):
@@ -205,12 +208,19 @@ def _tls_failure(settings: Settings, text: str) -> TemporalConnectionError | Non
         return TemporalConnectionError(
             f"Temporal at {address}: the proxy in front of it answered HTTP {proxied.group(1)} instead of gRPC. nginx "
             f"answers 400 to a missing or rejected client certificate: check {variable('temporal_tls_cert_file')} and "
-            f"{variable('temporal_tls_key_file')} (a certificate signed by a CA the proxy trusts). The SDK said: {text}",
+            f"{variable('temporal_tls_key_file')} (a certificate signed by a CA the proxy trusts). The SDK said: "
+            f"{text}",
             permanent=True,
         )
     alert = re.search(r"received fatal alert: (\w+)", text)
-    if alert is not None and alert.group(1) in ("CertificateRequired", "UnknownCA", "BadCertificate",
-                                                 "CertificateUnknown", "CertificateExpired", "AccessDenied"):
+    if alert is not None and alert.group(1) in (
+        "CertificateRequired",
+        "UnknownCA",
+        "BadCertificate",
+        "CertificateUnknown",
+        "CertificateExpired",
+        "AccessDenied",
+    ):
         return _rejected(settings, f"TLS alert {alert.group(1)}", text)
     if "PrivateKeyParseError" in text or "InvalidPrivateKey" in text:
         return TemporalConnectionError(
@@ -221,8 +231,14 @@ def _tls_failure(settings: Settings, text: str) -> TemporalConnectionError | Non
 
 
 def _refused_credentials(settings: Settings, detail: str) -> TemporalConnectionError:
-    used = [v for v, on in (("the API key", settings.temporal_api_key), ("the client certificate",
-                                                                         settings.temporal_tls_cert_file)) if on]
+    used = [
+        v
+        for v, on in (
+            ("the API key", settings.temporal_api_key),
+            ("the client certificate", settings.temporal_tls_cert_file),
+        )
+        if on
+    ]
     return TemporalConnectionError(
         f"Temporal at {settings.temporal_address} refused {' and '.join(used) or 'the call (no credentials given)'} "
         f"for namespace {settings.temporal_namespace!r}: check {variable('temporal_api_key')}, the certificate files "
@@ -234,8 +250,10 @@ def _refused_credentials(settings: Settings, detail: str) -> TemporalConnectionE
 def _rejected(settings: Settings, alert: str, text: str) -> TemporalConnectionError:
     cert = settings.temporal_tls_cert_file
     if cert is None:
-        hint = (f"it requires a client certificate: set {variable('temporal_tls_cert_file')} and "
-                f"{variable('temporal_tls_key_file')}")
+        hint = (
+            f"it requires a client certificate: set {variable('temporal_tls_cert_file')} and "
+            f"{variable('temporal_tls_key_file')}"
+        )
     else:
         hint = f"it does not accept {variable('temporal_tls_cert_file')}={cert}: give one signed by a CA it trusts"
     return TemporalConnectionError(

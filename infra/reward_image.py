@@ -5,11 +5,11 @@ the service with `python3 -m trajflow.rewards.service`, which listens on `$HOST`
 (8080 unless the platform sets it), as an unprivileged user (uid 65534, nobody), with nothing else in it.
 
 How it is made (no image registry is reachable, so everything is built here):
-- `FROM` the Debian base layer that the sandbox layers use too (`trajflow.sandbox.builder.base.ensure_base_image`: bookworm
-  minbase + python3, no pip).
+- `FROM` the Debian base layer that the sandbox layers use too (`trajflow.sandbox.builder.base.ensure_base_image`:
+  bookworm minbase + python3, no pip).
 - The service's runtime dependencies, pinned to the versions in the project's environment, are fetched on the
-  host with `pip wheel` (`trajflow.sandbox.builder.wheels.download_wheels`) and installed by a build stage with pip run from
-  its own wheel, so the wheels and pip stay out of the final image.
+  host with `pip wheel` (`trajflow.sandbox.builder.wheels.download_wheels`) and installed by a build stage with pip run
+  from its own wheel, so the wheels and pip stay out of the final image.
 - The sources of the `trajflow.rewards` and `trajflow.contracts` packages and of `trajflow.envs.verify` (the
   verifier rewards' answer checkers), read where Python imports them from (an installed wheel or a checkout), are
   copied in (and byte-compiled).
@@ -43,7 +43,13 @@ from trajflow.sandbox.builder.docker_build import (
     image_exists,
     quiet,
 )
-from trajflow.sandbox.builder.wheels import PIP_REQUIREMENT, cached_wheels, download_wheels, wheel_build_stage, wheel_dir
+from trajflow.sandbox.builder.wheels import (
+    PIP_REQUIREMENT,
+    cached_wheels,
+    download_wheels,
+    wheel_build_stage,
+    wheel_dir,
+)
 
 REWARD_REPO = "trajflow-reward"
 REWARD_FORMAT = 1
@@ -123,7 +129,9 @@ def source_files() -> dict[str, bytes]:
 
 def reward_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
     """The image's Dockerfile; a build stage installs the wheels so they (and pip) stay out of the image."""
-    return wheel_build_stage(base_tag, wheel_names, REWARD_REQUIREMENTS, SITE_DIR) + f"""\
+    return (
+        wheel_build_stage(base_tag, wheel_names, REWARD_REQUIREMENTS, SITE_DIR)
+        + f"""\
 COPY app/ {APP_DIR}/
 RUN python3 -m compileall -q {APP_DIR}
 
@@ -137,6 +145,7 @@ USER {SERVICE_UID}:{SERVICE_UID}
 EXPOSE {DEFAULT_PORT}
 CMD ["python3", "-m", "trajflow.rewards.service"]
 """
+    )
 
 
 def reward_image_tag(base_tag: str, wheel_hashes: dict[str, str], sources: dict[str, bytes]) -> str:

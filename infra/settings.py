@@ -83,8 +83,8 @@ class Settings(BaseSettings):
     s3_region: str = "us-east-1"
     s3_create_bucket: bool = False
     metrics_port: int | None = None
-    """This worker's Prometheus `/metrics` port (the SDK's metrics and trajflow's, `trajflow.observability.metrics`); None: it
-    serves none. `trajflow up` gives each worker its own."""
+    """This worker's Prometheus `/metrics` port (the SDK's metrics and trajflow's, `trajflow.observability.metrics`);
+    None: it serves none. `trajflow up` gives each worker its own."""
     metrics_host: str = "127.0.0.1"
     """The address a worker's `/metrics` listens on (`0.0.0.0` in a host's container)."""
     prometheus_port: int = 9090
@@ -93,8 +93,9 @@ class Settings(BaseSettings):
     temporal_metrics_port: int | None = None
     """The dev server's own Prometheus metrics port; None: `trajflow up` picks a free one when it starts Prometheus."""
     traces: bool = True
-    """Workers trace every trajectory with OpenTelemetry (`trajflow.observability.tracing`): over OTLP when `otlp_endpoint` is
-    set, else to JSON-lines files under `traces_dir` that `trajflow trace` reads; false: no spans at all."""
+    """Workers trace every trajectory with OpenTelemetry (`trajflow.observability.tracing`): over OTLP when
+    `otlp_endpoint` is set, else to JSON-lines files under `traces_dir` that `trajflow trace` reads; false: no spans at
+    all."""
     trace_dir: Path | None = None
     """Where the workers' span files go; None: `traces` under the state dir (`trajflow up --hosts` points every
     host container at the machine's, mounted)."""
@@ -169,7 +170,8 @@ class Settings(BaseSettings):
 
     @property
     def traces_dir(self) -> Path:
-        """One JSON-lines file of spans per worker process, when no OTLP endpoint is set (`trajflow.observability.tracing`)."""
+        """One JSON-lines file of spans per worker process, when no OTLP endpoint is set
+        (`trajflow.observability.tracing`)."""
         return self.trace_dir or self.state_dir / "traces"
 
     @property

@@ -126,7 +126,9 @@ def up(settings: Settings, config: RunConfig, config_path: Path, progress: Progr
         progress(f"{comp.name}: started (pid {rec.pid}, log {rec.log})")
         if comp.name == "temporal":
             asyncio.run(wait_until_reachable(settings, timeout_s=60))
-            progress(f"temporal: serving at {settings.temporal_address}, Web UI http://127.0.0.1:{settings.temporal_ui_port}")
+            progress(
+                f"temporal: serving at {settings.temporal_address}, Web UI http://127.0.0.1:{settings.temporal_ui_port}"
+            )
         elif comp.name == "reward-service":
             _wait_http(f"{settings.resolved_reward_url}/healthz", rec, timeout_s=60)
             progress(f"reward-service: healthy at {settings.resolved_reward_url}")

@@ -65,14 +65,23 @@ def dev_server_command(settings: Settings, metrics_port: int | None = None) -> l
     host, _, port = settings.temporal_address.rpartition(":")
     settings.temporal_db.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
-        temporal_binary(), "server", "start-dev",
-        "--ip", host or "127.0.0.1",
-        "--port", port,
-        "--namespace", settings.temporal_namespace,
-        "--db-filename", str(settings.temporal_db),
-        "--sqlite-pragma", "journal_mode=wal",
-        "--sqlite-pragma", "synchronous=normal",
-        "--log-level", "warn",
+        temporal_binary(),
+        "server",
+        "start-dev",
+        "--ip",
+        host or "127.0.0.1",
+        "--port",
+        port,
+        "--namespace",
+        settings.temporal_namespace,
+        "--db-filename",
+        str(settings.temporal_db),
+        "--sqlite-pragma",
+        "journal_mode=wal",
+        "--sqlite-pragma",
+        "synchronous=normal",
+        "--log-level",
+        "warn",
     ]
     if metrics_port is not None:
         cmd += ["--metrics-port", str(metrics_port)]
@@ -110,8 +119,8 @@ _QUIET: list = []
 
 
 def _runtime(settings: Settings, quiet: bool):
-    """A worker with a metrics port serves `/metrics` through its runtime (`trajflow.observability.metrics`); `quiet`: errors
-    only; else the SDK's default runtime."""
+    """A worker with a metrics port serves `/metrics` through its runtime (`trajflow.observability.metrics`); `quiet`:
+    errors only; else the SDK's default runtime."""
     if settings.metrics_port is not None:
         from trajflow.observability.metrics import runtime_for
 
@@ -140,7 +149,9 @@ async def ensure_search_attributes(client: Client) -> list[str]:
     from temporalio.api.enums.v1 import IndexedValueType
     from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 
-    known = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=client.namespace))
+    known = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=client.namespace)
+    )
     wanted = {name: kind for name, kind in SEARCH_ATTRIBUTES.items() if name not in known.custom_attributes}
     missing = {name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}") for name, kind in wanted.items()}
     if missing:

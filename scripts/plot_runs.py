@@ -4,7 +4,8 @@ Usage: python scripts/plot_runs.py OUT.png LABEL=RUN_DIR/summary.json [LABEL=...
 
 Each summary is the `summary.json` that `trajflow train` writes; the held-out mean reward after training is
 marked at each run's last step. Limits: needs matplotlib (a project dependency) and trajflow importable (the
-project's venv, or PYTHONPATH=.: the summaries are read as `trajflow.contracts.runs.RunSummary`); reads only the summaries.
+project's venv, or PYTHONPATH=.: the summaries are read as `trajflow.contracts.runs.RunSummary`); reads only the
+summaries.
 """
 
 from __future__ import annotations
@@ -35,8 +36,15 @@ def main(argv: list[str]) -> int:
         for ax, xs in ((by_step, steps), (by_time, minutes)):
             (line,) = ax.plot(xs, rewards, marker="o", ms=3, label=f"{label}: training batch")
             if after is not None:
-                ax.plot([xs[-1]], [after], marker="*", ms=12, color=line.get_color(), ls="none",
-                        label=f"{label}: held-out after ({after:.2f})")
+                ax.plot(
+                    [xs[-1]],
+                    [after],
+                    marker="*",
+                    ms=12,
+                    color=line.get_color(),
+                    ls="none",
+                    label=f"{label}: held-out after ({after:.2f})",
+                )
     by_step.set_xlabel("optimizer step")
     by_time.set_xlabel("wall time (min)")
     for ax in (by_step, by_time):

@@ -120,7 +120,9 @@ async def pending_work(client, run_id: str) -> str:
     for task in asyncio.all_tasks():
         stack = task.get_stack(limit=3)
         if stack:
-            where = " <- ".join(f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} {f.f_code.co_name}" for f in stack)
+            where = " <- ".join(
+                f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} {f.f_code.co_name}" for f in stack
+            )
             out.write(f"--- task {task.get_name()}: {where}\n")
     return "\n".join(lines or [f"no running workflow of run {run_id}"]) + "\n" + out.getvalue()
 
@@ -381,7 +383,8 @@ def started_cli_stack(cache_dir: Path, config: Path, prefix: str = "tf-state-") 
         "TRAJFLOW_TEMPORAL_UI_PORT": str(ui_port),
         "TRAJFLOW_REWARD_PORT": str(free_port()),
         "TRAJFLOW_PROMETHEUS_PORT": str(free_port()),
-        "TRAJFLOW_OTLP_ENDPOINT": "",  # spans to the state dir's files (test_traces reads them), whatever the shell says
+        # spans to the state dir's files (test_traces reads them), whatever the shell says
+        "TRAJFLOW_OTLP_ENDPOINT": "",
         # this checkout's code for the `trajflow` command too (the workers, `python -m trajflow` here, have it
         # already), not an editable install of another checkout
         "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),

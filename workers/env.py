@@ -3,7 +3,8 @@
 At start it builds (or finds cached) the runtime image and reaps sandboxes left by dead env workers. It polls
 each pool's shared queue for resets and its own host queue for the steps of the sandboxes it holds. A warm pool
 keeps `sandbox_warm_pool` started sandboxes waiting for each env it has served. A user's `py:` env gets its
-image layer from its package in the object store on first use (`trajflow/envs/user/`, `trajflow/sandbox/user_images.py`).
+image layer from its package in the object store on first use (`trajflow/envs/user/`,
+`trajflow/sandbox/user_images.py`).
 """
 
 from __future__ import annotations
@@ -42,10 +43,14 @@ def env_workers(
     for pool in pools:
         acts = EnvActivities(manager, pool, worker_id, step_timeout_s, warm, images)
         workers.append(
-            Worker(client, task_queue=names.env_queue(pool), activities=[acts.reset], max_concurrent_activities=max_resets)
+            Worker(
+                client, task_queue=names.env_queue(pool), activities=[acts.reset], max_concurrent_activities=max_resets
+            )
         )
         workers.append(
-            Worker(client, task_queue=acts.host_queue, activities=[acts.step, acts.close], max_concurrent_activities=256)
+            Worker(
+                client, task_queue=acts.host_queue, activities=[acts.step, acts.close], max_concurrent_activities=256
+            )
         )
     return workers
 
@@ -94,7 +99,5 @@ async def serve(settings: Settings, pools: Sequence[str]) -> None:
         await asyncio.to_thread(warm.close)
         await asyncio.to_thread(manager.close_all)
 
-    workers = env_workers(
-        client, manager, pools, worker_id, settings.sandbox_step_timeout_s, warm=warm, images=images
-    )
+    workers = env_workers(client, manager, pools, worker_id, settings.sandbox_step_timeout_s, warm=warm, images=images)
     await run_until_signalled(workers, on_stop=close_all)

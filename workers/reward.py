@@ -15,10 +15,17 @@ from trajflow.rewards.client import RewardClient
 from workers.common import connect_worker, run_until_signalled
 
 
-def reward_workers(client: Client, reward_client: RewardClient, store: ObjectStore, pools: Sequence[str]) -> list[Worker]:
+def reward_workers(
+    client: Client, reward_client: RewardClient, store: ObjectStore, pools: Sequence[str]
+) -> list[Worker]:
     acts = RewardActivities(reward_client, store)
     return [
-        Worker(client, task_queue=names.reward_queue(pool), activities=[acts.score, acts.save], max_concurrent_activities=64)
+        Worker(
+            client,
+            task_queue=names.reward_queue(pool),
+            activities=[acts.score, acts.save],
+            max_concurrent_activities=64,
+        )
         for pool in pools
     ]
 

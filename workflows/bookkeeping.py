@@ -8,14 +8,14 @@ happened (a `ReportOutcome`, the groups dropped) instead of logging or signallin
 
 Bounded: the state holds the open groups (bounded by admission), the queues, the last HISTORY_KEPT step records
 and digests of the last EXTERNAL_CLOSED_KEPT closed user-started groups; closed groups of the workflow's own are
-known by name. Limits: one `Book` per workflow run; it trusts the state it is given (written by itself).
+known by name. The admission pause after a run of infra failures is `workflows.pause`. Limits: one `Book` per
+workflow run; it trusts the state it is given (written by itself).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
 
 from trajflow.contracts.training import (
     GroupState,
@@ -28,6 +28,8 @@ from trajflow.contracts.training import (
     TrainStepResult,
 )
 from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
+from workflows import pause
+from workflows.pause import ReportOutcome
 
 HISTORY_KEPT = 200
 """Step records kept in workflow state; the trainer also writes every step's record to the store."""
@@ -37,20 +39,6 @@ an older one is taken as the first of a new external group of that name (counted
 only if n samples of it arrive again and are fresh, and dropped as stale otherwise."""
 OWN_GROUP = re.compile(r"g\d{6,}")
 """The names of the groups the workflow starts (`g{k:06d}`); reserved: a user-started trajectory must not use them."""
-
-
-@dataclass
-class ReportOutcome:
-    """What a report changed that the workflow must act on (log, search attributes, the prober)."""
-
-    counted: bool = False
-    """False when the report was ignored (late or a duplicate)."""
-    paused: bool = False
-    """This report stopped admission (a run of infra failures)."""
-    resumed: str | None = None
-    """Why admission resumed with this report, when it did."""
-    abandoned: GroupState | None = None
-    """The group this report made the workflow give up (members failed past the restart budget)."""
 
 
 class Book:
@@ -119,7 +107,9 @@ class Book:
         k = s.next_group
         s.next_group += 1
         self.probe = False
-        group = GroupState(group=f"g{k:06d}", seed=cfg.first_seed + k, task=self.pick_task(k), started_version=s.version)
+        group = GroupState(
+            group=f"g{k:06d}", seed=cfg.first_seed + k, task=self.pick_task(k), started_version=s.version
+        )
         s.groups[group.group] = group
         return group
 
@@ -334,42 +324,14 @@ class Book:
         return outcome
 
     def _count(self, report: TrajectoryReport) -> ReportOutcome:
-        s, c = self.s, self.s.counters
-        outcome = ReportOutcome(counted=True)
-        if report.status is TrajectoryStatus.COMPLETED:
-            c.completed += 1
-        elif report.status is TrajectoryStatus.INFRA_FAILED:
-            c.infra_failed += 1
-        else:
-            c.failed += 1
-        if report.status is not TrajectoryStatus.INFRA_FAILED:
-            s.infra_streak = 0
-            if s.paused:
-                outcome.resumed = f"{report.workflow_id} ended {report.status.value}: the infrastructure works again"
-                self.resume()
-            return outcome
-        s.infra_streak += 1
-        if not s.paused and s.infra_streak >= self.cfg.pause_after_infra_failures:
-            s.paused = (
-                f"{s.infra_streak} trajectories in a row failed on infrastructure, the last ({report.workflow_id}) "
-                f"with: {report.error or 'no error recorded'}"
-            )
-            c.admission_pauses += 1
-            outcome.paused = True
-        return outcome
+        return pause.count(self.s, self.cfg, report)
 
     def resume(self) -> None:
-        self.s.paused = None
-        self.s.infra_streak = 0
-        self.probe = False
-        self.s.probe_delay_s = None
+        pause.resume(self.s)
 
     def probe_now(self) -> float:
         """While paused, a probe is due: admit one, and return how long to wait before the next."""
-        delay = self.s.probe_delay_s or self.cfg.pause_probe_s
-        self.probe = True
-        self.s.probe_delay_s = min(delay * 2, 600.0)
-        return self.s.probe_delay_s
+        return pause.probe_now(self.s, self.cfg)
 
     def _after_report(self, g: GroupState) -> GroupState | None:
         """Cancel the redundant rest of a full group, or queue replacements for failed members, or abandon the

@@ -102,8 +102,10 @@ class TrainingWorkflow:
             while self.s.version < cfg.steps:
                 # a step in flight when the previous run continued as new is issued again
                 step = self.s.step or await self._wait_for_batch()
-                if step is None or not await self._train(step) or (
-                    self.s.version < cfg.steps and self._should_continue()
+                if (
+                    step is None
+                    or not await self._train(step)
+                    or (self.s.version < cfg.steps and self._should_continue())
                 ):
                     await self._continue_as_new(admission)
         finally:

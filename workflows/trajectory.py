@@ -278,7 +278,11 @@ class TrajectoryWorkflow:
                     self.req.pools.reward,
                     ScoreInput(
                         request=self.req.score_request(
-                            self.actions, env_rewards, last.terminated, last.truncated or not last.terminated, last.info,
+                            self.actions,
+                            env_rewards,
+                            last.terminated,
+                            last.truncated or not last.terminated,
+                            last.info,
                             observations=[self.first_observation, *(t.observation for t in self.turns)],
                         ),
                     ),
@@ -318,9 +322,7 @@ class TrajectoryWorkflow:
             won=result.won,
         )
         try:
-            await workflow.get_external_workflow_handle(target).signal(
-                names.SIGNAL_TRAJECTORY_FINISHED, report
-            )
+            await workflow.get_external_workflow_handle(target).signal(names.SIGNAL_TRAJECTORY_FINISHED, report)
         except ApplicationError as e:
             workflow.logger.warning("could not report to %s: %s", target, e)
 

@@ -15,7 +15,9 @@ ASK = " Put the final answer in \\boxed{}."
 
 
 def rows(split: str, size: int, seed: int) -> list[dict]:
-    data = reasoning_gym.create_dataset("chain_sum", size=size, seed=seed, min_terms=2, max_terms=4, min_digits=1, max_digits=2)
+    data = reasoning_gym.create_dataset(
+        "chain_sum", size=size, seed=seed, min_terms=2, max_terms=4, min_digits=1, max_digits=2
+    )
     return [
         {
             "prompt": entry["question"] + ASK,

@@ -46,7 +46,10 @@ class FactorEnv:
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         rng = random.Random(seed)
         a, c = rng.randint(1, self.max_leading), rng.randint(1, self.max_leading)
-        b, d = _nonzero(rng, -self.max_constant, self.max_constant), _nonzero(rng, -self.max_constant, self.max_constant)
+        b, d = (
+            _nonzero(rng, -self.max_constant, self.max_constant),
+            _nonzero(rng, -self.max_constant, self.max_constant),
+        )
         self.target = sympy.expand((a * X + b) * (c * X + d))
         self.attempts = 0
         text = (
@@ -72,7 +75,9 @@ class FactorEnv:
             note = f"{sympy.sstr(answer)} expands to {sympy.sstr(sympy.expand(answer))}, not the target."
         return self._feedback(note, 0.0, out_of_attempts, left)
 
-    def _feedback(self, note: str, reward: float, done: bool, left: int) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def _feedback(
+        self, note: str, reward: float, done: bool, left: int
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if done:
             text = f"{note} The answer was {sympy.sstr(sympy.factor(self.target))}."
         else:

@@ -124,9 +124,13 @@ BAD_TRAJECTORY_INPUTS = [
     pytest.param(raw_json(b'{"seed": 1,,}'), ["Invalid JSON", "one JSON object"], id="malformed-json"),
     pytest.param({"seed": "abc"}, ["seed: Input should be a valid integer", "(got 'abc')"], id="wrong-type"),
     pytest.param({"bogus": 1}, ["bogus: not a field", "known fields: env_id"], id="unknown-field"),
-    pytest.param({"sampling": {"temperature": "hot"}}, ["sampling.temperature: Input should be a valid number"], id="nested"),
+    pytest.param(
+        {"sampling": {"temperature": "hot"}}, ["sampling.temperature: Input should be a valid number"], id="nested"
+    ),
     pytest.param([1, 2], ["Input should be an object", "use {} for every default"], id="not-an-object"),
-    pytest.param({"env_id": "GuessTheNumber"}, ["env_id: 'GuessTheNumber' is not an env id", "game:"], id="env-id-form"),
+    pytest.param(
+        {"env_id": "GuessTheNumber"}, ["env_id: 'GuessTheNumber' is not an env id", "game:"], id="env-id-form"
+    ),
     pytest.param({"pools": {"env": ""}}, ["pools.env: String should have at least 1 character"], id="empty-pool"),
     pytest.param({"reward_fn": "model:rm"}, ["reward_fn 'model:rm' needs the model's spec"], id="model-without-spec"),
     pytest.param(
@@ -138,7 +142,9 @@ BAD_TRAJECTORY_INPUTS = [
 
 
 @pytest.mark.parametrize(("payload", "expected"), BAD_TRAJECTORY_INPUTS)
-async def test_a_trajectory_started_with_bad_input_fails_at_once_saying_what_to_fix(temporal_env, payload, expected) -> None:
+async def test_a_trajectory_started_with_bad_input_fails_at_once_saying_what_to_fix(
+    temporal_env, payload, expected
+) -> None:
     async with orchestrator(temporal_env) as queue:
         t0 = time.monotonic()
         handle = await temporal_env.client.start_workflow(
@@ -157,13 +163,21 @@ async def test_a_trajectory_started_with_bad_input_fails_at_once_saying_what_to_
 
 BAD_TRAINING_INPUTS = [
     pytest.param(
-        {"run": {"batch_size": 6, "group_size": 4}}, ["batch_size (6) must be a multiple of group_size (4)"], id="batch-vs-group"
+        {"run": {"batch_size": 6, "group_size": 4}},
+        ["batch_size (6) must be a multiple of group_size (4)"],
+        id="batch-vs-group",
     ),
     pytest.param({"run": {"steps": "many"}}, ["run.steps: Input should be a valid integer"], id="wrong-type"),
     pytest.param({"run": {"sync": True, "alpha": 2}}, ["sync mode is the alpha = 0 barrier"], id="sync-alpha"),
-    pytest.param({"run": {"tasks": [{"env_id": "nosuch"}]}}, ["run.tasks.0.env_id: 'nosuch' is not an env id"], id="task-env"),
-    pytest.param({"run": {"tasks": [{"bogus": 1}]}}, ["run.tasks.0.bogus: not a field", "known fields: env_id"], id="task-field"),
-    pytest.param({"run": {"trainer_pool": "no such pool"}}, ["run.trainer_pool: String should match pattern"], id="pool-name"),
+    pytest.param(
+        {"run": {"tasks": [{"env_id": "nosuch"}]}}, ["run.tasks.0.env_id: 'nosuch' is not an env id"], id="task-env"
+    ),
+    pytest.param(
+        {"run": {"tasks": [{"bogus": 1}]}}, ["run.tasks.0.bogus: not a field", "known fields: env_id"], id="task-field"
+    ),
+    pytest.param(
+        {"run": {"trainer_pool": "no such pool"}}, ["run.trainer_pool: String should match pattern"], id="pool-name"
+    ),
     pytest.param({"run": {"tasks": []}}, ["run.tasks: List should have at least 1 item"], id="no-tasks"),
     pytest.param(raw_json(b"steps = 3"), ["Invalid JSON"], id="toml-not-json"),
 ]
@@ -244,7 +258,9 @@ async def test_input_our_own_code_wrote_still_fails_the_task_so_a_fix_can_resume
         )
         child = client.get_workflow_handle(f"{parent.id}-child")
         try:
-            failures = await async_wait_for(lambda: _child_task_failures(child), BOUND_S, 0.2, "the child's task failure")
+            failures = await async_wait_for(
+                lambda: _child_task_failures(child), BOUND_S, 0.2, "the child's task failure"
+            )
             assert "input written by this workflow's own code does not decode" in failures[0]
             assert "seed: Input should be a valid integer" in failures[0]
             assert (await child.describe()).status.name == "RUNNING"  # waiting for a fixed worker, not failed
@@ -259,11 +275,16 @@ async def _child_task_failures(child: WorkflowHandle) -> list[str]:
         return []  # not started yet
 
 
-async def test_malformed_trajectory_finished_signals_are_dropped_with_a_warning_and_the_run_goes_on(temporal_env, caplog) -> None:
+async def test_malformed_trajectory_finished_signals_are_dropped_with_a_warning_and_the_run_goes_on(
+    temporal_env, caplog
+) -> None:
     client = temporal_env.client
     pool = f"unserved{uuid.uuid4().hex[:6]}"  # nobody serves it: the run's own trajectories wait, harmlessly
     run = {
-        "steps": 1, "batch_size": 1, "group_size": 1, "trainer_pool": pool,
+        "steps": 1,
+        "batch_size": 1,
+        "group_size": 1,
+        "trainer_pool": pool,
         "tasks": [{"pools": {"decode": pool, "env": pool, "reward": pool}}],
     }
     async with orchestrator(temporal_env) as queue:
@@ -275,13 +296,24 @@ async def test_malformed_trajectory_finished_signals_are_dropped_with_a_warning_
                 for bad in (
                     {"workflow_id": 5, "status": "bogus"},
                     raw_json(b'{"workflow_id": "x",'),
-                    {"workflow_id": "x", "trajectory_uri": "file:///x", "group": "", "policy_version": 0,
-                     "reward": float("nan"), "status": "completed"},
+                    {
+                        "workflow_id": "x",
+                        "trajectory_uri": "file:///x",
+                        "group": "",
+                        "policy_version": 0,
+                        "reward": float("nan"),
+                        "status": "completed",
+                    },
                 ):
                     await handle.signal(names.SIGNAL_TRAJECTORY_FINISHED, bad)
                 good = TrajectoryReport(
-                    workflow_id="user-traj", trajectory_uri=None, group="", policy_version=None, reward=None,
-                    status=TrajectoryStatus.FAILED, error="a user's trajectory",
+                    workflow_id="user-traj",
+                    trajectory_uri=None,
+                    group="",
+                    policy_version=None,
+                    reward=None,
+                    status=TrajectoryStatus.FAILED,
+                    error="a user's trajectory",
                 )
                 await handle.signal(names.SIGNAL_TRAJECTORY_FINISHED, good)
 
@@ -313,7 +345,9 @@ class FakePools:
 
     @activity.defn(name=names.ENV_RESET)
     async def reset(self, inp: EnvResetInput) -> EnvResetResult:
-        handle = SandboxHandle(sandbox_id="fake", container_id="fake", host_queue=self.host_queue, worker_id="fake", image="fake")
+        handle = SandboxHandle(
+            sandbox_id="fake", container_id="fake", host_queue=self.host_queue, worker_id="fake", image="fake"
+        )
         return EnvResetResult(handle=handle, observation="Guess.")
 
     @activity.defn(name=names.ENV_STEP)
@@ -327,8 +361,14 @@ class FakePools:
     @activity.defn(name=names.LLM_GENERATE)
     async def generate(self, inp: GenerateInput) -> GenerateResult:
         return GenerateResult(
-            text="a" * self.action_chars, context_uri="mem://ctx", prompt_tokens=1, completion_tokens=1,
-            policy_version=0, finish_reason="stop", pool="fake", worker_id="fake",
+            text="a" * self.action_chars,
+            context_uri="mem://ctx",
+            prompt_tokens=1,
+            completion_tokens=1,
+            policy_version=0,
+            finish_reason="stop",
+            pool="fake",
+            worker_id="fake",
         )
 
     @activity.defn(name=names.REWARD_SCORE)
@@ -354,27 +394,39 @@ async def fake_stack(temporal_env, fakes: FakePools, pool: str) -> AsyncIterator
 
 
 def fake_request(pool: str, max_turns: int) -> TrajectoryRequest:
-    return TrajectoryRequest(env_id="game:Fake-v0", max_turns=max_turns, pools=StagePools(decode=pool, env=pool, reward=pool))
+    return TrajectoryRequest(
+        env_id="game:Fake-v0", max_turns=max_turns, pools=StagePools(decode=pool, env=pool, reward=pool)
+    )
 
 
-async def test_an_activity_result_over_the_payload_limit_ends_the_trajectory_failed_after_one_attempt(temporal_env) -> None:
+async def test_an_activity_result_over_the_payload_limit_ends_the_trajectory_failed_after_one_attempt(
+    temporal_env,
+) -> None:
     """An env that answers 3 MB (one the env worker's cap does not cover): the SDK fails the activity with
     PayloadsTooLarge, which is the env's fault, so the trajectory ends `failed`, unscored, not infra and not retried."""
     pool = f"fat{uuid.uuid4().hex[:6]}"
     fakes = FakePools(f"fat-host-{pool}", observation_chars=3_000_000)
     async with fake_stack(temporal_env, fakes, pool) as queue:
         handle = await temporal_env.client.start_workflow(
-            names.TRAJECTORY_WORKFLOW, fake_request(pool, 2), id=f"fat-{pool}", task_queue=queue, result_type=TrajectoryResult
+            names.TRAJECTORY_WORKFLOW,
+            fake_request(pool, 2),
+            id=f"fat-{pool}",
+            task_queue=queue,
+            result_type=TrajectoryResult,
         )
         assert await closed(handle) == "COMPLETED"
         result = await handle.result()
         assert await activity_attempts(handle, names.ENV_STEP) == 1
     print(f"\n{result.status.value}: {result.error}")
     assert result.status is TrajectoryStatus.FAILED and result.reward is None and result.env_recoveries == 0
-    assert "env.step: PayloadsTooLarge" in (result.error or "") and "size that exceeded the error limit" in (result.error or "")
+    assert "env.step: PayloadsTooLarge" in (result.error or "") and "size that exceeded the error limit" in (
+        result.error or ""
+    )
 
 
-async def test_an_activity_input_over_the_payload_limit_fails_the_workflow_instead_of_retrying_its_task(temporal_env) -> None:
+async def test_an_activity_input_over_the_payload_limit_fails_the_workflow_instead_of_retrying_its_task(
+    temporal_env,
+) -> None:
     """Two 1.2 MB actions make a 2.4 MB reward.score input: without the stubs' guard the SDK fails the workflow
     task on it forever; with it the workflow fails once, saying which activity and how big."""
     pool = f"big{uuid.uuid4().hex[:6]}"

@@ -35,7 +35,10 @@ GARBAGE: dict[int, tuple[bytes, str]] = {
     2: (b'{"score": 1.0}', "reward: Field required"),
     3: (b'{"reward": NaN, "reward_fn": "env_outcome"}', "reward: Input should be a finite number"),
     4: (b'{"reward": Infinity, "reward_fn": "env_outcome"}', "reward: Input should be a finite number"),
-    5: (b'{"reward": 1.0, "reward_fn": "env_outcome", "details": {"blob": "' + b"x" * 100_000 + b'"}}', "more than the 65,536"),
+    5: (
+        b'{"reward": 1.0, "reward_fn": "env_outcome", "details": {"blob": "' + b"x" * 100_000 + b'"}}',
+        "more than the 65,536",
+    ),
 }
 
 
@@ -92,7 +95,9 @@ async def attempts(client, workflow_id: str, activity_name: str) -> list[int]:
 async def test_an_unknown_env_id_fails_after_one_reset_saying_how_to_find_valid_ids(
     temporal_env, reward_service, store, sandbox_manager, tiny_model
 ):
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, scripted(tiny_model, "\\boxed{5}")) as st:
+    async with running_stack(
+        temporal_env, reward_service, store, sandbox_manager, scripted(tiny_model, "\\boxed{5}")
+    ) as st:
         result = await st.run(st.request(env_id="game:NoSuchGame-v0", seed=1))
         tries = await attempts(st.client, result.workflow_id, names.ENV_RESET)
     print(f"\n{result.status.value}: {result.error}")

@@ -104,9 +104,7 @@ def test_base_install_has_no_heavy_packages_and_its_roles_start(base_venv: Path)
         service.wait(timeout=10)
 
 
-def test_base_install_runs_a_trajectory_through_the_public_client(
-    base_venv: Path, cli_stack
-) -> None:
+def test_base_install_runs_a_trajectory_through_the_public_client(base_venv: Path, cli_stack) -> None:
     out = _run([base_venv / "bin" / "python", "-c", RUN_ONE], base_venv, env=cli_stack.env).stdout
     seen = json.loads(out.strip().splitlines()[-1])
     result = seen["result"]

@@ -14,8 +14,21 @@ pytestmark = pytest.mark.integration
 def test_bench_real_writes_every_figure(cli_stack, tmp_path: Path) -> None:
     out = tmp_path / "real.json"
     proc = cli_stack.trajflow(
-        "bench", "real", "-c", str(cli_stack.config), "--steps", "3", "--batch-size", "4", "--group-size", "2",
-        "--alphas", "1", "--json", str(out), timeout=900,
+        "bench",
+        "real",
+        "-c",
+        str(cli_stack.config),
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--group-size",
+        "2",
+        "--alphas",
+        "1",
+        "--json",
+        str(out),
+        timeout=900,
     )
     figures = json.loads(out.read_text())
     assert set(figures) >= {"sync_tps", "async_tps", "speedup", "ideal_speedup", "busy", "G_s", "T_s", "machine"}

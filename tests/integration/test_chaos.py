@@ -40,7 +40,17 @@ def test_quick_chaos_run_loses_nothing(chaos_env) -> None:
     env, state_dir, trajflow = chaos_env
     out = state_dir / "chaos.json"
     proc = subprocess.run(
-        [trajflow, "chaos", "--quick", "-c", "trajflow/configs/tiny.toml", "--json", str(out), "--container-kill-rate", "0.2"],
+        [
+            trajflow,
+            "chaos",
+            "--quick",
+            "-c",
+            "trajflow/configs/tiny.toml",
+            "--json",
+            str(out),
+            "--container-kill-rate",
+            "0.2",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -50,7 +60,14 @@ def test_quick_chaos_run_loses_nothing(chaos_env) -> None:
     assert out.exists(), f"no report:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     report = json.loads(out.read_text())
     shown = f"{proc.stdout}\n{proc.stderr[-3000:]}"
-    assert [f["fault"] for f in report["faults"]] == ["decode", "env", "reward", "orchestrator", "temporal", "trainer"], shown
+    assert [f["fault"] for f in report["faults"]] == [
+        "decode",
+        "env",
+        "reward",
+        "orchestrator",
+        "temporal",
+        "trainer",
+    ], shown
     assert report["faults_not_injected"] == []
     assert all(f["recovered_after_s"] is not None for f in report["faults"]), shown
     trainer = report["faults"][5]

@@ -25,7 +25,15 @@ def test_status_shows_every_process_and_a_poller_per_queue(cli_stack) -> None:
 
 def test_rollout_json_and_transcript(cli_stack) -> None:
     proc = cli_stack.trajflow(
-        "rollout", "-c", str(cli_stack.config), "--env", "game:GuessTheNumber-v0-easy", "--seed", "3", "--json", check=False
+        "rollout",
+        "-c",
+        str(cli_stack.config),
+        "--env",
+        "game:GuessTheNumber-v0-easy",
+        "--seed",
+        "3",
+        "--json",
+        check=False,
     )
     result = json.loads(proc.stdout)
     assert {"workflow_id", "status", "turns", "reward", "trajectory_uri"} <= result.keys()
@@ -39,13 +47,23 @@ def test_rollout_json_and_transcript(cli_stack) -> None:
     from infra.temporal import temporal_binary
 
     query = f"WorkflowId = '{result['workflow_id']}' AND TrajflowStatus = 'completed' AND TrajflowTurns >= 1"
+
     def listed() -> bool:  # visibility is eventually consistent: poll, bounded
         proc = subprocess.run(
             [
-                temporal_binary(), "workflow", "list",
-                "--address", cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"], "-q", query, "-o", "json",
+                temporal_binary(),
+                "workflow",
+                "list",
+                "--address",
+                cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"],
+                "-q",
+                query,
+                "-o",
+                "json",
             ],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert proc.returncode == 0, proc.stderr
         return result["workflow_id"] in proc.stdout
@@ -84,7 +102,9 @@ def test_restart_keeps_workflows_and_down_stops_exactly_what_up_started(cli_stac
 
     described = subprocess.run(
         [temporal_binary(), "workflow", "describe", "--address", address, "-w", first["workflow_id"], "-o", "json"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert described.returncode == 0, described.stderr
     assert "COMPLETED" in described.stdout

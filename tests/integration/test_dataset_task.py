@@ -37,8 +37,12 @@ async def test_single_turn_rows_are_scored_by_the_verifier(
     engine = script(tiny_model, [f"The sum is \\boxed{{{row['answer']}}}", "\\boxed{123456}"])
     stack = running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images)
     async with stack as st:
-        right = await st.run(st.request(env_id=DATA, env_package=package, seed=seed, max_turns=1, reward_fn="math_verify"))
-        held = st.request(env_id=DATA, env_package=package, seed=HELD_OUT_FROM + 3, max_turns=1, reward_fn="math_verify")
+        right = await st.run(
+            st.request(env_id=DATA, env_package=package, seed=seed, max_turns=1, reward_fn="math_verify")
+        )
+        held = st.request(
+            env_id=DATA, env_package=package, seed=HELD_OUT_FROM + 3, max_turns=1, reward_fn="math_verify"
+        )
         wrong = await st.run(held)
     assert right.status is TrajectoryStatus.COMPLETED and right.reward == 1.0 and right.turns == 1, right.error
     assert wrong.status is TrajectoryStatus.COMPLETED and wrong.reward == 0.0  # a wrong answer scores 0, not a failure
@@ -56,7 +60,9 @@ async def test_attempts_get_feedback_from_the_env(
     stack = running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images)
     async with stack as st:
         kwargs = {"attempts": 2}
-        req = st.request(env_id=DATA, env_package=package, seed=0, env_kwargs=kwargs, max_turns=2, reward_fn="math_verify")
+        req = st.request(
+            env_id=DATA, env_package=package, seed=0, env_kwargs=kwargs, max_turns=2, reward_fn="math_verify"
+        )
         result = await st.run(req)
     assert result.status is TrajectoryStatus.COMPLETED and result.reward == 1.0 and result.turns == 2, result.error
     record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
@@ -69,7 +75,9 @@ async def test_a_verifier_reward_on_an_env_without_a_reference_fails_as_misconfi
 ) -> None:
     engine = script(tiny_model, ["\\boxed{5}"])
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
-        result = await st.run(st.request(env_id="game:GuessTheNumber-v0-easy", seed=1, max_turns=1, reward_fn="math_verify"))
+        result = await st.run(
+            st.request(env_id="game:GuessTheNumber-v0-easy", seed=1, max_turns=1, reward_fn="math_verify")
+        )
     assert result.status is TrajectoryStatus.FAILED and result.reward is None
     assert "final_info['answer']" in (result.error or "")
 

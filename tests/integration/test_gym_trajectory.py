@@ -36,9 +36,14 @@ async def test_a_policy_that_walks_the_safe_path_reaches_the_goal(
     assert record.first_observation.startswith("You are playing Frozen Lake.")
     assert record.first_observation.endswith("You are at row 1, column 1.\n@ F F F\nF H F H\nF F F H\nH F F G")
     assert [t.env_reward for t in record.turns] == [0.0] * 5 + [1.0]
-    assert record.turns[2].observation == "You moved right. You are at row 3, column 2.\nS F F F\nF H F H\nF @ F H\nH F F G"
-    assert record.turns[-1].observation.endswith("You reached the goal at row 4, column 4!\nS F F F\nF H F H\nF F F H\nH F F @\n"
-                                                 "The game is over. Your reward: 1.")
+    assert (
+        record.turns[2].observation
+        == "You moved right. You are at row 3, column 2.\nS F F F\nF H F H\nF @ F H\nH F F G"
+    )
+    assert record.turns[-1].observation.endswith(
+        "You reached the goal at row 4, column 4!\nS F F F\nF H F H\nF F F H\nH F F @\n"
+        "The game is over. Your reward: 1."
+    )
 
 
 async def test_a_slippery_lake_is_replayed_the_same_from_its_seed(

@@ -2,8 +2,8 @@
 service) in containers of the worker image, each with its own network namespace, CPU set and memory limit; the
 store on S3 (moto on this machine), Temporal over TCP at the network's gateway. A short training run on the tiny
 policy goes on while the env host is `docker kill`ed and `docker start`ed: the run finishes, and its own records
-(trajflow.lab.chaos.audit) show no trajectory lost or consumed twice. Then a dataset task with its own verifier, submitted
-from this machine, runs on the env host from its package in the S3 store. `status` shows the hosts and `down`
+(trajflow.lab.chaos.audit) show no trajectory lost or consumed twice. Then a dataset task with its own verifier,
+submitted from this machine, runs on the env host from its package in the S3 store. `status` shows the hosts and `down`
 removes exactly them.
 Also: the compose file of the same layout validates with Debian's docker-compose.
 
@@ -76,14 +76,21 @@ def test_compose_file_validates() -> None:
     env = {**os.environ, "TRAJFLOW_WORKER_IMAGE": "trajflow-worker:test"}
     proc = subprocess.run(
         ["docker-compose", "-f", "infra/compose/hosts.yml", "config", "--services"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.split()) == ["decode", "env", "orchestrator", "trainer"]
     missing = subprocess.run(
         ["docker-compose", "-f", "infra/compose/hosts.yml", "config"],
-        cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "TRAJFLOW_WORKER_IMAGE"},
-        capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "TRAJFLOW_WORKER_IMAGE"},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert missing.returncode != 0 and "TRAJFLOW_WORKER_IMAGE" in missing.stderr
 
@@ -129,7 +136,9 @@ def test_training_across_four_hosts_survives_a_killed_env_host(hosts_stack, monk
     up_s = time.monotonic() - started
 
     client = docker.from_env()
-    containers = {c.labels["trajflow.host"]: c for c in client.containers.list(filters={"label": f"trajflow.hosts={prefix}"})}
+    containers = {
+        c.labels["trajflow.host"]: c for c in client.containers.list(filters={"label": f"trajflow.hosts={prefix}"})
+    }
     assert sorted(containers) == ["decode", "env", "orchestrator", "trainer"]
     for c in containers.values():
         host_config = c.attrs["HostConfig"]
@@ -142,7 +151,9 @@ def test_training_across_four_hosts_survives_a_killed_env_host(hosts_stack, monk
     for host in ("orchestrator", "decode", "env", "trainer"):
         line = next(line for line in status.stdout.splitlines() if line.startswith(f"host {host} "))
         assert "running" in line, status.stdout
-    assert all(int(line.split()[-1]) >= 1 for line in status.stdout.splitlines() if line.startswith("queue ")), status.stdout
+    assert all(int(line.split()[-1]) >= 1 for line in status.stdout.splitlines() if line.startswith("queue ")), (
+        status.stdout
+    )
 
     for key, value in S3_KEYS.items():
         monkeypatch.setenv(key, value)  # this process reads the run's records from the moto store
@@ -252,8 +263,11 @@ async def _train_killing_env(env: dict[str, str], config: Path, prefix: str, doc
     await asyncio.to_thread(wait_for, reaped, 120, 1.0, "the killed env host's sandboxes to be reaped")
     result = await asyncio.wait_for(handle.result(), timeout=900)
     progress = await training_progress(handle)
-    store = open_store(f"s3://{hosts.BUCKET}/store", s3_endpoint_url=f"http://127.0.0.1:{env['TRAJFLOW_HOSTS_S3_PORT']}")
+    store = open_store(
+        f"s3://{hosts.BUCKET}/store", s3_endpoint_url=f"http://127.0.0.1:{env['TRAJFLOW_HOSTS_S3_PORT']}"
+    )
     query = f"TrajflowRun = '{handle.id}' AND ExecutionStatus = 'Running'"
+
     async def settled() -> bool:
         return (await client.count_workflows(query)).count == 0
 

@@ -18,13 +18,24 @@ EASY = "game:GuessTheNumber-v0-easy"
 
 def test_list_replay_and_status_through_the_cli(cli_stack) -> None:
     cfg = str(cli_stack.config)
-    first = json.loads(cli_stack.trajflow("rollout", "-c", cfg, "--env", EASY, "--seed", "21", "--json", check=False).stdout)
+    first = json.loads(
+        cli_stack.trajflow("rollout", "-c", cfg, "--env", EASY, "--seed", "21", "--json", check=False).stdout
+    )
     wid = first["workflow_id"]
 
     def listed():
         out = json.loads(
-            cli_stack.trajflow("trajectories", "list", "--status", first["status"], "--env", EASY,
-                               "--task", "guess-the-number", "--json").stdout  # fmt: skip
+            cli_stack.trajflow(
+                "trajectories",
+                "list",
+                "--status",
+                first["status"],
+                "--env",
+                EASY,
+                "--task",
+                "guess-the-number",
+                "--json",
+            ).stdout  # fmt: skip
         )
         return out if wid in [t["workflow_id"] for t in out["trajectories"]] else None
 
@@ -33,9 +44,20 @@ def test_list_replay_and_status_through_the_cli(cli_stack) -> None:
     assert (row["turns"], row["reward"], row["version"], row["env_failures"]) == (first["turns"], first["reward"], 0, 0)
     # the printed query is what the Web UI's search box takes: the server's own CLI answers it the same
     ui = subprocess.run(
-        [temporal_binary(), "workflow", "list", "--address", cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"],
-         "-q", out["query"], "-o", "json"],  # fmt: skip
-        capture_output=True, text=True, timeout=60,
+        [
+            temporal_binary(),
+            "workflow",
+            "list",
+            "--address",
+            cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"],
+            "-q",
+            out["query"],
+            "-o",
+            "json",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert ui.returncode == 0 and wid in ui.stdout, ui.stderr
     table = cli_stack.trajflow("trajectories", "list", "--env", EASY).stdout
@@ -51,7 +73,10 @@ def test_list_replay_and_status_through_the_cli(cli_stack) -> None:
     assert "DIFFERS" not in env_only
 
     status = cli_stack.trajflow("status", wid).stdout
-    assert f"trajectory {wid}: {first['status']} (workflow completed)" in status and "TrajflowTask=guess-the-number" in status
+    assert (
+        f"trajectory {wid}: {first['status']} (workflow completed)" in status
+        and "TrajflowTask=guess-the-number" in status
+    )
     assert "queue trajflow" in cli_stack.trajflow("status", "-c", cfg).stdout  # no RUN: the stack, as before
     missing = cli_stack.trajflow("status", "no-such-run", check=False)
     assert missing.returncode == 2 and "no workflow 'no-such-run'" in missing.stdout
@@ -68,7 +93,9 @@ async def test_a_server_that_predates_a_search_attribute_gets_it() -> None:
     from trajflow.contracts import names
 
     old = [
-        a for name, kind in names.SEARCH_ATTRIBUTES.items() if name != names.SA_TASK
+        a
+        for name, kind in names.SEARCH_ATTRIBUTES.items()
+        if name != names.SA_TASK
         for a in ("--search-attribute", f"{name}={kind}")
     ]
     env = await WorkflowEnvironment.start_local(

@@ -167,9 +167,16 @@ def run(venv: Path, project: Path, cache_dir: Path) -> Iterator[object]:
 
     def trajflow(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            [str(venv / "bin" / "trajflow"), *args], cwd=project, env=env, capture_output=True, text=True, timeout=timeout
+            [str(venv / "bin" / "trajflow"), *args],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
-        assert done.returncode == 0, f"trajflow {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        assert done.returncode == 0, (
+            f"trajflow {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        )
         return done
 
     try:

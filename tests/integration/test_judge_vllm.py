@@ -34,7 +34,9 @@ def spec(server: Server, key_env: str = "TRAJFLOW_TEST_JUDGE_KEY") -> JudgeModel
 async def test_the_reward_is_what_the_judges_reply_says(vllm_server: Server, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     monkeypatch.setenv("TRAJFLOW_TEST_JUDGE_KEY", API_KEY)
     judge = spec(vllm_server)
-    req = ScoreRequest(env_id="data:x", reward_fn="model:judge", reward_model=judge, actions=["5"], observations=["2 + 3"])
+    req = ScoreRequest(
+        env_id="data:x", reward_fn="model:judge", reward_model=judge, actions=["5"], observations=["2 + 3"]
+    )
     body = {"model": "tiny", "messages": [{"role": "user", "content": judge_prompt(req, judge)}], "max_tokens": 24,
             "temperature": 0.0}  # fmt: skip
     async with httpx.AsyncClient(timeout=120) as http:
@@ -44,7 +46,9 @@ async def test_the_reward_is_what_the_judges_reply_says(vllm_server: Server, mon
         reply = direct.json()["choices"][0]["message"]["content"]
         transport = httpx.ASGITransport(app=create_app())
         async with httpx.AsyncClient(transport=transport, base_url="http://reward") as service:
-            res = await service.post("/score", content=req.model_dump_json(), headers={"content-type": "application/json"})
+            res = await service.post(
+                "/score", content=req.model_dump_json(), headers={"content-type": "application/json"}
+            )
     try:
         raw = parse_score(reply, judge)
     except ValueError:

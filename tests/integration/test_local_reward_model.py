@@ -1,7 +1,7 @@
-"""A local reward model for real: `python -m trajflow.rewards.models.server` serving the pretrained SmolLM2-135M-Instruct on
-CPU as a yes/no verifier, called by concurrent clients (batched: the server reports its batch sizes), by the real
-reward service, and by whole trajectories of a dataset task through the stack; with the server stopped, the
-trajectory ends `infra_failed`, never completed with a zero.
+"""A local reward model for real: `python -m trajflow.rewards.models.server` serving the pretrained
+SmolLM2-135M-Instruct on CPU as a yes/no verifier, called by concurrent clients (batched: the server reports its batch
+sizes), by the real reward service, and by whole trajectories of a dataset task through the stack; with the server
+stopped, the trajectory ends `infra_failed`, never completed with a zero.
 
 What is asserted about the scores is that they are the model's: each batched reward equals P(Yes) / (P(Yes) + P(No))
 computed here at batch 1 with transformers. Not asserted: that SmolLM2-135M tells right from wrong answers. It does
@@ -154,7 +154,13 @@ async def test_a_trajectory_is_scored_by_the_model_and_infra_fails_when_it_is_do
     stack = running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images)
     try:
         async with stack as st:
-            fields = {"env_id": DATA, "env_package": package, "max_turns": 1, "reward_fn": "model:rm", "reward_model": spec}
+            fields = {
+                "env_id": DATA,
+                "env_package": package,
+                "max_turns": 1,
+                "reward_fn": "model:rm",
+                "reward_model": spec,
+            }
             scored = await st.run(st.request(seed=seed, **fields))
             own.stop()
             down = await st.run(st.request(seed=seed, **fields))

@@ -1,6 +1,6 @@
-"""A run that mixes three kinds of task (examples/multi-task/multi-task.toml: a GEM game, a shell task and a dataset task,
-weighted 2:1:1, each on its own decode, env and reward pools) as a user runs it: `trajflow up -c` with that config,
-`trajflow train`, `trajflow status RUN --json`. Tiny model, real trainer, Docker sandboxes, the reward service.
+"""A run that mixes three kinds of task (examples/multi-task/multi-task.toml: a GEM game, a shell task and a dataset
+task, weighted 2:1:1, each on its own decode, env and reward pools) as a user runs it: `trajflow up -c` with that
+config, `trajflow train`, `trajflow status RUN --json`. Tiny model, real trainer, Docker sandboxes, the reward service.
 
 Checks that every task is trained on in the shares the workflow's weighted choice gives, that each task's
 trajectories ran on its own pools (the records' decode pool per turn; the env and reward queues from each

@@ -177,7 +177,9 @@ async def test_tokens_and_logprobs_match_a_teacher_forced_hf_pass(
     assert engine.stats()["max_in_flight"] >= len(PROMPTS)
 
 
-async def test_max_new_tokens_and_eos_end_a_completion(vllm_server: Server, engine: OpenAIEngine, tmp_path: Path) -> None:
+async def test_max_new_tokens_and_eos_end_a_completion(
+    vllm_server: Server, engine: OpenAIEngine, tmp_path: Path
+) -> None:
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     full = await engine.generate(PROMPTS[0], greedy)
     short = await engine.generate(PROMPTS[0], SamplingParams(temperature=0.0, max_new_tokens=5))
@@ -192,7 +194,9 @@ async def test_max_new_tokens_and_eos_end_a_completion(vllm_server: Server, engi
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(vllm_server.model_path / name, tokenizer_dir / name)
     config = (vllm_server.model_path / "config.json").read_text()
-    (tokenizer_dir / "config.json").write_text(config.replace('"eos_token_id": 2', f'"eos_token_id": [2, {stop_token}]'))
+    (tokenizer_dir / "config.json").write_text(
+        config.replace('"eos_token_id": 2', f'"eos_token_id": [2, {stop_token}]')
+    )
     stopping = OpenAIEngine(server_config(vllm_server), tokenizer_dir, api_key=API_KEY)
     try:
         await stopping.start()

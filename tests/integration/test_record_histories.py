@@ -1,10 +1,11 @@
-"""Record the workflow histories checked in under trajflow/cli/replay/histories/ from real runs (Temporal dev server, Docker
-sandboxes, the reward service; a scripted policy so the runs are short and reproducible in shape).
+"""Record the workflow histories checked in under trajflow/cli/replay/histories/ from real runs (Temporal dev server,
+Docker sandboxes, the reward service; a scripted policy so the runs are short and reproducible in shape).
 
 Skipped unless TRAJFLOW_RECORD_HISTORIES=1: histories are refreshed deliberately, after a workflow change that is
 *meant* to change command sequences (and is safe for running workflows, e.g. behind `workflow.patched`):
 
-    TRAJFLOW_RECORD_HISTORIES=1 .venv/bin/python -m pytest -p no:cacheprovider tests/integration/test_record_histories.py
+    TRAJFLOW_RECORD_HISTORIES=1 .venv/bin/python -m pytest -p no:cacheprovider
+    tests/integration/test_record_histories.py
 
 tests/unit/test_replay_histories.py replays every file there against the current code (and CI runs it), so a
 change that breaks determinism for what these runs went through fails the unit tests.
@@ -75,7 +76,9 @@ async def test_record_trajectory_histories(
 ):
     engine = SandboxKillingEngine(scripted, sandbox_manager, docker_client, kill_at=set())
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
-        completed = await st.start(st.request(task="guess", seed=1, max_turns=3), workflow_id=f"hist-completed-{st.tag}")
+        completed = await st.start(
+            st.request(task="guess", seed=1, max_turns=3), workflow_id=f"hist-completed-{st.tag}"
+        )
         assert (await completed.result()).status is TrajectoryStatus.COMPLETED
 
         engine.calls, engine.kill_at = 0, {1, 2}
@@ -98,7 +101,9 @@ async def test_record_trajectory_histories(
 
         histories = {
             "trajectory-completed": await completed.fetch_history(),
-            "trajectory-infra-failed": await st.client.get_workflow_handle(failed.id, run_id=old.run_id).fetch_history(),
+            "trajectory-infra-failed": await st.client.get_workflow_handle(
+                failed.id, run_id=old.run_id
+            ).fetch_history(),
             "trajectory-reset": await st.client.get_workflow_handle(failed.id, run_id=new.run_id).fetch_history(),
             "replay-env": await st.client.get_workflow_handle(env_replay).fetch_history(),
         }

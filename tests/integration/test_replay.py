@@ -167,7 +167,7 @@ async def test_env_only_shows_the_recorded_observations_again(
             st.client, f"WorkflowType = 'ReplayEnvWorkflow' AND TrajflowReplayOf = '{result.workflow_id}'", 5
         )
     text = "\n".join(lines)
-    record = (await asyncio.to_thread(store.get_json, result.trajectory_uri))
+    record = await asyncio.to_thread(store.get_json, result.trajectory_uri)
     assert code == 0, text
     assert record["first_observation"].strip() in text
     for turn in record["turns"]:

@@ -27,7 +27,9 @@ LOSS_TOL = 1e-4
 
 def test_two_sync_runs_with_the_same_seed_sample_the_same_tokens_and_rewards(cli_stack, tmp_path) -> None:
     config = tmp_path / "smoke-reproducible.toml"
-    config.write_text((ROOT / "trajflow" / "configs" / "smoke.toml").read_text().replace("redundancy = 1", "redundancy = 0"))
+    config.write_text(
+        (ROOT / "trajflow" / "configs" / "smoke.toml").read_text().replace("redundancy = 1", "redundancy = 0")
+    )
     summaries, tokens = {}, {}
     for run_id in ("repro-a", "repro-b"):
         out = tmp_path / f"{run_id}.json"

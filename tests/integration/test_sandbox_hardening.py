@@ -51,7 +51,9 @@ def _alive(box: Sandbox) -> None:
     assert box.step("echo alive")["observation"] == "alive\n[exit 0]"
 
 
-def test_task_image_is_the_runtime_plus_the_task(docker_client: docker.DockerClient, cache_dir: Path, task_image: str) -> None:
+def test_task_image_is_the_runtime_plus_the_task(
+    docker_client: docker.DockerClient, cache_dir: Path, task_image: str
+) -> None:
     assert image_for_env(docker_client, cache_dir / "images", f"shell:{TASK}") == task_image
     runtime = image_for_env(docker_client, cache_dir / "images", "game:GuessTheNumber-v0-easy")
     image = docker_client.images.get(task_image)
@@ -131,7 +133,9 @@ def test_limits_are_applied(docker_client: docker.DockerClient, manager: Sandbox
 # ---- warm pool ----
 
 
-def test_warm_pool_hands_out_fresh_started_sandboxes(docker_client: docker.DockerClient, manager: SandboxManager) -> None:
+def test_warm_pool_hands_out_fresh_started_sandboxes(
+    docker_client: docker.DockerClient, manager: SandboxManager
+) -> None:
     pool = WarmPool(manager, size=2)
     try:
         hint = f"shell:{TASK}"
@@ -156,7 +160,9 @@ def test_warm_pool_hands_out_fresh_started_sandboxes(docker_client: docker.Docke
     assert pool.idle_count(f"shell:{TASK}") == 0
 
 
-def test_warm_pool_discards_a_sandbox_that_died_waiting(docker_client: docker.DockerClient, manager: SandboxManager) -> None:
+def test_warm_pool_discards_a_sandbox_that_died_waiting(
+    docker_client: docker.DockerClient, manager: SandboxManager
+) -> None:
     pool = WarmPool(manager, size=1)
     try:
         assert pool.wait_full("shell:x", timeout_s=60)
@@ -169,7 +175,9 @@ def test_warm_pool_discards_a_sandbox_that_died_waiting(docker_client: docker.Do
         pool.close()
 
 
-def test_warm_pool_close_removes_waiting_containers(docker_client: docker.DockerClient, manager: SandboxManager) -> None:
+def test_warm_pool_close_removes_waiting_containers(
+    docker_client: docker.DockerClient, manager: SandboxManager
+) -> None:
     pool = WarmPool(manager, size=2)
     assert pool.wait_full("", timeout_s=60)
     ids = [b.container_id for q in pool._idle.values() for b in q]

@@ -39,7 +39,9 @@ async def test_an_agent_that_fixes_the_bug_gets_reward_one(
     temporal_env, reward_service, store, sandbox_manager, tiny_model, images
 ) -> None:
     solution = (SHELL_TASKS_DIR / TASK / "solution.sh").read_text()
-    engine = scripted(tiny_model, [bash("python3 -m unittest discover -s tests 2>&1 | tail -1"), bash(solution), "submit"])
+    engine = scripted(
+        tiny_model, [bash("python3 -m unittest discover -s tests 2>&1 | tail -1"), bash(solution), "submit"]
+    )
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=images) as st:
         result = await st.run(st.request(env_id=f"shell:{TASK}", seed=0, sampling=LONG, max_turns=6))
     assert result.status is TrajectoryStatus.COMPLETED, result.error
@@ -74,7 +76,9 @@ async def test_escape_attempts_are_contained_and_the_episode_ends_scored(
     engine = scripted(tiny_model, attempts)
     before = {c.id for c in docker_client.containers.list(all=True)}
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=images) as st:
-        req = st.request(env_id=f"shell:{TASK}", seed=0, sampling=LONG, max_turns=10, env_kwargs={"command_timeout_s": 3})
+        req = st.request(
+            env_id=f"shell:{TASK}", seed=0, sampling=LONG, max_turns=10, env_kwargs={"command_timeout_s": 3}
+        )
         result = await st.run(req)
     # contained inside the episode: no sandbox was lost, the agent is scored (the bug is still there: 0)
     assert result.status is TrajectoryStatus.COMPLETED, result.error

@@ -139,8 +139,16 @@ def test_the_stack_and_a_trajectory_run_through_mutual_tls(tls_stack: tuple[CliS
     assert "temporal" not in started and {"orchestrator", "decode", "env", "reward", "trainer"} <= started
 
     rollout = stack.trajflow(
-        "rollout", "-c", str(stack.config), "--env", "game:GuessTheNumber-v0-easy", "--seed", "3",
-        "--max-turns", "2", "--json",
+        "rollout",
+        "-c",
+        str(stack.config),
+        "--env",
+        "game:GuessTheNumber-v0-easy",
+        "--seed",
+        "3",
+        "--max-turns",
+        "2",
+        "--json",
     )
     result = json.loads(rollout.stdout)
     assert result["status"] == "completed", result
@@ -148,7 +156,9 @@ def test_the_stack_and_a_trajectory_run_through_mutual_tls(tls_stack: tuple[CliS
 
     status = stack.trajflow("status", "-c", str(stack.config))
     assert f"cluster {tls_endpoint}" in status.stdout
-    pollers = {line.split()[1]: int(line.split()[-1]) for line in status.stdout.splitlines() if line.startswith("queue ")}
+    pollers = {
+        line.split()[1]: int(line.split()[-1]) for line in status.stdout.splitlines() if line.startswith("queue ")
+    }
     assert pollers and all(n >= 1 for n in pollers.values()), status.stdout
 
 
@@ -166,8 +176,12 @@ async def test_a_wrong_ca_fails_at_once_saying_tls_verification_failed(pki: Pki,
 def test_a_worker_with_a_wrong_ca_exits_with_the_reason(pki: Pki, tls_endpoint: str) -> None:
     env = {**os.environ, **tls_env(pki, tls_endpoint, TRAJFLOW_TEMPORAL_TLS_CA_FILE=str(pki.other_ca))}
     proc = subprocess.run(
-        [sys.executable, "-m", "trajflow", "worker", "orchestrator"], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=120,
+        [sys.executable, "-m", "trajflow", "worker", "orchestrator"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 1, proc.stderr
     assert "trajflow worker: cannot connect to Temporal: TLS verification of Temporal at" in proc.stderr

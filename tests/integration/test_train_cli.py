@@ -18,7 +18,12 @@ pytestmark = pytest.mark.integration
 def test_train_smoke_config_end_to_end(cli_stack, tmp_path) -> None:
     out = tmp_path / "summary.json"
     proc = cli_stack.trajflow(
-        "train", str(ROOT / "trajflow" / "configs" / "smoke.toml"), "--run-id", "smoke-run", "--json-summary", str(out),
+        "train",
+        str(ROOT / "trajflow" / "configs" / "smoke.toml"),
+        "--run-id",
+        "smoke-run",
+        "--json-summary",
+        str(out),
         timeout=600,
     )
     summary = json.loads(out.read_text())
@@ -81,9 +86,21 @@ def test_training_survives_a_restart_of_the_whole_stack(cli_stack, tmp_path) -> 
     config = tmp_path / "long-smoke.toml"
     config.write_text((ROOT / "trajflow" / "configs" / "smoke.toml").read_text().replace("steps = 3", "steps = 10"))
     train = subprocess.Popen(
-        [str(Path(sys.executable).parent / "trajflow"), "train", str(config),
-         "--run-id", "restart-run", "--no-eval", "--json-summary", str(out)],
-        cwd=ROOT, env=cli_stack.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            str(Path(sys.executable).parent / "trajflow"),
+            "train",
+            str(config),
+            "--run-id",
+            "restart-run",
+            "--no-eval",
+            "--json-summary",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=cli_stack.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         steps = cli_stack.state_dir / "store" / "runs" / "restart-run" / "steps"

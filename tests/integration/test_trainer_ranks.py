@@ -36,13 +36,15 @@ from trajflow.contracts.trajectory import SamplingParams, TrajectoryRequest, Tra
 
 pytestmark = pytest.mark.integration
 
-CONFIG = TrainerConfig(lr=1e-3, micro_batch=2, autocast="off", loss=LossConfig(kind="ppo_clip", aggregation="token_mean"))
+CONFIG = TrainerConfig(
+    lr=1e-3, micro_batch=2, autocast="off", loss=LossConfig(kind="ppo_clip", aggregation="token_mean")
+)
 """float32 everywhere (no bf16 autocast, whatever the CPU), so the two runs may differ only by summation order."""
 
 
 def float32_config(tmp_path: Path) -> Path:
-    """trajflow/configs/tiny.toml with decode weights forced to float32: the trainer publishes in decode's dtype, which "auto"
-    makes bfloat16 on a CPU with native bf16, and one bf16 rounding step (2**-8 relative) of a weight is far more
+    """trajflow/configs/tiny.toml with decode weights forced to float32: the trainer publishes in decode's dtype, which
+    "auto" makes bfloat16 on a CPU with native bf16, and one bf16 rounding step (2**-8 relative) of a weight is far more
     than the summation-order noise this test bounds. Publishing in float32 keeps the comparison exact on every CPU."""
     path = tmp_path / "tiny-float32.toml"
     text = (ROOT / "trajflow" / "configs" / "tiny.toml").read_text()
@@ -247,7 +249,9 @@ async def test_a_rank_killed_mid_step_is_restarted_and_the_run_finishes(
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, external_trainer=True) as st:
         launched = LaunchedTrainer(tmp_path / "state", st.pools, tmp_path / "trainer.log")
         try:
-            launched.start(st.client.service_client.config.target_host, (tmp_path / "store").as_uri(), tiny_model.parent)
+            launched.start(
+                st.client.service_client.config.target_host, (tmp_path / "store").as_uri(), tiny_model.parent
+            )
             first = launched.wait_polling()
             task = TaskConfig(
                 max_turns=1,
@@ -263,7 +267,9 @@ async def test_a_rank_killed_mid_step_is_restarted_and_the_run_finishes(
             received = f"rank 1: step v0 of run {run_id} received"
             # (in a thread: the stack's workers run on this event loop)
             try:
-                await asyncio.to_thread(wait_for, lambda: received in launched.text(), 240, 0.02, "rank 1 to get step v0")
+                await asyncio.to_thread(
+                    wait_for, lambda: received in launched.text(), 240, 0.02, "rank 1 to get step v0"
+                )
             except TimeoutError as e:
                 raise AssertionError(f"{e}\n{await pending_work(st.client, run_id)}") from None
             os.kill(first[1], signal.SIGKILL)

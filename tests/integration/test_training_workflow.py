@@ -193,9 +193,7 @@ async def test_continue_as_new_and_worker_restart_keep_the_run(
 ) -> None:
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
         tag = st.tag
-        cfg = run_config(
-            st.pools, steps=6, batch_size=2, group_size=2, alpha=1, history_events_before_continue=60
-        )
+        cfg = run_config(st.pools, steps=6, batch_size=2, group_size=2, alpha=1, history_events_before_continue=60)
         run_id = f"run-{uuid.uuid4().hex[:8]}"
         handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
 
@@ -288,7 +286,9 @@ async def _running_members(client, run_id: str, group: str, count: int) -> list[
     return await async_wait_for(running, timeout_s=60, what=f"{count} running members of {group}")
 
 
-async def test_sync_mode_replaces_an_abandoned_group(temporal_env, reward_service, store, sandbox_manager, gated) -> None:
+async def test_sync_mode_replaces_an_abandoned_group(
+    temporal_env, reward_service, store, sandbox_manager, gated
+) -> None:
     """Defect: in sync mode (α = 0, the batch barrier) a group abandoned past max_group_restarts left its batch
     one group short and the barrier admitted nothing more: the run hung. Both members of one group are
     terminated here (ended without a report: infra failures) while every generation is held."""
@@ -318,7 +318,9 @@ async def _task_of(client, workflow_id: str) -> str:
     return (await _started_request(client, workflow_id)).task
 
 
-async def test_a_two_task_run_trains_on_both_tasks(temporal_env, reward_service, store, sandbox_manager, engine) -> None:
+async def test_a_two_task_run_trains_on_both_tasks(
+    temporal_env, reward_service, store, sandbox_manager, engine
+) -> None:
     """Defect: weights 2:1 starved the lighter task once groups closed (sync mode: one group open at a time)."""
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
         cfg = run_config(st.pools, steps=3, batch_size=2, group_size=2, alpha=0, sync=True)

@@ -128,9 +128,7 @@ async def test_recovery_budget_spent_ends_infra_failed_and_unscored(
     assert record.status is TrajectoryStatus.INFRA_FAILED and record.reward is None
 
 
-async def test_twenty_turn_history_stays_small(
-    temporal_env, reward_service, store, sandbox_manager, scripted
-):
+async def test_twenty_turn_history_stays_small(temporal_env, reward_service, store, sandbox_manager, scripted):
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, scripted) as stack:
         req = stack.request(env_id="game:GuessTheNumber-v0-hard", seed=1, env_kwargs={"max_turns": 20}, max_turns=20)
         handle = await stack.start(req)
@@ -141,7 +139,9 @@ async def test_twenty_turn_history_stays_small(
     events = len(history.events)
     size = sum(e.ByteSize() for e in history.events)  # what the server stores (protobuf)
     largest = max(e.ByteSize() for e in history.events)
-    print(f"\n20-turn trajectory history: {events} events, {size / 1024:.1f} KiB, largest event {largest / 1024:.1f} KiB")
+    print(
+        f"\n20-turn trajectory history: {events} events, {size / 1024:.1f} KiB, largest event {largest / 1024:.1f} KiB"
+    )
     assert events < 20 * 15  # O(turns): a handful of events per turn (one an upsert keeping TrajflowTurns current)
     assert size < 128 * 1024
     assert largest < 16 * 1024
@@ -174,9 +174,7 @@ async def test_two_tasks_send_llm_steps_to_their_own_decode_pools(
         assert {t.decode_pool for t in load_record(store, result.trajectory_uri).turns} == {pool}
 
 
-async def test_unknown_env_fails_as_env_error_not_infra(
-    temporal_env, reward_service, store, sandbox_manager, scripted
-):
+async def test_unknown_env_fails_as_env_error_not_infra(temporal_env, reward_service, store, sandbox_manager, scripted):
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, scripted) as stack:
         result = await stack.run(stack.request(env_id="game:NoSuchGame-v0"))
     assert result.status is TrajectoryStatus.FAILED

@@ -37,7 +37,9 @@ CLICK_WAIT_MS = 1500
 right after filling it may do nothing and is repeated."""
 
 
-async def _start_from_ui(page, ui_url: str, workflow_id: str, payload: str, workflow_type: str = "TrajectoryWorkflow") -> None:
+async def _start_from_ui(
+    page, ui_url: str, workflow_id: str, payload: str, workflow_type: str = "TrajectoryWorkflow"
+) -> None:
     """Open the UI as the README says (the workflow list, then *Start Workflow*), fill the form and submit it."""
     from playwright.async_api import TimeoutError as PlaywrightTimeout
 
@@ -70,7 +72,9 @@ async def _start_from_ui(page, ui_url: str, workflow_id: str, payload: str, work
             break
         except PlaywrightTimeout:
             if time.monotonic() > deadline:
-                raise AssertionError(f"no POST {start_path} within {SUBMIT_TIMEOUT_S}s of clicking Start Workflow") from None
+                raise AssertionError(
+                    f"no POST {start_path} within {SUBMIT_TIMEOUT_S}s of clicking Start Workflow"
+                ) from None
     response = await (await request_info.value).response()
     assert response is not None and response.status == 200, (
         f"POST {start_path} answered {response and response.status}: {response and await response.text()}"

@@ -100,7 +100,9 @@ def test_the_warm_pool_keeps_user_env_sandboxes(sandbox_manager, package_images,
         assert hit
         assert second.reset(FACTOR, 3, {"max_attempts": 1})["observation"].startswith("Factor the polynomial")
         last = second.step("\\boxed{x}")
-        assert last["terminated"] and last["reward"] == 0.0 and "The answer was (x + 9)*(3*x - 5)." in last["observation"]
+        assert (
+            last["terminated"] and last["reward"] == 0.0 and "The answer was (x + 9)*(3*x - 5)." in last["observation"]
+        )
         for box in (first, second):
             sandbox_manager.close(box.id)
     finally:

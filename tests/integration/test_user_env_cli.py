@@ -60,7 +60,9 @@ def test_training_on_the_shipped_dataset(cli_stack, tmp_path: Path) -> None:
         '"chain_sum.jsonl"', f'"{example / "chain_sum.jsonl"}"'
     )
     config = tmp_path / "arithmetic.toml"
-    train = "\n[train]\nsteps = 2\nbatch_size = 8\ngroup_size = 4\ntrainer = { micro_batch = 8 }\neval = { episodes = 4 }\n"
+    train = (
+        "\n[train]\nsteps = 2\nbatch_size = 8\ngroup_size = 4\ntrainer = { micro_batch = 8 }\neval = { episodes = 4 }\n"
+    )
     config.write_text(text + train)
     out = tmp_path / "summary.json"
     proc = cli_stack.trajflow("train", str(config), "--run-id", "arith-run", "--json-summary", str(out), timeout=900)

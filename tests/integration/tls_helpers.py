@@ -50,40 +50,74 @@ def make_pki(directory: Path) -> Pki:
     rejected as `UnsupportedCertVersion`, so every leaf gets an extensions file."""
     directory.mkdir(parents=True, exist_ok=True)
     for ca in ("ca", "other-ca"):
-        _openssl("req", "-x509", *NEW_KEY, "-nodes", "-days", "2", "-subj", f"/CN=trajflow test {ca}",
-                 "-keyout", f"{ca}.key", "-out", f"{ca}.pem", cwd=directory)
+        _openssl(
+            "req",
+            "-x509",
+            *NEW_KEY,
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN=trajflow test {ca}",
+            "-keyout",
+            f"{ca}.key",
+            "-out",
+            f"{ca}.pem",
+            cwd=directory,
+        )
     leaves = {
-        "server": ("/CN=localhost", "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
-                   "subjectAltName=IP:127.0.0.1,DNS:localhost\n"),
+        "server": (
+            "/CN=localhost",
+            "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        ),
         "client": ("/CN=trajflow test client", "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n"),
     }
     for name, (subject, extensions) in leaves.items():
         (directory / f"{name}.ext").write_text(extensions)
-        _openssl("req", *NEW_KEY, "-nodes", "-subj", subject, "-keyout", f"{name}.key",
-                 "-out", f"{name}.csr", cwd=directory)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=directory)
+        _openssl(
+            "req", *NEW_KEY, "-nodes", "-subj", subject, "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=directory
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+            "-out",
+            f"{name}.pem",
+            cwd=directory,
+        )
     return Pki(directory)
 
 
 def stunnel_config(pki: Pki, accept_port: int, upstream: str, log: Path) -> str:
     """stunnel in front of `upstream`, requiring a client certificate signed by the CA (`verify = 2`)."""
-    return "\n".join([
-        "foreground = yes",
-        "pid =",
-        f"output = {log}",
-        "[temporal]",
-        f"accept = 127.0.0.1:{accept_port}",
-        f"connect = {upstream}",
-        f"cert = {pki.path('server.pem')}",
-        f"key = {pki.path('server.key')}",
-        f"CAfile = {pki.ca}",
-        "verify = 2",
-        # TLS 1.2: a rejected client certificate then ends the handshake itself with an alert (in TLS 1.3 the
-        # client finishes first and sees the missing ALPN h2 before the alert).
-        "sslVersionMax = TLSv1.2",
-        "",
-    ])
+    return "\n".join(
+        [
+            "foreground = yes",
+            "pid =",
+            f"output = {log}",
+            "[temporal]",
+            f"accept = 127.0.0.1:{accept_port}",
+            f"connect = {upstream}",
+            f"cert = {pki.path('server.pem')}",
+            f"key = {pki.path('server.key')}",
+            f"CAfile = {pki.ca}",
+            "verify = 2",
+            # TLS 1.2: a rejected client certificate then ends the handshake itself with an alert (in TLS 1.3 the
+            # client finishes first and sees the missing ALPN h2 before the alert).
+            "sslVersionMax = TLSv1.2",
+            "",
+        ]
+    )
 
 
 def nginx_config(pki: Pki, accept_port: int, upstream: str, prefix: Path) -> str:

@@ -94,7 +94,10 @@ def test_a_reward_model_and_its_spec_go_together(fields: dict, expected: str) ->
     ("fields", "expected"),
     [
         ({"env_kwargs": {f"k{i}": i for i in range(65)}}, "env_kwargs: Dictionary should have at most 64 items"),
-        ({"env_kwargs": {"k": "v" * 5000}}, "env_kwargs.k: a string of 5000 characters; an env kwarg may hold at most 4096"),
+        (
+            {"env_kwargs": {"k": "v" * 5000}},
+            "env_kwargs.k: a string of 5000 characters; an env kwarg may hold at most 4096",
+        ),
         ({"env_kwargs": {"k": [1, 2]}}, "env_kwargs.k: an env kwarg is a string, number, boolean or null, not list"),
         ({"reward_fn": "f" * 101}, "reward_fn: String should have at most 100 characters"),
         ({"run_id": "r" * 1001}, "run_id: String should have at most 1000 characters"),
@@ -109,7 +112,10 @@ def test_a_trajectory_request_at_its_caps_fits_in_one_payload() -> None:
     req = TrajectoryRequest(
         system_prompt="p" * MAX_SYSTEM_PROMPT_CHARS,
         env_kwargs={f"k{i:03d}" + "k" * 96: "v" * 4096 for i in range(64)},
-        run_id="r" * 1000, policy="p" * 1000, group="g" * 1000, report_to="t" * 1000,
+        run_id="r" * 1000,
+        policy="p" * 1000,
+        group="g" * 1000,
+        report_to="t" * 1000,
     )
     assert len(req.model_dump_json()) < 400_000  # far below the 2 MB one payload may hold
 
@@ -120,7 +126,12 @@ def test_a_nan_reward_is_refused_where_it_would_be_trained_on() -> None:
             ScoreResult(reward=bad, reward_fn="x")
         with pytest.raises(ValidationError, match="finite number"):
             TrajectoryReport(
-                workflow_id="w", trajectory_uri=None, group="", policy_version=0, reward=bad, status=TrajectoryStatus.COMPLETED
+                workflow_id="w",
+                trajectory_uri=None,
+                group="",
+                policy_version=0,
+                reward=bad,
+                status=TrajectoryStatus.COMPLETED,
             )
 
 
@@ -160,8 +171,11 @@ def test_the_env_worker_cuts_observations_and_refuses_non_finite_rewards() -> No
         (b'{"reward": "high", "reward_fn": "x"}', "reward: Input should be a valid number"),
         (b'{"reward": NaN, "reward_fn": "x"}', "reward: Input should be a finite number"),
         (b'{"reward": 1e999, "reward_fn": "x"}', "reward: Input should be a finite number"),
-        (b'[1.0]', "Input should be an object"),
-        (b'{"reward": 1, "reward_fn": "x", "details": {"a": "' + b"z" * MAX_ANSWER_BYTES + b'"}}', "bytes, more than the 65,536"),
+        (b"[1.0]", "Input should be an object"),
+        (
+            b'{"reward": 1, "reward_fn": "x", "details": {"a": "' + b"z" * MAX_ANSWER_BYTES + b'"}}',
+            "bytes, more than the 65,536",
+        ),
     ],
 )
 def test_the_reward_client_calls_garbage_a_bad_answer_naming_the_service(body: bytes, expected: str) -> None:
@@ -241,6 +255,9 @@ def test_an_activity_failure_is_described_once_by_its_type() -> None:
 
     from workflows import stubs
 
-    assert stubs.describe(ApplicationError("EnvError: step failed: boom", type="EnvError")) == "EnvError: step failed: boom"
+    assert (
+        stubs.describe(ApplicationError("EnvError: step failed: boom", type="EnvError"))
+        == "EnvError: step failed: boom"
+    )
     assert stubs.describe(ApplicationError("step failed: boom", type="EnvError")) == "EnvError: step failed: boom"
     assert stubs.describe(ValueError("bad")) == "ValueError: bad"

@@ -1,6 +1,6 @@
-"""trajflow.lab.bench.gpu_check on the CPU at its quick size, so the GPU check cannot rot: it runs the engine and the trainer
-through `trajflow/rl/` without temporalio, docker or boto3 (made unimportable in its process) and reports sane figures;
-and the contention bench's settings give each child the environment they name."""
+"""trajflow.lab.bench.gpu_check on the CPU at its quick size, so the GPU check cannot rot: it runs the engine and the
+trainer through `trajflow/rl/` without temporalio, docker or boto3 (made unimportable in its process) and reports sane
+figures; and the contention bench's settings give each child the environment they name."""
 
 from __future__ import annotations
 

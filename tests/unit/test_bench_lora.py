@@ -1,5 +1,5 @@
-"""trajflow.lab.bench.lora at its quick size, so `trajflow bench lora` cannot rot: every option runs in its own process and
-reports sane figures, and the options are the default config's trainer with only the way of freezing (or, for
+"""trajflow.lab.bench.lora at its quick size, so `trajflow bench lora` cannot rot: every option runs in its own process
+and reports sane figures, and the options are the default config's trainer with only the way of freezing (or, for
 `every-logit`, where logits are computed) changed."""
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ def test_the_quick_bench_runs_every_option(cache_dir: Path, tmp_path: Path, monk
     assert tuple(rows) == OPTIONS
     for r in rows.values():
         assert r["median_step_s"] > 0 and len(r["step_s"]) == 1 and r["losses_finite"] is True
-        assert r["maxrss_steps_mib"] >= r["maxrss_built_mib"] > 0 and r["export_bytes"] > 0 and r["checkpoint_bytes"] > 0
+        assert (
+            r["maxrss_steps_mib"] >= r["maxrss_built_mib"] > 0 and r["export_bytes"] > 0 and r["checkpoint_bytes"] > 0
+        )
         assert r["tokens_per_step"] == sum(160 + 60 * (1 + i % 4) for i in range(4))
     assert rows["lora"]["trainer"]["lora"]["rank"] == 4 and rows["last-blocks"]["trainer"]["lora"] is None
     assert rows["every-logit"]["trainable_params"] == rows["last-blocks"]["trainable_params"]

@@ -35,12 +35,24 @@ def test_summary_has_the_issue_keys_and_the_report_states_the_workload() -> None
     runs = {"sync": _run("sync", 0, 2.0), "alpha1": _run("alpha1", 1, 5.0), "alpha2": _run("alpha2", 2, 6.0)}
     tvb = {
         "1": {
-            "sigma": 1.0, "traj_tps": 4.0, "batch_tps": 3.0, "ratio": 1.33, "traj_s": [4.0], "batch_s": [5.3],
-            "batch_rounds": [8], "decode_utilisation": {"traj": 0.3, "batch": 0.2},
+            "sigma": 1.0,
+            "traj_tps": 4.0,
+            "batch_tps": 3.0,
+            "ratio": 1.33,
+            "traj_s": [4.0],
+            "batch_s": [5.3],
+            "batch_rounds": [8],
+            "decode_utilisation": {"traj": 0.3, "batch": 0.2},
         },
         "10": {
-            "sigma": 10.0, "traj_tps": 3.0, "batch_tps": 1.5, "ratio": 2.0, "traj_s": [5.3], "batch_s": [10.6],
-            "batch_rounds": [8], "decode_utilisation": {"traj": 0.3, "batch": 0.2},
+            "sigma": 10.0,
+            "traj_tps": 3.0,
+            "batch_tps": 1.5,
+            "ratio": 2.0,
+            "traj_s": [5.3],
+            "batch_s": [10.6],
+            "batch_rounds": [8],
+            "decode_utilisation": {"traj": 0.3, "batch": 0.2},
         },
     }
     calibration = {"trajectories": 16.0, "wall_s": 4.0, "ceiling_tps": 4.0, "activities_per_s": 52.0, "mean_turns": 4.5}

@@ -1,5 +1,5 @@
-"""trajflow.lab.bench.sandboxes's pure parts: percentiles, the TrajectoryWorkflow's reset budget replayed against scripted
-failures, the removal of the bench's throwaway images, and the --json / report shape from made-up figures."""
+"""trajflow.lab.bench.sandboxes's pure parts: percentiles, the TrajectoryWorkflow's reset budget replayed against
+scripted failures, the removal of the bench's throwaway images, and the --json / report shape from made-up figures."""
 
 from __future__ import annotations
 
@@ -255,8 +255,15 @@ def figures(success_rate: float = 1.0, warm_p: float = 20.0) -> Figures:
         warm_ms=[warm_p, warm_p + 1, warm_p + 10],
         warm_hits=3,
         cold_ms=[400.0, 500.0],
-        steps={"steps_per_s": 200.0, "concurrency": 4, "seconds": 3.0, "total": 600, "per_sandbox": [150] * 4,
-               "action": "echo hi", "errors": []},  # fmt: skip
+        steps={
+            "steps_per_s": 200.0,
+            "concurrency": 4,
+            "seconds": 3.0,
+            "total": 600,
+            "per_sandbox": [150] * 4,
+            "action": "echo hi",
+            "errors": [],
+        },  # fmt: skip
         chaos=chaos,
         builds={
             "layer_build_s": {"base": None, "runtime": 80.0, "task": 0.5},

@@ -1,5 +1,5 @@
-"""trajflow.lab.bench.sim_engine: the simulated engine keeps its slot limit, draws log-normal decode times around the median,
-stamps completions with the policy's newest published version, and ends completions with EOS."""
+"""trajflow.lab.bench.sim_engine: the simulated engine keeps its slot limit, draws log-normal decode times around the
+median, stamps completions with the policy's newest published version, and ends completions with EOS."""
 
 from __future__ import annotations
 

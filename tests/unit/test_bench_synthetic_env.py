@@ -1,5 +1,5 @@
-"""trajflow.lab.bench.synthetic_env: episode lengths are uniform in [min, max] turns and end at the last turn; step delays are a
-Gaussian clipped at 0 with the expected mean; a seed replays the same episode."""
+"""trajflow.lab.bench.synthetic_env: episode lengths are uniform in [min, max] turns and end at the last turn; step
+delays are a Gaussian clipped at 0 with the expected mean; a seed replays the same episode."""
 
 from __future__ import annotations
 

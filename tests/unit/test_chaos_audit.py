@@ -1,7 +1,7 @@
 """The chaos verdict (`trajflow.lab.chaos.audit.audit`) on hand-made records: it passes a clean run and catches each
 kind of violation it exists to catch, so a chaos run that reports 0 lost means the check could have said more.
-Also when a fault counts as recovered from (`trajflow.lab.chaos.harness.recovered`), when each is due (`fault_moments`), and
-that a trainer kill which missed its step is repeated at the next step."""
+Also when a fault counts as recovered from (`trajflow.lab.chaos.harness.recovered`), when each is due (`fault_moments`),
+and that a trainer kill which missed its step is repeated at the next step."""
 
 from __future__ import annotations
 
@@ -16,16 +16,25 @@ from trajflow.lab.chaos.audit import RunRecords, StoredOutcome, TrajectoryRow, a
 from trajflow.lab.chaos.harness import Chaos, FaultRecord, fault_moments, recovered
 
 
-def row(wid: str, execution: str = "completed", status: str | None = "completed", reward: float | None = 1.0) -> TrajectoryRow:
+def row(
+    wid: str, execution: str = "completed", status: str | None = "completed", reward: float | None = 1.0
+) -> TrajectoryRow:
     return TrajectoryRow(workflow_id=wid, execution=execution, status=status, reward=reward)
 
 
 def ref(wid: str, reward: float = 1.0) -> TrainRef:
-    return TrainRef(workflow_id=wid, trajectory_uri=f"file:///s/{wid}.json", group="g0", reward=reward, policy_version=0)
+    return TrainRef(
+        workflow_id=wid, trajectory_uri=f"file:///s/{wid}.json", group="g0", reward=reward, policy_version=0
+    )
 
 
 def clean() -> RunRecords:
-    rows = [row("a"), row("b", reward=0.0), row("c", status="infra_failed", reward=None), row("d", "canceled", "running", None)]
+    rows = [
+        row("a"),
+        row("b", reward=0.0),
+        row("c", status="infra_failed", reward=None),
+        row("d", "canceled", "running", None),
+    ]
     return RunRecords(
         trajectories=rows,
         started_by_run=4,
@@ -129,7 +138,9 @@ def test_the_runs_end_counts_as_recovery_when_it_moved_past_the_fault() -> None:
     chaos = Chaos(None, _Client(), None, "r", run, print)  # type: ignore[arg-type]
     chaos.faults = [FaultRecord("temporal", 80.0, "killed"), FaultRecord("decode", 85.0, "killed")]
     chaos.before = {0: progress(version=5, completed=48), 1: progress(version=6, completed=48)}
-    result = TrainingResult(run_id="r", version=6, counters=TrainingCounters(completed=48), history=[], wall_seconds=90.0)
+    result = TrainingResult(
+        run_id="r", version=6, counters=TrainingCounters(completed=48), history=[], wall_seconds=90.0
+    )
     chaos.finish(result)
     assert chaos.faults[0].recovered_after_s is not None, "v6 was published after the server came back"
     assert "by the run's end" in chaos.faults[0].detail

@@ -25,7 +25,17 @@ def test_every_command_documents_itself() -> None:
     from trajflow.cli import app
 
     runner = CliRunner()
-    commands = (["up"], ["down"], ["status"], ["rollout"], ["demo"], ["eval"], ["setup"], ["worker", "decode"], ["worker", "env"])
+    commands = (
+        ["up"],
+        ["down"],
+        ["status"],
+        ["rollout"],
+        ["demo"],
+        ["eval"],
+        ["setup"],
+        ["worker", "decode"],
+        ["worker", "env"],
+    )
     for cmd in commands:
         result = runner.invoke(app, [*cmd, "--help"])
         assert result.exit_code == 0, (cmd, result.output)
@@ -73,5 +83,7 @@ def test_setup_scripts_answer_help_without_doing_anything() -> None:
         assert proc.returncode == 0, (script, proc.stderr)
         assert "Usage: scripts/" in proc.stdout, (script, proc.stdout)
         assert proc.stderr == "", (script, proc.stderr)
-        wrong = subprocess.run(["bash", str(root / script), "--no-such-option"], capture_output=True, text=True, timeout=10)
+        wrong = subprocess.run(
+            ["bash", str(root / script), "--no-such-option"], capture_output=True, text=True, timeout=10
+        )
         assert wrong.returncode == 2 and "unknown option" in wrong.stderr, (script, wrong.stderr)

@@ -13,6 +13,7 @@ MAX_LINES = 400
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 README_MAX_LINES = 250
 
+
 def project_files() -> list[Path]:
     return sorted(
         p
@@ -25,11 +26,7 @@ def project_files() -> list[Path]:
 def test_no_module_is_over_the_limit() -> None:
     files = project_files()
     assert len(files) > 50
-    over = {
-        p.relative_to(ROOT).as_posix(): n
-        for p in files
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
+    over = {p.relative_to(ROOT).as_posix(): n for p in files if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert over == {}
 
 

@@ -1,5 +1,5 @@
-"""Every file in trajflow/configs/ and every example's config parses; a config that sends a stage to an undeclared pool is
-rejected clearly."""
+"""Every file in trajflow/configs/ and every example's config parses; a config that sends a stage to an undeclared pool
+is rejected clearly."""
 
 from __future__ import annotations
 

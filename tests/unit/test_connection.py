@@ -105,8 +105,14 @@ def test_up_starts_no_dev_server_for_a_cluster(tmp_path: Path) -> None:
         ({"temporal_tls_ca_file": "."}, "TRAJFLOW_TEMPORAL_TLS_CA_FILE={dir}: cannot read it: Is a directory"),
         ({"temporal_tls_ca_file": "client.ext"}, "not a PEM file with a CERTIFICATE"),
         ({"temporal_tls_cert_file": "client.key"}, "TRAJFLOW_TEMPORAL_TLS_CERT_FILE={dir}/client.key: not a PEM file"),
-        ({"temporal_tls_key_file": None}, "TRAJFLOW_TEMPORAL_TLS_CERT_FILE is set but TRAJFLOW_TEMPORAL_TLS_KEY_FILE is not"),
-        ({"temporal_tls_cert_file": None}, "TRAJFLOW_TEMPORAL_TLS_KEY_FILE is set but TRAJFLOW_TEMPORAL_TLS_CERT_FILE is not"),
+        (
+            {"temporal_tls_key_file": None},
+            "TRAJFLOW_TEMPORAL_TLS_CERT_FILE is set but TRAJFLOW_TEMPORAL_TLS_KEY_FILE is not",
+        ),
+        (
+            {"temporal_tls_cert_file": None},
+            "TRAJFLOW_TEMPORAL_TLS_KEY_FILE is set but TRAJFLOW_TEMPORAL_TLS_CERT_FILE is not",
+        ),
         ({"temporal_tls_key_file": "server.key"}, "the key is not this certificate's private key"),
         ({"temporal_api_key": " "}, "TRAJFLOW_TEMPORAL_API_KEY is set but empty"),
     ],
@@ -121,25 +127,41 @@ def test_bad_tls_settings_fail_before_connecting_naming_file_and_variable(
 
 
 # The Rust core's words for real failures (seen against stunnel, a TLS terminator and the plaintext dev server).
-WRONG_CA = ("Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { "
-            "kind: InvalidData, error: InvalidCertificate(UnknownIssuer) }))")
-PLAINTEXT = ("Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { "
-             "kind: InvalidData, error: InvalidMessage(InvalidContentType) }))")
-NO_ALPN = "Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError(H2NotNegotiated))"
-WRONG_NAME = ("Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { "
-              "kind: InvalidData, error: InvalidCertificate(NotValidForNameContext { expected: DnsName(\"example.com\"), "
-              "presented: [\"IpAddress(127.0.0.1)\", \"DnsName(\\\"localhost\\\")\"] }) }))")
-REFUSED = ("Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError(ConnectError("
-           "\"tcp connect error\", 127.0.0.1:7233, Os { code: 111, kind: ConnectionRefused, message: \"Connection refused\" })))")
-UNAUTHENTICATED = ("Failed client connect: `get_system_info` call error after connection: Status { code: Unauthenticated, "
-                   "message: \"Request unauthorized.\" }")
+WRONG_CA = (
+    "Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { "
+    "kind: InvalidData, error: InvalidCertificate(UnknownIssuer) }))"
+)
+PLAINTEXT = (
+    "Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { "
+    "kind: InvalidData, error: InvalidMessage(InvalidContentType) }))"
+)
+NO_ALPN = (
+    "Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError(H2NotNegotiated))"
+)
+WRONG_NAME = (
+    "Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { "
+    'kind: InvalidData, error: InvalidCertificate(NotValidForNameContext { expected: DnsName("example.com"), '
+    'presented: ["IpAddress(127.0.0.1)", "DnsName(\\"localhost\\")"] }) }))'
+)
+REFUSED = (
+    "Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError(ConnectError("
+    '"tcp connect error", 127.0.0.1:7233, Os { code: 111, kind: ConnectionRefused, message: "Connection refused" })))'
+)
+UNAUTHENTICATED = (
+    "Failed client connect: `get_system_info` call error after connection: Status { code: Unauthenticated, "
+    'message: "Request unauthorized." }'
+)
 
 
 @pytest.mark.parametrize(
     ("sdk_said", "permanent", "says"),
     [
-        (WRONG_CA, True, "TLS verification of Temporal at temporal.example.com:7233 failed against the CA in "
-                         "TRAJFLOW_TEMPORAL_TLS_CA_FILE={dir}/ca.pem"),
+        (
+            WRONG_CA,
+            True,
+            "TLS verification of Temporal at temporal.example.com:7233 failed against the CA in "
+            "TRAJFLOW_TEMPORAL_TLS_CA_FILE={dir}/ca.pem",
+        ),
         (PLAINTEXT, True, "did not answer in TLS, but TLS is on: it is probably a plaintext server"),
         (NO_ALPN, True, "did not offer HTTP/2 (ALPN `h2`)"),
         (WRONG_NAME, True, "not valid for the name dialled (it names 127.0.0.1, localhost)"),

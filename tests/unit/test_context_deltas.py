@@ -75,7 +75,9 @@ def expected_context(tokenizer: Any, engine_name: str, req: TrajectoryRequest) -
 
 
 async def save(store: CountingStore, req: TrajectoryRequest, context_uri: str) -> TrajectoryRecord:
-    turn = TurnSummary(action=ACTION, observation="o", env_reward=0.0, policy_version=0, completion_tokens=1, decode_pool="p")
+    turn = TurnSummary(
+        action=ACTION, observation="o", env_reward=0.0, policy_version=0, completion_tokens=1, decode_pool="p"
+    )
     inp = SaveTrajectoryInput(
         workflow_id="w", request=req, status=TrajectoryStatus.COMPLETED, context_uri=context_uri,
         first_observation=observation(0), turns=[turn] * TURNS, reward=0.0, env_recoveries=0,
@@ -112,7 +114,9 @@ async def test_the_saved_record_is_the_context_the_turns_built_on_any_worker(tok
     assert record.context == expected_context(tokenizer, "scripted", req)
     # a fresh worker (nothing in memory) given a middle turn's context sees that turn's context, not a later one
     fresh = decoder(tokenizer, store, "d")
-    gen = await ActivityEnvironment().run(fresh.generate, req.generate_input("traj-2/run-2", 5, uris[4], observation(5)))
+    gen = await ActivityEnvironment().run(
+        fresh.generate, req.generate_input("traj-2/run-2", 5, uris[4], observation(5))
+    )
     branched = await save(store, req, gen.context_uri)
     assert branched.context is not None and len(branched.context.turn_spans) == 6
     assert record.context is not None
@@ -124,7 +128,9 @@ def test_a_whole_context_written_before_deltas_is_still_read(tmp_path: Path) -> 
     from trajflow.contracts.records import ChatMessage, TurnDelta
 
     store = LocalStore(tmp_path / "store")
-    old = TurnContext(messages=[ChatMessage(role="user", content="hi")], token_ids=[1, 2], logprobs=[0.0, 0.0], loss_mask=[0, 0])
+    old = TurnContext(
+        messages=[ChatMessage(role="user", content="hi")], token_ids=[1, 2], logprobs=[0.0, 0.0], loss_mask=[0, 0]
+    )
     old_uri = store.put_json("trajectories/t/r/context-turn000.json", old)
     after = old.model_copy(update={"token_ids": [1, 2, 3], "logprobs": [0.0, 0.0, -1.0], "loss_mask": [0, 0, 1],
                                    "turn_versions": [0], "turn_spans": [(2, 3)]})  # fmt: skip

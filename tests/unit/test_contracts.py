@@ -109,7 +109,11 @@ def _float_shape(annotation: Any) -> Any:
     if origin is typing.Annotated:
         return _float_shape(args[0])
     if origin in (typing.Union, types.UnionType):
-        return _float_shape(args[0]) if float in args or any(typing.get_origin(a) is typing.Annotated for a in args) else None
+        return (
+            _float_shape(args[0])
+            if float in args or any(typing.get_origin(a) is typing.Annotated for a in args)
+            else None
+        )
     if annotation is float:
         return lambda x: x
     if origin is list and args and _float_shape(args[0]) is not None:
@@ -163,7 +167,10 @@ def test_nan_and_infinity_round_trip_or_are_refused_in_every_float_field(model: 
                 inst = model.model_validate({**base, name: shape(x)})
             except ValueError:
                 continue  # the field's rule: finite (or bounded) values only
-            for back in (conv.from_payload(conv.to_payload(inst), model), model.model_validate_json(inst.model_dump_json())):
+            for back in (
+                conv.from_payload(conv.to_payload(inst), model),
+                model.model_validate_json(inst.model_dump_json()),
+            ):
                 got = _floats(getattr(back, name))
                 assert len(got) == 1 and _same(got[0], x), f"{model.__name__}.{name}: {x} came back as {got}"
 
@@ -196,8 +203,8 @@ def _sources() -> list[Path]:
 
 
 def test_query_signal_and_update_names_come_from_contracts_names() -> None:
-    """Every `@workflow.query/signal/update` names its handler with a constant of `trajflow.contracts.names`, and no client
-    queries or signals a workflow by a string literal."""
+    """Every `@workflow.query/signal/update` names its handler with a constant of `trajflow.contracts.names`, and no
+    client queries or signals a workflow by a string literal."""
     bad = []
     for path in _sources():
         tree = ast.parse(path.read_text(), str(path))
@@ -209,11 +216,21 @@ def test_query_signal_and_update_names_come_from_contracts_names() -> None:
                     if not (isinstance(target, ast.Attribute) and target.attr in _HANDLERS
                             and isinstance(target.value, ast.Name) and target.value.id == "workflow"):  # fmt: skip
                         continue
-                    name = next((k.value for k in dec.keywords if k.arg == "name"), None) if isinstance(dec, ast.Call) else None
-                    if not (isinstance(name, ast.Attribute) and isinstance(name.value, ast.Name) and name.value.id == "names"):
+                    name = (
+                        next((k.value for k in dec.keywords if k.arg == "name"), None)
+                        if isinstance(dec, ast.Call)
+                        else None
+                    )
+                    if not (
+                        isinstance(name, ast.Attribute)
+                        and isinstance(name.value, ast.Name)
+                        and name.value.id == "names"
+                    ):
                         bad.append(f"{where}: @workflow.{target.attr} without name=names.<CONSTANT>")
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MESSAGE_CALLS
                     and node.args and isinstance(node.args[0], ast.Constant)
                     and isinstance(node.args[0].value, str)):  # fmt: skip
-                bad.append(f"{where}: .{node.func.attr}({node.args[0].value!r}, ...) names a message by a string literal")
+                bad.append(
+                    f"{where}: .{node.func.attr}({node.args[0].value!r}, ...) names a message by a string literal"
+                )
     assert not bad, "\n".join(bad)

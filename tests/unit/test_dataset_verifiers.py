@@ -45,7 +45,9 @@ def test_the_env_gives_the_verifiers_verdict_and_the_reward_service_scores_it(ta
     assert (obs, reward, done, info["verified"], info["solved"]) == ("Answer recorded.", 1.0, True, 1.0, True)
     env.reset(seed=0)
     assert env.step("\\boxed{4}")[1] == 0.0  # the user's verifier decides, not the math checker
-    req = ScoreRequest(reward_fn="verifier", env_id="data:d", actions=["x"], final_info={"verified": 0.25, "answer": "4"})
+    req = ScoreRequest(
+        reward_fn="verifier", env_id="data:d", actions=["x"], final_info={"verified": 0.25, "answer": "4"}
+    )
     result = registry.score(req)
     assert result.reward == 0.25 and result.details["verified"] == 0.25
 

@@ -60,7 +60,14 @@ def test_attempts_give_feedback_and_a_second_try(tmp_path: Path) -> None:
     env.reset(seed=0)
     assert env.step("\\boxed{1/3}") == ("That is not correct. 1 attempt(s) left.", 0.0, False, False, {"tries": 1})
     obs, reward, done, _, info = env.step("It is \\boxed{0.5}")
-    assert (obs, reward, done, info["solved"], info["answer"], info["verified"]) == ("Correct.", 1.0, True, True, "1/2", 1.0)
+    assert (obs, reward, done, info["solved"], info["answer"], info["verified"]) == (
+        "Correct.",
+        1.0,
+        True,
+        True,
+        "1/2",
+        1.0,
+    )
     env.reset(seed=0)
     env.step("1")
     assert env.step("2")[1:3] == (0.0, True)
@@ -68,7 +75,12 @@ def test_attempts_give_feedback_and_a_second_try(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("reply", "extracted"),
-    [("so \\boxed{\\frac{1}{2}} ok", "\\frac{1}{2}"), ("\\boxed{1} then \\boxed{2}", "2"), ("work\n\n  42  \n", "42"), ("", "")],
+    [
+        ("so \\boxed{\\frac{1}{2}} ok", "\\frac{1}{2}"),
+        ("\\boxed{1} then \\boxed{2}", "2"),
+        ("work\n\n  42  \n", "42"),
+        ("", ""),
+    ],
 )
 def test_extract_answer(reply: str, extracted: str) -> None:
     assert verify.extract_answer(reply) == extracted

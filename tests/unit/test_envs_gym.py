@@ -1,5 +1,5 @@
-"""`gym:` envs: the text interfaces of `trajflow/envs/gym_text.py` and the adapter of `trajflow/envs/gym_adapter.py`, on real
-gymnasium envs, with expectations worked out by hand from gymnasium's maps and rules."""
+"""`gym:` envs: the text interfaces of `trajflow/envs/gym_text.py` and the adapter of `trajflow/envs/gym_adapter.py`, on
+real gymnasium envs, with expectations worked out by hand from gymnasium's maps and rules."""
 
 from __future__ import annotations
 
@@ -43,7 +43,10 @@ def test_frozen_lake_walks_to_the_goal() -> None:
         assert text == f"You moved {move}. You are at row {row + 1}, column {col + 1}.\n{lake((row, col))}"
         assert (reward, terminated, truncated) == (0.0, False, False)
     text, reward, terminated, truncated, _ = env.step("\\boxed{RIGHT}")
-    assert text == f"You moved right. You reached the goal at row 4, column 4!\n{lake((3, 3))}\nThe game is over. Your reward: 1."
+    assert (
+        text == f"You moved right. You reached the goal at row 4, column 4!\n{lake((3, 3))}\n"
+        "The game is over. Your reward: 1."
+    )
     assert (reward, terminated, truncated) == (1.0, True, False)
     with pytest.raises(EpisodeOver):
         env.step("\\boxed{up}")
@@ -78,7 +81,10 @@ def test_frozen_lake_hole_edge_and_time_limit() -> None:
     ("reply", "why"),
     [
         ("left", "no action found: write your action inside \\boxed{...}"),
-        ("\\boxed{jump}", "'jump' is not a move; expected one of \\boxed{left}, \\boxed{down}, \\boxed{right}, \\boxed{up}"),
+        (
+            "\\boxed{jump}",
+            "'jump' is not a move; expected one of \\boxed{left}, \\boxed{down}, \\boxed{right}, \\boxed{up}",
+        ),
     ],
 )
 def test_a_malformed_reply_ends_the_episode_with_the_format_penalty(reply: str, why: str) -> None:
@@ -218,7 +224,9 @@ def test_an_interface_can_be_passed_in() -> None:
     env = GymTextEnv("FrozenLake-v1", interface=_Digits, is_slippery=False)
     assert env.reset(seed=0)[0] == "Answer 0 to 3.\n\ncell 0 of 16"
     assert env.step("2")[0] == "cell 1 of 16"
-    assert env.step("right")[0] == "At turn 2, you did not give a valid action: 'right' is not 0 to 3. The game is over."
+    assert (
+        env.step("right")[0] == "At turn 2, you did not give a valid action: 'right' is not 0 to 3. The game is over."
+    )
 
 
 @pytest.mark.filterwarnings("ignore:.*out of date:DeprecationWarning")

@@ -142,9 +142,16 @@ def test_gym_env_through_the_runner(client: Client) -> None:
         "info": {"prob": 1.0},
     }
     bad = client(op="step", action="right")
-    assert bad["ok"] is True and bad["reward"] == -0.1 and bad["terminated"] is True and "valid action" in bad["observation"]
+    assert (
+        bad["ok"] is True
+        and bad["reward"] == -0.1
+        and bad["terminated"] is True
+        and "valid action" in bad["observation"]
+    )
     after = client(op="step", action="\\boxed{right}")
-    assert after["ok"] is False and after["error"]["type"] == "EnvError" and "episode is over" in after["error"]["message"]
+    assert (
+        after["ok"] is False and after["error"]["type"] == "EnvError" and "episode is over" in after["error"]["message"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -155,7 +162,9 @@ def test_gym_env_through_the_runner(client: Client) -> None:
         ("gym:FrozenLake-v1", {"slippery": True}, "BadRequest", "bad env_kwargs"),
     ],
 )
-def test_gym_env_errors_are_answers(client: Client, env_id: str, env_kwargs: dict[str, Any], kind: str, needle: str) -> None:
+def test_gym_env_errors_are_answers(
+    client: Client, env_id: str, env_kwargs: dict[str, Any], kind: str, needle: str
+) -> None:
     answer = client(op="reset", env_id=env_id, seed=0, env_kwargs=env_kwargs)
     assert answer["ok"] is False and answer["error"]["type"] == kind and needle in answer["error"]["message"]
     assert client(op="ping")["ok"] is True

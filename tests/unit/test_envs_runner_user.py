@@ -15,9 +15,9 @@ from tests.unit.test_envs_runner import RUNNER, Client, _wait_for_socket
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTOR = "py:factor_env:FactorEnv"
-BROKEN = '''
+BROKEN = """
 import missing_requirement_xyz
-'''
+"""
 ODD = '''
 from gym_adapter import GymTextEnv  # beside the runner, as in the image
 from gym_text import InvalidAction
@@ -85,7 +85,12 @@ def test_the_example_env_plays_an_episode(client: Client) -> None:
     again = client(op="reset", env_id=FACTOR, seed=3, env_kwargs={"max_attempts": 2})
     assert again["observation"] == first["observation"]
     wrong = client(op="step", action="\\boxed{(x + 1)*(x + 2)}")
-    assert wrong["ok"] and wrong["reward"] == 0.0 and not wrong["terminated"] and "1 attempt(s) left" in wrong["observation"]
+    assert (
+        wrong["ok"]
+        and wrong["reward"] == 0.0
+        and not wrong["terminated"]
+        and "1 attempt(s) left" in wrong["observation"]
+    )
     right = client(op="step", action="so \\boxed{(3*x - 5)*(x + 9)}")
     assert right["ok"] and right["reward"] == 1.0 and right["terminated"] and right["info"]["solved"] is True
 
@@ -103,7 +108,9 @@ def test_a_user_env_brings_its_own_text_interface_to_a_gymnasium_env(client: Cli
     moved = client(op="step", action="2")
     assert moved["ok"] and "cell 1" in moved["observation"] and not moved["terminated"]
     bad = client(op="step", action="left")
-    assert bad["ok"] and bad["reward"] == -0.1 and bad["terminated"] and "is not a digit from 0 to 3" in bad["observation"]
+    assert (
+        bad["ok"] and bad["reward"] == -0.1 and bad["terminated"] and "is not a digit from 0 to 3" in bad["observation"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -125,6 +132,7 @@ def test_a_step_that_breaks_the_interface_is_an_env_error(client: Client) -> Non
     assert client(op="reset", env_id="py:odd_envs:FourTuple", seed=0)["ok"]
     out = client(op="step", action="a")
     assert not out["ok"] and out["error"]["type"] == "EnvError"
-    assert "step returned a 4-tuple; an env's step returns (observation, reward, terminated, truncated, info)" in out[
-        "error"
-    ]["message"]
+    assert (
+        "step returned a 4-tuple; an env's step returns (observation, reward, terminated, truncated, info)"
+        in out["error"]["message"]
+    )

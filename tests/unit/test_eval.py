@@ -12,7 +12,14 @@ import pytest
 from infra.policies import PolicyStore
 from infra.store import LocalStore
 from trajflow.cli.commands.evaluate import format_table, mean_pass_at_k, pass_at_k, shown_ks, summarise_eval
-from trajflow.cli.commands.policy_eval import EvalError, PolicySpec, parse_policy, report, resolve_version, runs_with_policies
+from trajflow.cli.commands.policy_eval import (
+    EvalError,
+    PolicySpec,
+    parse_policy,
+    report,
+    resolve_version,
+    runs_with_policies,
+)
 from trajflow.contracts.runs import EpisodeEval, EvalResult
 from trajflow.contracts.trajectory import TrajectoryStatus
 
@@ -69,18 +76,31 @@ def test_figures_table_and_json_from_the_rows(tmp_path: Path) -> None:
     assert result.success_rate == pytest.approx(1 / 3)  # the infra-failed greedy episode is a loss
     assert result.mean_reward == pytest.approx(0.25)  # of the scored ones
     assert result.pass_at_k[1] == pytest.approx(5 / 12) and result.pass_at_k[4] == pytest.approx(2 / 3)
-    assert (result.policy, result.version, result.samples, result.temperature, result.seconds) == ("run-a", 3, 4, 1.0, 12.3)
+    assert (result.policy, result.version, result.samples, result.temperature, result.seconds) == (
+        "run-a",
+        3,
+        4,
+        1.0,
+        12.3,
+    )
 
     table = format_table(result).splitlines()
     assert table[0].split() == ["SEED", "TASK", "GREEDY", "REWARD", "WIN", "SAMPLE", "WINS"]
     assert table[1].split() == ["100", "guess", "completed", "1.000", "yes", "1/4"]
     assert table[3].split() == ["102", "guess", "infra_failed", "-", "no", "0/4"]
-    assert table[-1] == "eval run-a v3: success 1/3 (33%), mean reward 0.250, pass@1 0.42, pass@2 0.50, pass@4 0.67 (12s)"
+    assert (
+        table[-1] == "eval run-a v3: success 1/3 (33%), mean reward 0.250, pass@1 0.42, pass@2 0.50, pass@4 0.67 (12s)"
+    )
 
     path = tmp_path / "out" / "eval.json"
     assert report(result, path) == format_table(result)
     data = json.loads(path.read_text())
-    assert data["pass_at_k"] == {"1": pytest.approx(5 / 12), "2": 0.5, "3": pytest.approx(7 / 12), "4": pytest.approx(2 / 3)}
+    assert data["pass_at_k"] == {
+        "1": pytest.approx(5 / 12),
+        "2": 0.5,
+        "3": pytest.approx(7 / 12),
+        "4": pytest.approx(2 / 3),
+    }
     assert data["per_episode"][0] == {
         "seed": 100, "task": "guess", "greedy_status": "completed", "greedy_reward": 1.0, "greedy_win": True,
         "sample_wins": 1, "sample_rewards": [1.0, -0.5, 0.0, None],
@@ -91,9 +111,19 @@ def test_figures_table_and_json_from_the_rows(tmp_path: Path) -> None:
 def test_greedy_only_and_older_summaries_still_read() -> None:
     greedy = summarise_eval(_rows()[:2], "", 0, 0, 1.0, 1.0)
     assert greedy.pass_at_k == {} and greedy.temperature is None and greedy.samples == 0
-    assert "SAMPLE" not in format_table(greedy) and format_table(greedy).endswith("success 1/2 (50%), mean reward 0.250 (1s)")
+    assert "SAMPLE" not in format_table(greedy) and format_table(greedy).endswith(
+        "success 1/2 (50%), mean reward 0.250 (1s)"
+    )
     # an eval result written before the per-seed table and pass@k existed still reads (the summary.json of old runs)
-    old = {"version": 0, "episodes": 4, "scored": 4, "not_completed": 0, "success_rate": 0.25, "mean_reward": 0.1, "seconds": 3.0}
+    old = {
+        "version": 0,
+        "episodes": 4,
+        "scored": 4,
+        "not_completed": 0,
+        "success_rate": 0.25,
+        "mean_reward": 0.1,
+        "seconds": 3.0,
+    }
     assert EvalResult.model_validate(old).per_episode == []
 
 
@@ -123,7 +153,9 @@ def test_resolve_version_in_a_store_and_the_errors_that_list_what_exists(tmp_pat
     assert resolve_version(store, policies, PolicySpec("run-a")) == 3  # the newest
     assert resolve_version(store, policies, PolicySpec("run-a", 2)) == 2
     assert resolve_version(store, policies, PolicySpec("run-a", 0)) == 0  # the run's initial model
-    with pytest.raises(EvalError, match=r"no weights of version 1 .* newest is v3, the versions still there are v2, v3"):
+    with pytest.raises(
+        EvalError, match=r"no weights of version 1 .* newest is v3, the versions still there are v2, v3"
+    ):
         resolve_version(store, policies, PolicySpec("run-a", 1))  # pruned
     with pytest.raises(EvalError, match="no weights of version 9"):
         resolve_version(store, policies, PolicySpec("run-a", 9))

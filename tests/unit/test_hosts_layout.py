@@ -20,8 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _layout(config: RunConfig) -> hosts.Layout:
     return hosts.Layout(
-        prefix="tfx", network="tfx-net", image="trajflow-worker:abc", gateway="172.30.0.1",
-        hosts=[h.name for h in hosts.hosts_of(config)], store_url="s3://trajflow/store",
+        prefix="tfx",
+        network="tfx-net",
+        image="trajflow-worker:abc",
+        gateway="172.30.0.1",
+        hosts=[h.name for h in hosts.hosts_of(config)],
+        store_url="s3://trajflow/store",
         s3_endpoint_url="http://172.30.0.1:8712",
     )
 
@@ -29,15 +33,22 @@ def _layout(config: RunConfig) -> hosts.Layout:
 def test_a_config_without_hosts_gets_one_host_per_worker_kind() -> None:
     names = [(h.name, h.runs) for h in hosts.hosts_of(load_run_config(ROOT / "trajflow/configs/tiny.toml"))]
     assert names == [
-        ("orchestrator", ["orchestrator"]), ("reward-service", ["reward-service"]), ("decode", ["decode"]),
-        ("env", ["env"]), ("reward", ["reward"]), ("trainer", ["trainer"]),
+        ("orchestrator", ["orchestrator"]),
+        ("reward-service", ["reward-service"]),
+        ("decode", ["decode"]),
+        ("env", ["env"]),
+        ("reward", ["reward"]),
+        ("trainer", ["trainer"]),
     ]
 
 
 def test_placed_hosts_are_kept_and_only_the_rest_added() -> None:
     cfg = RunConfig.model_validate(
-        {"pools": {"decode": ["a", "b"]}, "tasks": [{"name": "t", "pools": {"decode": "a"}}],
-         "hardware": {"hosts": [{"name": "decode", "runs": ["decode:a"]}]}}
+        {
+            "pools": {"decode": ["a", "b"]},
+            "tasks": [{"name": "t", "pools": {"decode": "a"}}],
+            "hardware": {"hosts": [{"name": "decode", "runs": ["decode:a"]}]},
+        }
     )
     names = [(h.name, h.runs) for h in hosts.hosts_of(cfg)]
     assert ("decode", ["decode:a"]) in names and ("decode-b", ["decode:b"]) in names
@@ -57,7 +68,11 @@ def test_four_host_example_container_options(tmp_path: Path) -> None:
         return hosts.container_options(settings, layout, host, hosts.host_env(settings, layout, host, placed, "x"))
 
     decode = options("decode")
-    assert decode["name"] == "tfx-decode" and decode["network"] == "tfx-net" and decode["command"] == ["worker", "host", "decode"]
+    assert (
+        decode["name"] == "tfx-decode"
+        and decode["network"] == "tfx-net"
+        and decode["command"] == ["worker", "host", "decode"]
+    )
     assert decode["cpuset_cpus"] == "0" and decode["mem_limit"] == "4g"
     traces = str((tmp_path / "traces").resolve())
     assert decode["volumes"] == {traces: {"bind": traces, "mode": "rw"}}  # every host writes its spans here
@@ -66,7 +81,10 @@ def test_four_host_example_container_options(tmp_path: Path) -> None:
     assert env["TRAJFLOW_METRICS_HOST"] == "0.0.0.0" and env["TRAJFLOW_PROMETHEUS_PORT"] == "9090"
     assert env["TRAJFLOW_TEMPORAL_ADDRESS"] == "172.30.0.1:7999"  # the gateway, never loopback
     assert env["TRAJFLOW_REWARD_URL"] == "http://tfx-trainer:8799"  # the reward service's host, by name
-    assert env["TRAJFLOW_STORE_URL"] == "s3://trajflow/store" and env["TRAJFLOW_S3_ENDPOINT_URL"] == "http://172.30.0.1:8712"
+    assert (
+        env["TRAJFLOW_STORE_URL"] == "s3://trajflow/store"
+        and env["TRAJFLOW_S3_ENDPOINT_URL"] == "http://172.30.0.1:8712"
+    )
     assert env["TRAJFLOW_RUN_CONFIG"] == "x" and env["TRAJFLOW_HOST_NAME"] == "tfx-decode"
     assert decode["labels"] == {hosts.LABEL_HOSTS: "tfx", hosts.LABEL_HOST: "decode"}
 
@@ -92,7 +110,15 @@ def test_host_plan_runs_each_kind_of_the_host_with_its_placement() -> None:
     plan = {c.name: c for c in host_plan(cfg, "trainer", 8799, None)}
     assert sorted(plan) == ["reward", "reward-service", "trainer"]
     # -P: the working directory stays off sys.path, so a user's own `workflows.py` there shadows nothing
-    assert plan["reward-service"].argv[1:] == ["-P", "-m", "trajflow.rewards.service", "--host", "0.0.0.0", "--port", "8799"]
+    assert plan["reward-service"].argv[1:] == [
+        "-P",
+        "-m",
+        "trajflow.rewards.service",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8799",
+    ]
     assert plan["trainer"].argv == [sys.executable, "-P", "-m", "trajflow", "worker", "trainer", "--pool", "default"]
     assert plan["trainer"].env["OMP_NUM_THREADS"] == "1"  # cpus = "1": one CPU, one torch worker
     assert plan["reward"].argv[-2:] == ["--pool", "default"]

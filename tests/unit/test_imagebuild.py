@@ -27,7 +27,10 @@ def test_wheel_sets_have_their_own_directories(tmp_path: Path) -> None:
 def test_build_stage_installs_with_pip_from_its_wheel() -> None:
     text = wheels.wheel_build_stage("trajflow-base:x", ["pip-26.3-py3-none-any.whl"], ("fastapi==1",), "/opt/site")
     assert text.startswith("FROM trajflow-base:x AS build")
-    assert "python3 /w/pip-26.3-py3-none-any.whl/pip install --no-index" in text and "--target /opt/site 'fastapi==1'" in text
+    assert (
+        "python3 /w/pip-26.3-py3-none-any.whl/pip install --no-index" in text
+        and "--target /opt/site 'fastapi==1'" in text
+    )
 
 
 def test_mirror_from_deb822(tmp_path: Path) -> None:
@@ -66,8 +69,17 @@ def test_the_worker_image_holds_every_package_the_workers_import() -> None:
     # envs runs inside the sandboxes (its own image), not in a worker; the lab, the CLI's commands and the trackers
     # run on the user's side
     root = package_dir("trajflow").parent
-    worker_side = ("activities", "infra", "workers", "workflows", "trajflow/contracts", "trajflow/rewards",
-                   "trajflow/rl", "trajflow/sandbox", "trajflow/observability")
+    worker_side = (
+        "activities",
+        "infra",
+        "workers",
+        "workflows",
+        "trajflow/contracts",
+        "trajflow/rewards",
+        "trajflow/rl",
+        "trajflow/sandbox",
+        "trajflow/observability",
+    )
     user_side = ("trajflow/observability/tracking",)
     project = set(SOURCE_PACKAGES)
     imported: set[str] = set()

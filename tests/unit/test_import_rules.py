@@ -29,7 +29,13 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     "trajflow.contracts": ({"pydantic", "trajflow.contracts"}, set()),
     # workflows record their metrics and spans through trajflow.observability (the SDK's replay-safe meter)
     "workflows": (
-        {"temporalio", "trajflow.contracts", "workflows", "trajflow.observability.metrics", "trajflow.observability.spans"},
+        {
+            "temporalio",
+            "trajflow.contracts",
+            "workflows",
+            "trajflow.observability.metrics",
+            "trajflow.observability.spans",
+        },
         {"torch", "docker", "boto3", "activities", "transformers"},
     ),
     "trajflow.rl": (None, {"temporalio", "docker", "boto3"} | NOT_CORE),
@@ -40,8 +46,18 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     # inside the sandbox image (sibling files, no package); gymnasium only for `gym:` envs; pyarrow and math_verify
     # are in the runtime layer (imported lazily)
     "trajflow.envs": (
-        {"trajflow.envs", "gem", "gymnasium", "shell", "gym_adapter", "gym_text", "dataset", "verify", "pyarrow",
-         "math_verify"},
+        {
+            "trajflow.envs",
+            "gem",
+            "gymnasium",
+            "shell",
+            "gym_adapter",
+            "gym_text",
+            "dataset",
+            "verify",
+            "pyarrow",
+            "math_verify",
+        },
         set(),
     ),
     # user envs are read with ast and packed with the stdlib: nothing of the sandbox, the workers or Temporal
@@ -53,8 +69,17 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     "trajflow.rewards": (None, {"torch", "docker", "temporalio", "transformers", "trajflow.rewards.models"} | NOT_CORE),
     # local reward models: torch and a web server; nothing of Temporal, Docker or the reward service
     "trajflow.rewards.models": (
-        {"trajflow.rewards.models", "trajflow.contracts", "trajflow.rl", "infra", "torch", "transformers", "fastapi",
-         "uvicorn", "pydantic"},
+        {
+            "trajflow.rewards.models",
+            "trajflow.contracts",
+            "trajflow.rl",
+            "infra",
+            "torch",
+            "transformers",
+            "fastapi",
+            "uvicorn",
+            "pydantic",
+        },
         set(),
     ),
     # metrics through the Temporal SDK's runtime, Prometheus's config and HTTP API, spans through OpenTelemetry:
@@ -155,7 +180,8 @@ def violations(package: str) -> list[str]:
     out = []
     # shell tasks' repositories are task data (the projects an agent fixes), not trajflow code
     files = sorted(
-        f for f in ROOT.joinpath(*package.split(".")).rglob("*.py")
+        f
+        for f in ROOT.joinpath(*package.split(".")).rglob("*.py")
         if "shell_tasks" not in f.parts and package_of(f) == package
     )
     assert files, f"package {package} has no python files"

@@ -20,7 +20,9 @@ def test_query_without_filters_is_every_trajectory() -> None:
 
 
 def test_query_combines_every_filter() -> None:
-    q = trajectory_query(status="infra_failed", run="run-1", env="game:GuessTheNumber-v0-easy", task="guess", replay_of="t-1")
+    q = trajectory_query(
+        status="infra_failed", run="run-1", env="game:GuessTheNumber-v0-easy", task="guess", replay_of="t-1"
+    )
     assert q == (
         "WorkflowType = 'TrajectoryWorkflow' AND TrajflowStatus = 'infra_failed' AND TrajflowRun = 'run-1' "
         "AND TrajflowEnv = 'game:GuessTheNumber-v0-easy' AND TrajflowTask = 'guess' AND TrajflowReplayOf = 't-1'"
@@ -49,12 +51,27 @@ def test_bad_filters_are_refused_not_pasted(bad: dict[str, str]) -> None:
 
 
 def test_table_shows_every_column_and_dashes_for_missing() -> None:
-    row = TrajectoryRow("t-1", "completed", "game:X", "guess", "run-1", 2, 0.5, 3, 0, "2026-01-01 10:00:00", None, "completed")
-    bare = TrajectoryRow("t-2", "running", "game:X", None, None, None, None, None, None, "2026-01-01 10:00:01", "t-1", "running")
+    row = TrajectoryRow(
+        "t-1", "completed", "game:X", "guess", "run-1", 2, 0.5, 3, 0, "2026-01-01 10:00:00", None, "completed"
+    )
+    bare = TrajectoryRow(
+        "t-2", "running", "game:X", None, None, None, None, None, None, "2026-01-01 10:00:01", "t-1", "running"
+    )
     lines = format_table([row, bare]).splitlines()
     assert lines[0].split()[:3] == ["ID", "STATUS", "ENV"]
     assert lines[1].split() == [
-        "t-1", "completed", "game:X", "guess", "run-1", "2", "0.5", "3", "0", "2026-01-01", "10:00:00", "-"
+        "t-1",
+        "completed",
+        "game:X",
+        "guess",
+        "run-1",
+        "2",
+        "0.5",
+        "3",
+        "0",
+        "2026-01-01",
+        "10:00:00",
+        "-",
     ]
     assert lines[2].split()[-1] == "t-1" and lines[2].split()[3:8] == ["-"] * 5
 
@@ -67,11 +84,18 @@ def test_a_task_request_carries_the_task_name_and_a_replay_reports_to_nobody() -
     assert TrajectoryRequest.model_validate({}).replay_of == ""  # `{}` from the UI still starts a trajectory
 
 
-def outcome(wid: str, status: TrajectoryStatus, actions: list[str], reward: float | None, error: str | None = None) -> Outcome:
+def outcome(
+    wid: str, status: TrajectoryStatus, actions: list[str], reward: float | None, error: str | None = None
+) -> Outcome:
     req = TrajectoryRequest(seed=7)
     turns = [
         TurnSummary(
-            action=a, observation=f"obs after {a}", env_reward=0.0, policy_version=0, completion_tokens=3, decode_pool="p"
+            action=a,
+            observation=f"obs after {a}",
+            env_reward=0.0,
+            policy_version=0,
+            completion_tokens=3,
+            decode_pool="p",
         )
         for a in actions
     ]
@@ -80,9 +104,16 @@ def outcome(wid: str, status: TrajectoryStatus, actions: list[str], reward: floa
         policy_version=0, env_recoveries=1 if error else 0, error=error,
     )  # fmt: skip
     record = TrajectoryRecord(
-        workflow_id=wid, request=req, status=status, reward=reward, first_observation="Guess a number\nbetween 1 and 10",
-        turns=turns, context=None, env_recoveries=result.env_recoveries, error=error,
-    )  # fmt: skip
+        workflow_id=wid,
+        request=req,
+        status=status,
+        reward=reward,
+        first_observation="Guess a number\nbetween 1 and 10",
+        turns=turns,
+        context=None,
+        env_recoveries=result.env_recoveries,
+        error=error,
+    )
     return Outcome(wid, "run-" + wid, result, record, seed=7)
 
 
@@ -141,7 +172,9 @@ def history_with_failure_at(fail_kind: int) -> list[HistoryEvent]:
         event(
             5,
             T.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
-            activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(activity_type=ActivityType(name="env.reset")),
+            activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(
+                activity_type=ActivityType(name="env.reset")
+            ),
         ),
         event(6, T.EVENT_TYPE_ACTIVITY_TASK_STARTED),
         event(7, T.EVENT_TYPE_ACTIVITY_TASK_COMPLETED),
@@ -151,7 +184,9 @@ def history_with_failure_at(fail_kind: int) -> list[HistoryEvent]:
         event(
             11,
             T.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
-            activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(activity_type=ActivityType(name="env.step")),
+            activity_task_scheduled_event_attributes=ActivityTaskScheduledEventAttributes(
+                activity_type=ActivityType(name="env.step")
+            ),
         ),
         event(12, T.EVENT_TYPE_ACTIVITY_TASK_STARTED),
         failure(13, fail_kind, scheduled=11),
@@ -163,7 +198,9 @@ def history_with_failure_at(fail_kind: int) -> list[HistoryEvent]:
     ]
 
 
-@pytest.mark.parametrize("kind", [EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT])
+@pytest.mark.parametrize(
+    "kind", [EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED, EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT]
+)
 def test_reset_point_is_the_workflow_task_before_the_first_failure(kind: int) -> None:
     point = find_reset_point(history_with_failure_at(kind))
     assert (point.event_id, point.failure_event_id) == (10, 13)
@@ -175,7 +212,9 @@ def test_a_reset_mark_and_workflow_task_timeouts_are_not_failures() -> None:
 
     events = history_with_failure_at(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED)[:12]
     events[8] = event(9, EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT)
-    reset_mark = WorkflowTaskFailedEventAttributes(cause=WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_WORKFLOW)
+    reset_mark = WorkflowTaskFailedEventAttributes(
+        cause=WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_WORKFLOW
+    )
     events[9] = event(10, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED, workflow_task_failed_event_attributes=reset_mark)
     with pytest.raises(NoResetPoint, match="no failure"):
         find_reset_point(events)
@@ -224,4 +263,6 @@ def test_reset_point_of_a_recorded_infra_failed_trajectory() -> None:
     failed = next(e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED)
     assert point.failure_event_id == failed.event_id and point.failure.startswith("env.step failed (SandboxLost)")
     before = [e for e in events if e.event_id < failed.event_id]
-    assert point.event_id == max(e.event_id for e in before if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+    assert point.event_id == max(
+        e.event_id for e in before if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    )

@@ -1,5 +1,5 @@
-"""LoRA in the trainer (`trajflow.rl.lora`, `trainer.lora`) on the tiny random model, float32 on the CPU: only the adapters
-train, a checkpoint holds the adapter and its AdamW state and a resumed trainer continues exactly, the exported
+"""LoRA in the trainer (`trajflow.rl.lora`, `trainer.lora`) on the tiny random model, float32 on the CPU: only the
+adapters train, a checkpoint holds the adapter and its AdamW state and a resumed trainer continues exactly, the exported
 merged weights give the peft model's logits in a plain Hugging Face model (and in place, as a decode engine
 applies them), and bad configs fail with a clear message."""
 

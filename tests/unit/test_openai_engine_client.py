@@ -67,7 +67,11 @@ def test_a_run_config_names_its_server(tmp_path: Path) -> None:
     path.write_text('[model]\nengine = "openai"\nname_or_path = "tiny"\n[model.openai]\nbase_url = "https://x/v1/"\n'
                     'served_model = "qwen"\npolicy_version = 7\n')  # fmt: skip
     server = load_run_config(path).model.openai
-    assert server is not None and (server.base_url, server.served_model, server.policy_version) == ("https://x/v1", "qwen", 7)
+    assert server is not None and (server.base_url, server.served_model, server.policy_version) == (
+        "https://x/v1",
+        "qwen",
+        7,
+    )
 
 
 async def test_a_completion_is_parsed_and_sent_as_token_ids(tiny_model: Path) -> None:

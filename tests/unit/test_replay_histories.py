@@ -1,5 +1,5 @@
-"""The workflow histories checked in under trajflow/cli/replay/histories/ replay against the current workflow code (Temporal's
-Replayer, offline: no server), so a change that makes a workflow non-deterministic for what those runs went
+"""The workflow histories checked in under trajflow/cli/replay/histories/ replay against the current workflow code
+(Temporal's Replayer, offline: no server), so a change that makes a workflow non-deterministic for what those runs went
 through fails here, in CI, before it meets running workflows. Refresh them deliberately with
 tests/integration/test_record_histories.py."""
 
@@ -77,6 +77,8 @@ def test_cli_check_exits_nonzero_on_a_bad_history(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     src = (HISTORIES_DIR / "trajectory-completed.json").read_text()
     bad.write_text(src.replace('"activityType":{"name":"env.reset"}', '"activityType":{"name":"llm.generate"}', 1))
-    proc = subprocess.run([trajflow, "replay", "--check", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [trajflow, "replay", "--check", str(bad)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAILED" in proc.stdout and "0/1 histories" in proc.stdout

@@ -39,7 +39,9 @@ name = "rule"
 def test_each_task_carries_its_models_spec_into_its_requests() -> None:
     config = parse_run_config(CONFIG, "test")
     judged, local, rule = config.training_run().tasks
-    assert isinstance(judged.reward_model, JudgeModelConfig) and judged.reward_model.base_url == "http://10.0.0.5:8000/v1"
+    assert (
+        isinstance(judged.reward_model, JudgeModelConfig) and judged.reward_model.base_url == "http://10.0.0.5:8000/v1"
+    )
     assert isinstance(local.reward_model, LocalModelConfig) and local.reward_model.url == "http://127.0.0.1:8090"
     assert rule.reward_model is None
     req = judged.request(7)

@@ -102,7 +102,8 @@ async def test_the_reward_is_the_judges_score_normalised_with_its_reply_in_the_d
     sent = SEEN[-1]["body"]
     assert sent["model"] == "stub-judge" and sent["temperature"] == 0.0 and sent["max_tokens"] == 256
     prompt = sent["messages"][0]["content"]
-    assert "What is 2 + 3?" in prompt and "\\boxed{5}" in prompt and "I think it is 4" not in prompt  # task + last reply
+    # task + last reply
+    assert "What is 2 + 3?" in prompt and "\\boxed{5}" in prompt and "I think it is 4" not in prompt
 
 
 async def test_a_template_with_reference_and_transcript_and_a_custom_range(model_url: str) -> None:

@@ -7,7 +7,16 @@ import pytest
 from trajflow.contracts.trajectory import ScoreRequest, ScoreResult
 from trajflow.rewards import registry
 
-BUILTINS = ["env_final", "env_outcome", "exact_match", "math_verify", "regex_match", "success", "success_or_penalty", "verifier"]
+BUILTINS = [
+    "env_final",
+    "env_outcome",
+    "exact_match",
+    "math_verify",
+    "regex_match",
+    "success",
+    "success_or_penalty",
+    "verifier",
+]
 
 
 def _req(fn: str, rewards: list[float], actions: int | None = None, **kw: object) -> ScoreRequest:
@@ -94,5 +103,6 @@ def test_register_adds_a_function_and_rejects_a_taken_name() -> None:
 @pytest.mark.usefixtures("isolated_registry")
 def test_score_rejects_a_non_finite_reward() -> None:
     registry.register("broken")(lambda req: ScoreResult(reward=float("nan"), reward_fn="broken"))
-    with pytest.raises(ValueError, match="finite number"):  # ScoreResult itself refuses it (trajflow.contracts.trajectory)
+    # ScoreResult itself refuses it (trajflow.contracts.trajectory)
+    with pytest.raises(ValueError, match="finite number"):
         registry.score(_req("broken", [1.0]))

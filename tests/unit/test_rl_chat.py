@@ -1,4 +1,5 @@
-"""trajflow.rl.chat: the token-level context grows by deltas, keeps earlier tokens exactly, and keeps its arrays aligned."""
+"""trajflow.rl.chat: the token-level context grows by deltas, keeps earlier tokens exactly, and keeps its arrays
+aligned."""
 
 from __future__ import annotations
 

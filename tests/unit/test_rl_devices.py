@@ -1,5 +1,5 @@
-"""trajflow.rl.devices: which device a setting resolves to (with torch's view of the GPUs patched, so the choice is tested
-without one), the clear error for a GPU that is not there, torch threads, and the engine and trainer computing on
+"""trajflow.rl.devices: which device a setting resolves to (with torch's view of the GPUs patched, so the choice is
+tested without one), the clear error for a GPU that is not there, torch threads, and the engine and trainer computing on
 the device their setting resolves to (the CPU here)."""
 
 from __future__ import annotations
@@ -75,7 +75,9 @@ def test_threads_are_set_and_reported() -> None:
 
 
 async def test_the_engine_loads_on_the_device_its_setting_resolves_to(tmp_path: Path) -> None:
-    engine = load_engine(ModelConfig(name_or_path="tiny", max_batch=2, batch_wait_ms=1.0), cache_dir=tmp_path, device="auto")
+    engine = load_engine(
+        ModelConfig(name_or_path="tiny", max_batch=2, batch_wait_ms=1.0), cache_dir=tmp_path, device="auto"
+    )
     assert isinstance(engine, HFEngine)
     await engine.start()
     try:

@@ -1,6 +1,7 @@
-"""trajflow.rl.distributed in a single process (a group of one, what the trainer worker is without a launcher): `lead` runs
-the step here and sends nothing, the trainer is kept between steps and rebuilt from a checkpoint when an order says
-so, and the follower-only and leader-only calls refuse the wrong rank. Two ranks: tests/integration/test_trainer_ranks.py."""
+"""trajflow.rl.distributed in a single process (a group of one, what the trainer worker is without a launcher): `lead`
+runs the step here and sends nothing, the trainer is kept between steps and rebuilt from a checkpoint when an order says
+so, and the follower-only and leader-only calls refuse the wrong rank. Two ranks:
+tests/integration/test_trainer_ranks.py."""
 
 from __future__ import annotations
 

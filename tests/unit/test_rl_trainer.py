@@ -1,5 +1,5 @@
-"""trajflow.rl.trainer on the tiny random model (float32, CPU): learning moves logprobs the right way, micro-batching does
-not change the step, checkpoints resume exactly, exported weights load, records become samples, and the
+"""trajflow.rl.trainer on the tiny random model (float32, CPU): learning moves logprobs the right way, micro-batching
+does not change the step, checkpoints resume exactly, exported weights load, records become samples, and the
 trainer's teacher-forced logprobs match what the decode engine recorded."""
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ def sample(trainer: PolicyTrainer, prompt: str, completion: str, advantage: floa
     draft = TrainSample(p + c, [0.0] * (len(p) + len(c)), [0] * len(p) + [1] * len(c), advantage)
     logprobs = trainer.logprobs([draft])[0]
     return TrainSample(
-        draft.token_ids, [lp if m else 0.0 for lp, m in zip(logprobs, draft.loss_mask, strict=True)], draft.loss_mask, advantage
+        draft.token_ids,
+        [lp if m else 0.0 for lp, m in zip(logprobs, draft.loss_mask, strict=True)],
+        draft.loss_mask,
+        advantage,
     )
 
 
@@ -151,7 +154,9 @@ def test_checkpoint_resumes_exactly(tiny_model: Path, tmp_path: Path, last_layer
         fresh = make_trainer(tiny_model, config)
         frozen = [n for n, p in original.unwrapped_model.named_parameters() if not p.requires_grad]
         assert frozen and all(
-            torch.equal(dict(original.unwrapped_model.named_parameters())[n], dict(fresh.unwrapped_model.named_parameters())[n])
+            torch.equal(
+                dict(original.unwrapped_model.named_parameters())[n], dict(fresh.unwrapped_model.named_parameters())[n]
+            )
             for n in frozen
         )
 

@@ -41,7 +41,13 @@ def batch() -> list[TrainSample]:
 
 def _rank(rank: int, port: int, model: str, out: str) -> None:
     os.environ.update(
-        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+        }
     )
     torch.set_num_threads(1)
     from trajflow.rl.trainer import PolicyTrainer

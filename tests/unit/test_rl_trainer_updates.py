@@ -37,7 +37,9 @@ def test_entropy_of_known_distributions() -> None:
     logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [math.log(2), 0.0, 0.0, -1e4], [50.0, 0.0, 0.0, 0.0]]])
     valid = torch.tensor([[True, True, True]])
     entropy = token_entropy(logits, torch.logsumexp(logits, -1), valid)
-    assert entropy.tolist() == [[pytest.approx(math.log(4)), pytest.approx(1.5 * math.log(2)), pytest.approx(0.0, abs=1e-12)]]
+    assert entropy.tolist() == [
+        [pytest.approx(math.log(4)), pytest.approx(1.5 * math.log(2)), pytest.approx(0.0, abs=1e-12)]
+    ]
     masked = token_entropy(logits, torch.logsumexp(logits, -1), torch.tensor([[False, True, False]]))
     assert masked.tolist() == [[0.0, pytest.approx(1.5 * math.log(2)), 0.0]]
 
@@ -115,7 +117,9 @@ def test_no_reference_without_a_kl_penalty(tiny_model: Path) -> None:
 
 
 @pytest.mark.parametrize("last_layers", [0, 1], ids=["all-trained", "last-block-only"])
-def test_the_reference_is_the_initial_model_and_the_penalty_pulls_towards_it(tiny_model: Path, last_layers: int) -> None:
+def test_the_reference_is_the_initial_model_and_the_penalty_pulls_towards_it(
+    tiny_model: Path, last_layers: int
+) -> None:
     def trainer(kl_coef: float) -> PolicyTrainer:
         loss = LossConfig(kind="tis", kl_coef=kl_coef, kl_estimator="k3")
         return make_trainer(tiny_model, CONFIG.model_copy(update={"loss": loss, "train_last_layers": last_layers}))
@@ -232,7 +236,9 @@ def test_logits_start_at_the_first_loss_token_and_change_nothing_but_the_work(ti
     (cut, cut_params, cut_widths), (full, full_params, full_widths) = trained[False], trained[True]
     assert first > 10  # the prompt's tokens
     # the same forward passes in the same order, and the head never saw the prompt's positions
-    assert len(cut_widths) == len(full_widths) and all(c <= f - first for c, f in zip(cut_widths, full_widths, strict=True))
+    assert len(cut_widths) == len(full_widths) and all(
+        c <= f - first for c, f in zip(cut_widths, full_widths, strict=True)
+    )
     for name in ("loss", "kl_ref", "entropy", "clip_frac", "ratio_mean", "kl_rollout_trainer"):
         assert cut[name] == pytest.approx(full[name], rel=1e-5, abs=1e-7), name
     # AdamW divides by the gradient's running RMS, so a weight whose gradient is near zero moves by up to lr

@@ -1,5 +1,6 @@
-"""`summary.json` and the eval result are models (`trajflow.contracts.runs`): `trajflow train` writes them with the keys the
-training guide (docs/training.md) lists, NaN metrics survive, and scripts/plot_runs.py and the plots read them back."""
+"""`summary.json` and the eval result are models (`trajflow.contracts.runs`): `trajflow train` writes them with the keys
+the training guide (docs/training.md) lists, NaN metrics survive, and scripts/plot_runs.py and the plots read them
+back."""
 
 from __future__ import annotations
 
@@ -23,19 +24,43 @@ from trajflow.contracts.training import (
 from trajflow.contracts.trajectory import TrajectoryStatus
 
 REPO = Path(__file__).resolve().parents[2]
-README_KEYS = {"eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds",
-               "counters", "reward_by_step", "time_by_step", "staleness_histogram", "last_metrics", "tasks"}  # fmt: skip
+README_KEYS = {
+    "eval_before",
+    "eval_after",
+    "steps",
+    "trajectories_trained",
+    "trajectories_dropped_stale",
+    "wall_seconds",
+    "counters",
+    "reward_by_step",
+    "time_by_step",
+    "staleness_histogram",
+    "last_metrics",
+    "tasks",
+}
 
 
 def a_summary() -> RunSummary:
     history = [
-        StepRecord(step=1, time_s=10.04, reward_mean=0.123456, trajectories=8, stale_dropped_total=0, staleness=[0, 1, 1]),
-        StepRecord(step=2, time_s=20.0, reward_mean=0.5, trajectories=8, stale_dropped_total=0, staleness=[0],
-                   metrics={"loss": math.nan, "clip_frac": 0.1}),
-    ]  # fmt: skip
-    result = TrainingResult(run_id="r", version=2, counters=TrainingCounters(completed=16, consumed=16), history=history,
-                            wall_seconds=30.0)  # fmt: skip
-    before = EvalResult(version=0, episodes=4, scored=4, not_completed=0, success_rate=0.25, mean_reward=0.25, seconds=1.0)
+        StepRecord(
+            step=1, time_s=10.04, reward_mean=0.123456, trajectories=8, stale_dropped_total=0, staleness=[0, 1, 1]
+        ),
+        StepRecord(
+            step=2,
+            time_s=20.0,
+            reward_mean=0.5,
+            trajectories=8,
+            stale_dropped_total=0,
+            staleness=[0],
+            metrics={"loss": math.nan, "clip_frac": 0.1},
+        ),
+    ]
+    result = TrainingResult(
+        run_id="r", version=2, counters=TrainingCounters(completed=16, consumed=16), history=history, wall_seconds=30.0
+    )
+    before = EvalResult(
+        version=0, episodes=4, scored=4, not_completed=0, success_rate=0.25, mean_reward=0.25, seconds=1.0
+    )
     after = before.model_copy(update={"version": 2, "success_rate": 0.5, "mean_reward": 0.5})
     return summarise(TrainingRunConfig(), "r", result, 32.0, before, after)
 
@@ -84,6 +109,7 @@ TASKS = ["game", "shell", "data"]
 
 def a_three_task_summary() -> RunSummary:
     """Two steps of a 2:1:1 run; the second step's batch has no shell trajectory."""
+
     def stats(n: int, reward: float, wins: int) -> TaskStats:
         return TaskStats(trajectories=n, reward_mean=reward, wins=wins)
 
@@ -102,9 +128,23 @@ def a_three_task_summary() -> RunSummary:
         status = TrajectoryStatus.COMPLETED if reward is not None else TrajectoryStatus.INFRA_FAILED
         return EpisodeEval(seed=100 + i, task=TASKS[i % 3], greedy_status=status, greedy_reward=reward, greedy_win=win)
 
-    before = EvalResult(version=0, episodes=6, scored=5, not_completed=1, success_rate=1 / 6, mean_reward=0.3, seconds=1.0,
-                        per_episode=[row(0, 1.0, True), row(1, 0.0, False), row(2, 0.0, False), row(3, 0.5, False),
-                                     row(4, None, False), row(5, 0.0, False)])  # fmt: skip
+    before = EvalResult(
+        version=0,
+        episodes=6,
+        scored=5,
+        not_completed=1,
+        success_rate=1 / 6,
+        mean_reward=0.3,
+        seconds=1.0,
+        per_episode=[
+            row(0, 1.0, True),
+            row(1, 0.0, False),
+            row(2, 0.0, False),
+            row(3, 0.5, False),
+            row(4, None, False),
+            row(5, 0.0, False),
+        ],
+    )
     after = before.model_copy(update={"version": 2, "per_episode": [row(i, 1.0, True) for i in range(6)]})
     run = TrainingRunConfig(tasks=[TaskConfig(name=n) for n in TASKS], steps=2)
     return summarise(run, "r", result, 32.0, before, after)
@@ -177,8 +217,16 @@ def test_the_progress_views_show_each_task_of_a_run_of_several() -> None:
         "  shell  last step: -  so far: reward 0.000 success 0/2",
         "  data   last step: -  so far: -",
     ]
-    status = {"kind": "training", "workflow_id": "r", "execution_status": "running", "attributes": {}, "query_error": None,
-              "progress": p.model_dump(mode="json"), "trajectories_query": "q", "trajectories": []}  # fmt: skip
+    status = {
+        "kind": "training",
+        "workflow_id": "r",
+        "execution_status": "running",
+        "attributes": {},
+        "query_error": None,
+        "progress": p.model_dump(mode="json"),
+        "trajectories_query": "q",
+        "trajectories": [],
+    }
     text = format_status(status)
     assert "per task (trajectories trained, their mean reward and wins):\n  game   last step: reward 0.500" in text
     one = p.model_copy(update={"tasks": ["game"], "by_task": {}})

@@ -61,7 +61,9 @@ def test_the_vendored_words_corpus_is_nltks_and_unchanged() -> None:
     assert len([w for w in basic if len(w) == 5 and w.isalpha() and w.islower()]) > 100  # Wordle's candidates
     note = (images.NLTK_DATA_DIR / "SOURCE.md").read_text()
     recorded = {path: sha for sha, path in re.findall(r"^([0-9a-f]{64})  (\S+)$", note, re.M)}
-    assert recorded == {rel: hashlib.sha256((images.NLTK_DATA_DIR / rel).read_bytes()).hexdigest() for rel in images.NLTK_WORDS}
+    assert recorded == {
+        rel: hashlib.sha256((images.NLTK_DATA_DIR / rel).read_bytes()).hexdigest() for rel in images.NLTK_WORDS
+    }
 
 
 def test_task_layer_holds_the_task_but_not_its_solution() -> None:
@@ -143,4 +145,3 @@ def test_concurrent_callers_build_once(tmp_path: Path, monkeypatch: pytest.Monke
         t.join(timeout=30)
     assert sorted(builds) == ["base", "runtime", "wheels"]
     assert len(tags) == 8 and len(set(tags)) == 1
-

@@ -83,7 +83,9 @@ def test_same_namespace_is_judged_by_pid_whatever_the_host_name() -> None:
 
 
 def test_labels_from_before_namespaces_are_judged_only_in_the_initial_namespace(monkeypatch) -> None:
-    legacy = {k: v for k, v in labels.owner_labels("w", "s").items() if k not in (labels.OWNER_PIDNS, labels.OWNER_HOST)}
+    legacy = {
+        k: v for k, v in labels.owner_labels("w", "s").items() if k not in (labels.OWNER_PIDNS, labels.OWNER_HOST)
+    }
     legacy[labels.OWNER_START] = str(int(legacy[labels.OWNER_START]) + 1)  # a dead owner
     monkeypatch.setattr(labels, "pid_namespace", lambda: labels.INITIAL_PIDNS)
     assert labels.owner_alive(legacy) is False

@@ -85,7 +85,6 @@ def test_build_all_checks_task_names_before_building(tmp_path: Path, monkeypatch
     assert set(every) == {"base", "runtime", *(f"task:{n}" for n in images.shell_task_names())}
 
 
-
 def _docker(fake: object) -> docker.DockerClient:
     """A stand-in for a Docker client: a fake with only the calls the code under test makes (or nothing, where
     every Docker step is monkeypatched)."""
@@ -97,7 +96,11 @@ class FakeEngine:
     `client.images.remove`) over an in-memory table of tag -> image id."""
 
     def __init__(
-        self, tags: dict[str, str], used: set[str], refuse: frozenset[str] = frozenset(), bases: dict[str, str] | None = None
+        self,
+        tags: dict[str, str],
+        used: set[str],
+        refuse: frozenset[str] = frozenset(),
+        bases: dict[str, str] | None = None,
     ) -> None:
         self.tags = dict(tags)
         self.bases = bases or {}

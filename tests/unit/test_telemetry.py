@@ -1,7 +1,7 @@
-"""The metrics catalogue and how a worker serves it: every metric recorded through `trajflow.observability.metrics.record` on a
-runtime with a metrics port shows on that port's `/metrics` under its exposed name, with its labels and bucket
-bounds; the embedded stack's scrape targets come from its process table. (The real Prometheus, and scraping a real
-stack: tests/integration/test_metrics.py.)"""
+"""The metrics catalogue and how a worker serves it: every metric recorded through
+`trajflow.observability.metrics.record` on a runtime with a metrics port shows on that port's `/metrics` under its
+exposed name, with its labels and bucket bounds; the embedded stack's scrape targets come from its process table. (The
+real Prometheus, and scraping a real stack: tests/integration/test_metrics.py.)"""
 
 from __future__ import annotations
 
@@ -69,10 +69,12 @@ def test_a_worker_runtime_serves_what_was_recorded() -> None:
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "second runtime refused: this process already serves its metrics" in text
-    assert re.search(r'^trajflow_trajectories_finished_total\{[^}]*run="r"[^}]*status="completed"[^}]*\} 3$', text, re.M)
+    assert re.search(
+        r'^trajflow_trajectories_finished_total\{[^}]*run="r"[^}]*status="completed"[^}]*\} 3$', text, re.M
+    )
     assert re.search(r'^trajflow_sample_staleness_bucket\{[^}]*le="0"[^}]*\} 1$', text, re.M)
     assert re.search(r'^trajflow_sample_staleness_bucket\{[^}]*le="1"[^}]*\} 2$', text, re.M)
-    assert re.search(r'^trajflow_sample_staleness_sum\{[^}]*\} 1$', text, re.M)
+    assert re.search(r"^trajflow_sample_staleness_sum\{[^}]*\} 1$", text, re.M)
     assert re.search(r'^trajflow_reward_seconds_bucket\{[^}]*le="0.25"[^}]*\} 0$', text, re.M)
     assert re.search(r'^trajflow_reward_seconds_bucket\{[^}]*le="0.5"[^}]*\} 1$', text, re.M)
     assert re.search(r"^trajflow_decode_tokens_per_second\{[^}]*\} 12.5$", text, re.M)

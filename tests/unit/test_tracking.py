@@ -22,11 +22,27 @@ CONFIG = {"model": {"name_or_path": "tiny"}, "train": {"steps": 2, "trainer": {"
 
 def steps() -> list[StepRecord]:
     return [
-        StepRecord(step=1, time_s=10.0, reward_mean=-0.1, trajectories=8, stale_dropped_total=0, staleness=[0] * 8,
-                   metrics={"loss": 0.5, "clip_frac": 0.0, "entropy": 2.0}, train_s=3.0),
-        StepRecord(step=2, time_s=14.0, reward_mean=0.3, trajectories=8, stale_dropped_total=1, staleness=[1] * 6 + [0] * 2,
-                   metrics={"loss": 0.25, "clip_frac": 0.1, "entropy": 1.5}, train_s=2.0),
-    ]  # fmt: skip
+        StepRecord(
+            step=1,
+            time_s=10.0,
+            reward_mean=-0.1,
+            trajectories=8,
+            stale_dropped_total=0,
+            staleness=[0] * 8,
+            metrics={"loss": 0.5, "clip_frac": 0.0, "entropy": 2.0},
+            train_s=3.0,
+        ),
+        StepRecord(
+            step=2,
+            time_s=14.0,
+            reward_mean=0.3,
+            trajectories=8,
+            stale_dropped_total=1,
+            staleness=[1] * 6 + [0] * 2,
+            metrics={"loss": 0.25, "clip_frac": 0.1, "entropy": 1.5},
+            train_s=2.0,
+        ),
+    ]
 
 
 def evaluation(version: int, success: float) -> EvalResult:
@@ -110,7 +126,9 @@ def test_wandb_offline_writes_the_run_under_the_run_directory(tmp_path: Path, mo
     for record in wandb_records(run):
         kind = record.WhichOneof("record_type")
         if kind == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
         elif kind == "config":
             config_keys |= {item.key for item in record.config.update}
     rewards = [(r["version"], round(r["rollout/reward_mean"], 6)) for r in rows if "rollout/reward_mean" in r]
@@ -122,7 +140,9 @@ def test_wandb_offline_writes_the_run_under_the_run_directory(tmp_path: Path, mo
 def test_mlflow_logs_params_and_metrics_by_step(tmp_path: Path) -> None:
     import mlflow
 
-    trackers = open_trackers(TrackingConfig(tensorboard=False, mlflow=MlflowConfig(experiment="e")), tmp_path, "run-c", print)
+    trackers = open_trackers(
+        TrackingConfig(tensorboard=False, mlflow=MlflowConfig(experiment="e")), tmp_path, "run-c", print
+    )
     log_a_run(trackers)
     assert trackers.names == ["mlflow"], "it did not fail"
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -164,7 +184,9 @@ def test_a_failing_backend_is_dropped_and_the_others_go_on(tmp_path: Path) -> No
     assert said == ["tracking: broken failed (OSError: disk full); it logs nothing more"]
 
 
-def test_a_backend_without_its_package_is_refused_before_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_backend_without_its_package_is_refused_before_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
     with pytest.raises(RuntimeError, match=r"names wandb, but the `wandb` package is not installed.*\[tracking\]"):
         open_trackers(TrackingConfig(wandb=WandbConfig()), tmp_path, "r", print)

@@ -19,7 +19,9 @@ from trajflow.contracts.training import TrainerConfig, TrainRef, TrainStepInput,
 
 async def test_a_step_issued_again_while_it_trains_is_answered_once(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "store")
-    trainer = TrainerActivities(store, PolicyStore(store, tmp_path / "cache", pointer_ttl_s=0.0), Path("/none"), tmp_path)
+    trainer = TrainerActivities(
+        store, PolicyStore(store, tmp_path / "cache", pointer_ttl_s=0.0), Path("/none"), tmp_path
+    )
     calls = 0
 
     def counted(inp: TrainStepInput) -> TrainStepResult:  # runs on the trainer's executor thread, as _train does

@@ -134,7 +134,9 @@ def test_sync_mode_replaces_an_abandoned_group_within_the_same_batch() -> None:
 
 def test_task_weights_2_to_1_give_shares_within_one_group_over_400_groups() -> None:
     """Defect: the choice counted only open groups, so once groups closed the heavier task won every time."""
-    b = book(steps=1000, batch_size=2, group_size=2, alpha=0, tasks=[TaskConfig(name="a", weight=2.0), TaskConfig(name="b")])
+    b = book(
+        steps=1000, batch_size=2, group_size=2, alpha=0, tasks=[TaskConfig(name="a", weight=2.0), TaskConfig(name="b")]
+    )
     counts = [0, 0]
     for k in range(400):
         g = b.new_group()
@@ -217,7 +219,11 @@ def test_each_step_and_the_run_count_trajectories_reward_and_wins_per_task() -> 
         assert abs(stats["game"].reward_mean - 0.625) < 1e-9 and stats["shell"].reward_mean == 0.25
         total = sum(s.reward_mean * s.trajectories for s in stats.values())
         assert abs(total / rec.trajectories - rec.reward_mean) < 1e-9
-    assert {k: (s.trajectories, s.wins) for k, s in b.s.by_task.items()} == {"game": (8, 4), "shell": (4, 0), "data": (4, 0)}
+    assert {k: (s.trajectories, s.wins) for k, s in b.s.by_task.items()} == {
+        "game": (8, 4),
+        "shell": (4, 0),
+        "data": (4, 0),
+    }
     assert abs(b.s.by_task["game"].reward_mean - 0.625) < 1e-9 and b.s.by_task["game"].success == 0.5
     assert sum(s.trajectories for s in b.s.by_task.values()) == b.s.counters.consumed == 16
 

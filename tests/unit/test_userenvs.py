@@ -53,8 +53,16 @@ def test_a_dotted_module_is_found_as_a_file_or_a_package(tmp_path: Path) -> None
         ("py:dice:Dice", "class Dice:\n    def step(self, action): ...\n", "has no reset()"),
         ("py:dice:Dice", "class Dice:\n    def reset(self): ...\n    def step(self, a): ...\n", "takes no `seed`"),
         ("py:dice:Dice", "class Dice:\n    def reset(self, seed=None): ...\n    def step(self): ...\n", "no action"),
-        ("py:dice:Dice", "class Dice:\n    def reset(self, seed=None): ...\n    def step(self, a, b): ...\n", "requires a, b"),
-        ("py:dice:Dice", "class Dice:\n    async def reset(self, seed=None): ...\n    def step(self, a): ...\n", "is async"),
+        (
+            "py:dice:Dice",
+            "class Dice:\n    def reset(self, seed=None): ...\n    def step(self, a, b): ...\n",
+            "requires a, b",
+        ),
+        (
+            "py:dice:Dice",
+            "class Dice:\n    async def reset(self, seed=None): ...\n    def step(self, a): ...\n",
+            "is async",
+        ),
         ("py:dice:Dice", "class Dice(\n", "syntax error"),
     ],
 )

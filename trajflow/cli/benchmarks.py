@@ -1,5 +1,6 @@
 """The CLI's `bench pipeline`, `bench sandbox`, `bench real`, `bench gpu`, `bench contention`, `bench lora`,
-`bench prefix-cache`, `bench scale` and `bench soak` commands: parse the options, then hand over to `trajflow/lab/bench/`."""
+`bench prefix-cache`, `bench scale` and `bench soak` commands: parse the options, then hand over to
+`trajflow/lab/bench/`."""
 
 from __future__ import annotations
 
@@ -19,10 +20,16 @@ app.add_typer(bench_app, name="bench")
 
 @bench_app.command("pipeline")
 def bench_pipeline(
-    quick: Annotated[bool, typer.Option("--quick", help="Smoke run in under a minute (B=8, 2 steps, 0.01 s units).")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Smoke run in under a minute (B=8, 2 steps, 0.01 s units).")
+    ] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
-    unit_s: Annotated[float | None, typer.Option("--unit-s", help="Seconds per workload unit (the median LLM turn).")] = None,
-    env_mean: Annotated[float | None, typer.Option("--env-mean", help="Mean env step delay, units (default 5).")] = None,
+    unit_s: Annotated[
+        float | None, typer.Option("--unit-s", help="Seconds per workload unit (the median LLM turn).")
+    ] = None,
+    env_mean: Annotated[
+        float | None, typer.Option("--env-mean", help="Mean env step delay, units (default 5).")
+    ] = None,
     env_sigma: Annotated[
         float | None, typer.Option("--env-sigma", help="Env delay σ of the training runs, units (default 5).")
     ] = None,
@@ -36,7 +43,13 @@ def bench_pipeline(
 
     fields = {
         k: v
-        for k, v in {"unit_s": unit_s, "env_mean": env_mean, "env_sigma": env_sigma, "steps": steps, "seed": seed}.items()
+        for k, v in {
+            "unit_s": unit_s,
+            "env_mean": env_mean,
+            "env_sigma": env_sigma,
+            "steps": steps,
+            "seed": seed,
+        }.items()
         if v is not None
     }
     try:
@@ -73,7 +86,9 @@ def bench_real(
     config: ConfigOpt = DEFAULT_CONFIG,
     quick: Annotated[
         bool,
-        typer.Option("--quick", help="4 steps of 8 trajectories (groups of 4) per mode (about 18 min on a 2-core CPU, SmolLM2)."),
+        typer.Option(
+            "--quick", help="4 steps of 8 trajectories (groups of 4) per mode (about 18 min on a 2-core CPU, SmolLM2)."
+        ),
     ] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
     steps: Annotated[int | None, typer.Option("--steps", min=2, help="Steps per mode (default 6; quick 4).")] = None,
@@ -106,14 +121,23 @@ def bench_real(
 @bench_app.command("gpu")
 def bench_gpu(
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
-    device: Annotated[str, typer.Option("--device", help="auto (a GPU when one is visible), cpu, cuda or cuda:N.")] = "auto",
-    quick: Annotated[bool, typer.Option("--quick", help="A tiny model: a smoke test of the path, not a measurement.")] = False,
+    device: Annotated[
+        str, typer.Option("--device", help="auto (a GPU when one is visible), cpu, cuda or cuda:N.")
+    ] = "auto",
+    quick: Annotated[
+        bool, typer.Option("--quick", help="A tiny model: a smoke test of the path, not a measurement.")
+    ] = False,
 ) -> None:
     """HF engine tokens/s at batch 1, 16, 64 and trainer step time (the default job's shape), SmolLM2's architecture
-    with random weights, on a GPU (or --device cpu). Same as `python -m trajflow.lab.bench.gpu_check`, which needs no services."""
+    with random weights, on a GPU (or --device cpu). Same as `python -m trajflow.lab.bench.gpu_check`, which needs no
+    services."""
     from trajflow.lab.bench.gpu_check import main as gpu_main
 
-    _exit(gpu_main([*(["--json", str(json_path)] if json_path else []), "--device", device, *(["--quick"] if quick else [])]))
+    _exit(
+        gpu_main(
+            [*(["--json", str(json_path)] if json_path else []), "--device", device, *(["--quick"] if quick else [])]
+        )
+    )
 
 
 @bench_app.command("contention")
@@ -147,9 +171,15 @@ def bench_lora(
 
 @bench_app.command("prefix-cache")
 def bench_prefix_cache(
-    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here, a plot beside.")] = None,
-    episodes: Annotated[int, typer.Option("--episodes", min=1, help="Episodes played at once, one batch per turn.")] = 32,
-    threads: Annotated[int | None, typer.Option("--threads", min=1, help="Torch threads (default: the decode worker's).")] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the figures as JSON here, a plot beside.")
+    ] = None,
+    episodes: Annotated[
+        int, typer.Option("--episodes", min=1, help="Episodes played at once, one batch per turn.")
+    ] = 32,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="Torch threads (default: the decode worker's).")
+    ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="The tiny model: a smoke test, not a measurement.")] = False,
     dtype: Annotated[
         str, typer.Option("--dtype", help="auto (the CPU's native choice), float32 or bfloat16.")
@@ -180,12 +210,16 @@ def bench_reward_model(
 
 @bench_app.command("scale")
 def bench_scale(
-    quick: Annotated[bool, typer.Option("--quick", help="Smoke run (~1.5 min): 20 and 100 in flight, short turns.")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Smoke run (~1.5 min): 20 and 100 in flight, short turns.")
+    ] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
     levels: Annotated[
         str | None, typer.Option("--levels", help="Trajectories in flight, comma-separated (default 100,1000,5000).")
     ] = None,
-    window_s: Annotated[float | None, typer.Option("--window-s", help="Seconds measured at each level (default 60).")] = None,
+    window_s: Annotated[
+        float | None, typer.Option("--window-s", help="Seconds measured at each level (default 60).")
+    ] = None,
     turns: Annotated[int | None, typer.Option("--turns", help="Turns per trajectory (default 4).")] = None,
 ) -> None:
     """The orchestration at 100, 1,000 and 5,000 trajectories in flight on one embedded stack (simulated engine,

@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-app = typer.Typer(help="trajflow: agentic RL where every trajectory is a durable Temporal workflow.", no_args_is_help=True)
+app = typer.Typer(
+    help="trajflow: agentic RL where every trajectory is a durable Temporal workflow.", no_args_is_help=True
+)
 
 DEFAULT_CONFIG = Path("default")
 """The shipped config named `default` (`trajflow configs list`); options resolve it to its file."""
@@ -77,8 +79,8 @@ def load_worker_config(path: Path) -> RunConfig:
 
 def publish_envs(config: RunConfig) -> RunConfig:
     """`config` with its `py:` tasks' envs (and `data:` tasks' files) checked, their requirements resolved and
-    their packages put into the stack's object store (`trajflow/envs/user/`); a bad one exits 2 saying what to fix, before
-    anything starts."""
+    their packages put into the stack's object store (`trajflow/envs/user/`); a bad one exits 2 saying what to fix,
+    before anything starts."""
     from trajflow.envs.user.submit import packaged, publish_config
 
     if not any(packaged(t.env_id) or t.env_path for t in config.tasks):
@@ -115,4 +117,3 @@ def exit_now(code: int = 0) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-

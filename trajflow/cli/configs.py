@@ -45,11 +45,15 @@ def configs_list(as_json: Annotated[bool, typer.Option("--json", help="Print JSO
         return
     for r in rows:
         tasks = ", ".join(str(t) for t in r["tasks"])  # type: ignore[union-attr]
-        typer.echo(f"{r['name']:10} {r['model']:10} {r['engine']:7} steps {r['steps']:<4} B {r['batch_size']:<4} {tasks}")
+        typer.echo(
+            f"{r['name']:10} {r['model']:10} {r['engine']:7} steps {r['steps']:<4} B {r['batch_size']:<4} {tasks}"
+        )
 
 
 @configs_app.command("show")
-def configs_show(name: Annotated[str, typer.Argument(help="A shipped config's name (`trajflow configs list`).")]) -> None:
+def configs_show(
+    name: Annotated[str, typer.Argument(help="A shipped config's name (`trajflow configs list`).")],
+) -> None:
     """Print a shipped config's TOML, e.g. `trajflow configs show default > my.toml` to start one of your own."""
     from trajflow.contracts.config import shipped_configs
 

@@ -62,7 +62,9 @@ def images_prune(
     typer.echo(prune(tags or None, dry_run, typer.echo))
 
 
-trajectories_app = typer.Typer(help="Trajectories in Temporal visibility, by their search attributes.", no_args_is_help=True)
+trajectories_app = typer.Typer(
+    help="Trajectories in Temporal visibility, by their search attributes.", no_args_is_help=True
+)
 app.add_typer(trajectories_app, name="trajectories")
 
 
@@ -88,7 +90,9 @@ def trajectories_list(
 @app.command()
 def trace(
     workflow_id: Annotated[str, typer.Argument(metavar="WORKFLOW_ID", help="The trajectory's workflow id.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only: every span and the split of the time.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print JSON only: every span and the split of the time.")
+    ] = False,
 ) -> None:
     """Print one trajectory's trace: each span (reset, every generate and step, score, save, and beneath each its
     run on a worker) with its start and duration, and where the episode's time went (activities against
@@ -116,7 +120,9 @@ def trace(
 def replay(
     targets: Annotated[
         list[str] | None,
-        typer.Argument(metavar="WORKFLOW_ID", help="The trajectory; with --check: history files, folders or workflow ids."),
+        typer.Argument(
+            metavar="WORKFLOW_ID", help="The trajectory; with --check: history files, folders or workflow ids."
+        ),
     ] = None,
     from_failure: Annotated[
         bool, typer.Option("--from-failure", help="Reset the original to before its first failure and let it go on.")
@@ -125,7 +131,10 @@ def replay(
         bool, typer.Option("--env-only", help="Re-drive a fresh sandbox with the recorded actions, no LLM.")
     ] = False,
     check: Annotated[
-        bool, typer.Option("--check", help="Replay histories (default trajflow/cli/replay/histories/*.json) against this code.")
+        bool,
+        typer.Option(
+            "--check", help="Replay histories (default trajflow/cli/replay/histories/*.json) against this code."
+        ),
     ] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the new run.")] = 600.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,

@@ -27,10 +27,13 @@ if TYPE_CHECKING:
 def rollout(
     env: Annotated[
         str | None,
-        typer.Option(help="Env id: game:, rg:, shell:, gym:, py:MODULE:CLASS or data:NAME (default: the first task's)."),
+        typer.Option(
+            help="Env id: game:, rg:, shell:, gym:, py:MODULE:CLASS or data:NAME (default: the first task's)."
+        ),
     ] = None,
     env_path: Annotated[
-        Path | None, typer.Option(help="A py: env's source directory (its module, requirements.txt); a data: task's file.")
+        Path | None,
+        typer.Option(help="A py: env's source directory (its module, requirements.txt); a data: task's file."),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Environment seed (default: --request's, else 0).")] = None,
     task: Annotated[str | None, typer.Option(help="Task name from the config.")] = None,
@@ -39,7 +42,8 @@ def rollout(
     request: Annotated[
         str | None,
         typer.Option(
-            help='TrajectoryRequest fields as one JSON object, over the task\'s (e.g. \'{"seed": 3}\'); the options above win.'
+            help="TrajectoryRequest fields as one JSON object, over the task's (e.g. '{\"seed\": 3}'); the options "
+            "above win."
         ),
     ] = None,
     workflow_id: Annotated[str | None, typer.Option(help="Workflow id (default: generated).")] = None,
@@ -81,14 +85,18 @@ def train(
     config_path: Annotated[
         Path,
         typer.Argument(
-            metavar="CONFIG", callback=config_file,
-            help="Run config with a \\[train] section: a TOML file or a shipped config's name (`trajflow configs list`).",
+            metavar="CONFIG",
+            callback=config_file,
+            help="Run config with a \\[train] section: a TOML file or a shipped config's name "
+            "(`trajflow configs list`).",
         ),
     ],
     run_id: Annotated[str | None, typer.Option(help="Run id = the TrainingWorkflow's id (default: generated).")] = None,
     json_summary: Annotated[Path | None, typer.Option(help="Also write the JSON summary here.")] = None,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the held-out evaluation before and after.")] = False,
-    sync: Annotated[bool, typer.Option("--sync", help="The synchronous baseline: alpha = 0 with the batch barrier.")] = False,
+    sync: Annotated[
+        bool, typer.Option("--sync", help="The synchronous baseline: alpha = 0 with the batch barrier.")
+    ] = False,
     alpha: Annotated[int | None, typer.Option(help="Override the config's train.alpha.")] = None,
     seed: Annotated[
         int | None, typer.Option(help="Override the config's train.seed (each trajectory's sampling, the trainer's).")
@@ -143,7 +151,8 @@ def eval_policy(
     config_path: Annotated[
         Path,
         typer.Argument(
-            metavar="CONFIG", callback=config_file,
+            metavar="CONFIG",
+            callback=config_file,
             help="Run config (a TOML file or a shipped config's name): its tasks and \\[train.eval] seeds.",
         ),
     ],
@@ -155,7 +164,8 @@ def eval_policy(
         ),
     ] = None,
     episodes: Annotated[
-        int | None, typer.Option(min=1, max=10_000, help="Held-out seeds to evaluate (default: \\[train.eval] episodes).")
+        int | None,
+        typer.Option(min=1, max=10_000, help="Held-out seeds to evaluate (default: \\[train.eval] episodes)."),
     ] = None,
     samples: Annotated[
         int, typer.Option(min=0, max=64, help="K: sampled episodes per seed at the task's temperature, for pass@1..K.")
@@ -194,13 +204,19 @@ def eval_policy(
 @app.command()
 def chaos(
     config: ConfigOpt = DEFAULT_CONFIG,
-    quick: Annotated[bool, typer.Option("--quick", help="6 short steps (B=8): a few minutes on the tiny config.")] = False,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write the counts (and faults, timeline) here.")] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="6 short steps (B=8): a few minutes on the tiny config.")
+    ] = False,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the counts (and faults, timeline) here.")
+    ] = None,
     run_id: Annotated[str | None, typer.Option(help="Run id (default: generated, chaos-...).")] = None,
     container_kill_rate: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Share of episodes whose sandbox container is killed mid-episode.")
     ] = 0.1,
-    seed: Annotated[int, typer.Option(help="Seed of which episodes lose their container and when the trainer dies.")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Seed of which episodes lose their container and when the trainer dies.")
+    ] = 0,
 ) -> None:
     """Train on the embedded stack while killing its processes, the Temporal server and sandboxes; then audit the
     run's records: started, completed, infra-failed, lost, consumed twice, infra failures scored, steps done.
@@ -229,7 +245,9 @@ def chaos(
         _exit(1)
     rid = run_id or f"chaos-{uuid.uuid4().hex[:8]}"
     report = asyncio.run(
-        chaos_mod.run_chaos(cfg, config, settings, _say, quick=quick, run_id=rid, kill_rate=container_kill_rate, seed=seed)
+        chaos_mod.run_chaos(
+            cfg, config, settings, _say, quick=quick, run_id=rid, kill_rate=container_kill_rate, seed=seed
+        )
     )
     typer.echo(chaos_report.format_report(report))
     out_dir = settings.state_dir / "runs" / rid

@@ -1,5 +1,6 @@
 """The CLI's stack commands: `setup`, `reward-image`, `up`, `down`, `status`, `worker <kind>` (one worker
-process of a pool kind) and `reward-model serve` (a local reward model over HTTP). Heavy imports happen inside each command."""
+process of a pool kind) and `reward-model serve` (a local reward model over HTTP). Heavy imports happen inside each
+command."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from trajflow.cli.common import load_config as _config
 from trajflow.cli.common import load_worker_config as _worker_config
 from trajflow.cli.common import say as _say
 
-worker_app = typer.Typer(help="Run one worker process of a pool kind (what `trajflow up` starts).", no_args_is_help=True)
+worker_app = typer.Typer(
+    help="Run one worker process of a pool kind (what `trajflow up` starts).", no_args_is_help=True
+)
 app.add_typer(worker_app, name="worker")
 
 
@@ -100,13 +103,17 @@ def down() -> None:
 
 @app.command()
 def status(
-    run: Annotated[str | None, typer.Argument(metavar="[RUN]", help="A training run id or a trajectory's workflow id.")] = None,
+    run: Annotated[
+        str | None, typer.Argument(metavar="[RUN]", help="A training run id or a trajectory's workflow id.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="With RUN: print JSON only.")] = False,
     limit: Annotated[int, typer.Option(help="With RUN: query at most this many running trajectories.")] = 100,
     config: Annotated[
         Path | None,
         typer.Option(
-            "--config", "-c", callback=config_file,
+            "--config",
+            "-c",
+            callback=config_file,
             help="Run config (file or shipped name) whose queues to list (default: the one `up` started).",
         ),
     ] = None,
@@ -230,7 +237,9 @@ def worker_trainer(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONF
 
 @worker_app.command("host")
 def worker_host(
-    name: Annotated[str, typer.Argument(help="The host's name in the config's \\[\\[hardware.hosts]] (or a default host).")],
+    name: Annotated[
+        str, typer.Argument(help="The host's name in the config's \\[\\[hardware.hosts]] (or a default host).")
+    ],
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """Every worker the config places on host NAME, as child processes (what a worker-image container runs)."""
@@ -250,7 +259,9 @@ def worker_host(
     raise typer.Exit(run_host(children))
 
 
-reward_model_app = typer.Typer(help="Local reward models served over HTTP, batched (`kind = \"local\"`).", no_args_is_help=True)
+reward_model_app = typer.Typer(
+    help='Local reward models served over HTTP, batched (`kind = "local"`).', no_args_is_help=True
+)
 app.add_typer(reward_model_app, name="reward-model")
 
 

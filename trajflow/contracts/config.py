@@ -124,8 +124,8 @@ class RunConfig(Contract):
     reward_models: dict[Annotated[str, AfterValidator(check_model_name)], RewardModelConfig] = Field(
         default_factory=dict
     )
-    """Reward models by name (`[reward_models.NAME]`, `trajflow.contracts.reward_models`): an LLM judge (`kind = "judge"`) or a
-    local reward-model server (`kind = "local"`); a task uses one with `reward_fn = "model:NAME"`."""
+    """Reward models by name (`[reward_models.NAME]`, `trajflow.contracts.reward_models`): an LLM judge (`kind =
+    "judge"`) or a local reward-model server (`kind = "local"`); a task uses one with `reward_fn = "model:NAME"`."""
 
     def training_run(self) -> TrainingRunConfig:
         """The training workflow's config: the [train] section with this config's tasks."""
@@ -155,11 +155,13 @@ class RunConfig(Contract):
                         f"{getattr(self.pools, kind)}"
                     )
         first = self.train.eval.first_seed
-        for task in self.tasks:  # a dataset holds out its test rows from the eval's first seed (trajflow/envs/dataset.py)
+        # a dataset holds out its test rows from the eval's first seed (trajflow/envs/dataset.py)
+        for task in self.tasks:
             held = task.env_kwargs.get("held_out_from", EvalConfig().first_seed)
             if task.env_id.startswith("data:") and held != first:
                 raise ValueError(
-                    f"task {task.name!r}: its dataset serves test rows from seed {held} (env_kwargs held_out_from), but "
+                    f"task {task.name!r}: its dataset serves test rows from seed {held} (env_kwargs held_out_from), "
+                    "but "
                     f"[train.eval] first_seed is {first}: set held_out_from = {first} so that the eval's seeds are the "
                     "held-out rows"
                 )
@@ -176,17 +178,22 @@ class RunConfig(Contract):
         name = model_name(task.reward_fn)
         if name is None:
             if task.reward_model is not None:
-                raise ValueError(f"task {task.name!r} has a reward_model but reward_fn {task.reward_fn!r} is not model:NAME")
+                raise ValueError(
+                    f"task {task.name!r} has a reward_model but reward_fn {task.reward_fn!r} is not model:NAME"
+                )
             return task
         spec = self.reward_models.get(name)
         if spec is None:
             declared = ", ".join(sorted(self.reward_models)) or "none"
             raise ValueError(
-                f"task {task.name!r} scores with reward_fn {task.reward_fn!r}, but no [reward_models.{name}] is declared "
+                f"task {task.name!r} scores with reward_fn {task.reward_fn!r}, but no [reward_models.{name}] is "
+                "declared "
                 f"(declared: {declared})"
             )
         if task.reward_model is not None and task.reward_model != spec:
-            raise ValueError(f"task {task.name!r}: its reward_model differs from [reward_models.{name}]; drop it from the task")
+            raise ValueError(
+                f"task {task.name!r}: its reward_model differs from [reward_models.{name}]; drop it from the task"
+            )
         return task.model_copy(update={"reward_model": spec})
 
 

@@ -174,9 +174,7 @@ class HardwareConfig(Contract):
 
         mine = cpus_of(host)
         sharing = sum(1 for k in TORCH_KINDS if self.host_of(k) is None and not self._named_by_pool(k))
-        sharing += sum(
-            sum(k in TORCH_KINDS for k in h.kinds()) for h in self.hosts if cpus_of(h) & mine
-        )
+        sharing += sum(sum(k in TORCH_KINDS for k in h.kinds()) for h in self.hosts if cpus_of(h) & mine)
         return max(1, len(mine) // max(1, sharing))
 
     def with_defaults(self, declared: dict[str, list[str]]) -> HardwareConfig:

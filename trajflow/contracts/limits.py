@@ -37,7 +37,8 @@ ENV_ID_HELP = (
     "expected <kind>:<name>, e.g. game:GuessTheNumber-v0-easy, rg:basic_arithmetic, shell:roman-numerals, "
     "py:MODULE:CLASS, data:NAME or gym:FrozenLake-v1 "
     "(GEM's ids: python -c 'from gem.envs.registration import ENV_REGISTRY; print(sorted(ENV_REGISTRY))'; "
-    "shell tasks: the directories of trajflow/envs/shell_tasks; py: a user's env class, its source in env_path; data: a "
+    "shell tasks: the directories of trajflow/envs/shell_tasks; py: a user's env class, its source in env_path; data: "
+    "a "
     "JSONL or Parquet file in env_path; gym: a gymnasium id with a text interface, see trajflow/envs/gym_text.py)"
 )
 
@@ -66,7 +67,9 @@ def _env_kwarg(value: object) -> object:
         return value
     if isinstance(value, str):
         if len(value) > MAX_ENV_KWARG_CHARS:
-            raise ValueError(f"a string of {len(value)} characters; an env kwarg may hold at most {MAX_ENV_KWARG_CHARS}")
+            raise ValueError(
+                f"a string of {len(value)} characters; an env kwarg may hold at most {MAX_ENV_KWARG_CHARS}"
+            )
         return value
     raise ValueError(f"an env kwarg is a string, number, boolean or null, not {type(value).__name__}")
 
@@ -74,4 +77,6 @@ def _env_kwarg(value: object) -> object:
 EnvKwargValue = Annotated[
     str | int | float | bool | None, PlainValidator(_env_kwarg, json_schema_input_type=str | int | float | bool | None)
 ]
-EnvKwargs = Annotated[dict[Annotated[str, Field(max_length=MAX_NAME_CHARS)], EnvKwargValue], Field(max_length=MAX_ENV_KWARGS)]
+EnvKwargs = Annotated[
+    dict[Annotated[str, Field(max_length=MAX_NAME_CHARS)], EnvKwargValue], Field(max_length=MAX_ENV_KWARGS)
+]

@@ -111,4 +111,5 @@ ERR_INVALID_INPUT = "InvalidWorkflowInput"
 non-retryably, with a message naming each bad field (`workflows.inputs`)."""
 ERR_PAYLOADS_TOO_LARGE = "PayloadsTooLarge"
 """A payload over Temporal's blob limit: the SDK's type for an activity result it could not upload, and ours for
-an activity input the workflow stubs refuse to schedule (`trajflow.contracts.limits.MAX_PAYLOAD_BYTES`). Never retried."""
+an activity input the workflow stubs refuse to schedule (`trajflow.contracts.limits.MAX_PAYLOAD_BYTES`). Never
+retried."""

@@ -28,8 +28,15 @@ from trajflow.contracts.config import RunConfig
 
 COMMAND = "python -m trajflow.contracts.reference > docs/reference/config.md"
 MAX_DEFAULT = 100
-CONSTRAINTS = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤", "min_length": "length ≥", "max_length": "length ≤",
-               "multiple_of": "multiple of"}
+CONSTRAINTS = {
+    "gt": ">",
+    "ge": "≥",
+    "lt": "<",
+    "le": "≤",
+    "min_length": "length ≥",
+    "max_length": "length ≤",
+    "multiple_of": "multiple of",
+}
 
 
 def models_in(tp: Any) -> list[type[BaseModel]]:

@@ -59,7 +59,9 @@ def template_fields(template: str) -> set[str]:
     unknown = sorted(used - set(TEMPLATE_FIELDS))
     if unknown:
         known = ", ".join("{" + f + "}" for f in TEMPLATE_FIELDS)
-        raise ValueError(f"unknown placeholder(s) {unknown}; a template may use {known} (a literal brace is {{{{ or }}}})")
+        raise ValueError(
+            f"unknown placeholder(s) {unknown}; a template may use {known} (a literal brace is {{{{ or }}}})"
+        )
     return used
 
 

@@ -27,13 +27,14 @@ class TaskConfig(Contract):
     """A `py:MODULE:CLASS` env's source directory (relative to the config file; made absolute when it is loaded):
     MODULE, its package and an optional requirements.txt (`trajflow.envs.user.source`)."""
     env_package: EnvPackage = ""
-    """Set when the run is submitted: the object-store URI of the env's packed source (`trajflow.envs.user.packages`)."""
+    """Set when the run is submitted: the object-store URI of the env's packed source
+    (`trajflow.envs.user.packages`)."""
     max_turns: Annotated[int, Field(ge=1, le=200)] = 8
     system_prompt: SystemPrompt = DEFAULT_SYSTEM_PROMPT
     sampling: SamplingParams = SamplingParams()
     reward_fn: Name = "env_outcome"
-    """A reward function of the reward service (`trajflow.rewards.registry`), or `model:NAME` for the reward model declared
-    as `[reward_models.NAME]` in the run config."""
+    """A reward function of the reward service (`trajflow.rewards.registry`), or `model:NAME` for the reward model
+    declared as `[reward_models.NAME]` in the run config."""
     reward_model: RewardModelConfig | None = None
     """Filled in by the run config from `[reward_models.NAME]` when `reward_fn = "model:NAME"`; not written by hand."""
     pools: StagePools = StagePools()

@@ -1,5 +1,6 @@
 """The trainer's configuration: the policy loss and its corrections, LoRA adapters, and the optimizer settings
-every train step carries (`TrainerConfig`, a run config's `[train] trainer`). Re-exported by `trajflow.contracts.training`.
+every train step carries (`TrainerConfig`, a run config's `[train] trainer`). Re-exported by
+`trajflow.contracts.training`.
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ class TrainerConfig(NanSafeContract):
     @model_validator(mode="before")
     @classmethod
     def _drop_simulate_step_s(cls, data: object) -> object:
-        """`simulate_step_s` was removed (benchmarks register their own simulated trainer, `trajflow.lab.bench.sim_trainer`);
-        inputs recorded before (running workflows, trajflow/cli/replay/histories/) still carry it, and must still decode."""
+        """`simulate_step_s` was removed (benchmarks register their own simulated trainer,
+        `trajflow.lab.bench.sim_trainer`); inputs recorded before (running workflows, trajflow/cli/replay/histories/)
+        still carry it, and must still decode."""
         if isinstance(data, dict) and "simulate_step_s" in data:
             return {k: v for k, v in data.items() if k != "simulate_step_s"}
         return data

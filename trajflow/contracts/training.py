@@ -85,7 +85,9 @@ class TrainSettings(_Model):
                 f"trainer.seed ({self.trainer.seed}) differs from the run's seed ({self.seed}); set [train] seed "
                 "alone: every step's trainer seed follows it"
             )
-        groups_needed = (self.steps + self.alpha + 1) * self.batch_size // self.group_size * (1 + self.max_group_restarts)
+        groups_needed = (
+            (self.steps + self.alpha + 1) * self.batch_size // self.group_size * (1 + self.max_group_restarts)
+        )
         if self.first_seed <= self.eval.first_seed < self.first_seed + groups_needed:
             raise ValueError(
                 f"training seeds start at {self.first_seed} and may reach {self.first_seed + groups_needed}; "

@@ -114,8 +114,8 @@ class TrajectoryRequest(Contract):
     """Name of a reward function registered in the reward service, or `model:NAME` for a reward model (with
     `reward_model`)."""
     reward_model: RewardModelConfig | None = None
-    """The reward model of `reward_fn = "model:NAME"` (`trajflow.contracts.reward_models`), filled in from the run config's
-    `[reward_models.NAME]` by `TaskConfig.request`; None for rule rewards."""
+    """The reward model of `reward_fn = "model:NAME"` (`trajflow.contracts.reward_models`), filled in from the run
+    config's `[reward_models.NAME]` by `TaskConfig.request`; None for rule rewards."""
     run_id: WorkflowIdRef = ""
     """The training run this trajectory belongs to (empty for a standalone rollout). With `report_to` unset,
     the trajectory reports to the run's training workflow (whose workflow id is the run id)."""

@@ -6,13 +6,13 @@ Rows: `prompt` (str), `answer` (str; numbers are read as their text), optional `
 `held_out_from` (the eval's first seed, 1,000,000 by default) index the train rows (seed mod their count), seeds
 from it on index the test rows, so training never sees the held-out prompts and each eval seed is one test row.
 
-Every reply is judged here: by the checker `check` (`trajflow/envs/verify.py`: math, exact or regex), or by the task's own
-`verifier` ("MODULE:FUNCTION", a function of the user's package on the image's path, `trajflow/envs/user/verifiers.py`),
-whose value (True is 1.0) is the verdict. Single-turn by default: one reply ends the episode with the verdict as
-the env reward, and the reference and verdict (`answer`, `verified`) in the final info for the reward service
-(`trajflow.rewards.registry`: `math_verify`, `exact_match`, `regex_match` judge the reference again; `verifier` takes the
-verdict). With `attempts` > 1 a verdict of at least 1.0 ends the episode, a lower one gets "not correct" and another
-try, and the last one ends it with its verdict.
+Every reply is judged here: by the checker `check` (`trajflow/envs/verify.py`: math, exact or regex), or by the task's
+own `verifier` ("MODULE:FUNCTION", a function of the user's package on the image's path,
+`trajflow/envs/user/verifiers.py`), whose value (True is 1.0) is the verdict. Single-turn by default: one reply ends the
+episode with the verdict as the env reward, and the reference and verdict (`answer`, `verified`) in the final info for
+the reward service (`trajflow.rewards.registry`: `math_verify`, `exact_match`, `regex_match` judge the reference again;
+`verifier` takes the verdict). With `attempts` > 1 a verdict of at least 1.0 ends the episode, a lower one gets "not
+correct" and another try, and the last one ends it with its verdict.
 Limits: the whole file is read at reset (datasets of tens of MB at most; the package limit is 20 MiB).
 """
 

@@ -34,4 +34,6 @@ def cap_observation(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     half = max(limit // 2, 1)
-    return f"{text[:half]}\n[... trajflow cut {len(text) - 2 * half} characters of this observation ...]\n{text[-half:]}"
+    return (
+        f"{text[:half]}\n[... trajflow cut {len(text) - 2 * half} characters of this observation ...]\n{text[-half:]}"
+    )

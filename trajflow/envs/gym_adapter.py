@@ -3,8 +3,8 @@
 
 The env is `gymnasium.make(ID, **env_kwargs)`: a registered id (`FrozenLake-v1`, `Blackjack-v1`), or
 `module:Name-v0`, which imports `module` (installed in the image) so that it registers its envs. Its text
-interface (`trajflow/envs/gym_text.py`) is the one passed in, else the built-in for its class, else the generic one for text
-spaces; an env with none fails at construction (`NoTextInterface`, saying what is missing). The first observation
+interface (`trajflow/envs/gym_text.py`) is the one passed in, else the built-in for its class, else the generic one for
+text spaces; an env with none fails at construction (`NoTextInterface`, saying what is missing). The first observation
 is the interface's instructions followed by the observation. A reply that is not a valid action is the env's
 answer, as in GEM's games: the gymnasium env is not stepped, the observation says what was wrong, the reward is
 GEM's format-error reward and the episode ends. When an episode ends, the observation says so, with the reward.

@@ -90,7 +90,8 @@ class FrozenLakeText:
         rows = len(self.grid)
         self.instructions = (
             "You are playing Frozen Lake.\n"
-            f"You walk on a frozen lake, a grid of {rows} rows and {self.ncol} columns, from the start S to the goal G.\n"
+            f"You walk on a frozen lake, a grid of {rows} rows and {self.ncol} columns, from the start S to the goal "
+            "G.\n"
             "F is frozen ice, safe to stand on. H is a hole: stepping into one ends the game with reward 0. "
             "Reaching G ends the game with reward 1.\n"
             "The map shows @ where you stand. Rows count from the top, columns from the left, both from 1. "
@@ -116,7 +117,9 @@ class FrozenLakeText:
             state = f"You reached the goal at {where}!"
         else:
             state = f"You are at {where}."
-        lines = [" ".join("@" if (r, c) == (row, col) else x for c, x in enumerate(line)) for r, line in enumerate(self.grid)]
+        lines = [
+            " ".join("@" if (r, c) == (row, col) else x for c, x in enumerate(line)) for r, line in enumerate(self.grid)
+        ]
         moved = self._moved(row, col)
         self._at = (row, col)
         return f"{moved}{state}\n" + "\n".join(lines)
@@ -193,10 +196,12 @@ class GenericText:
             low, n = int(self.space.start), int(self.space.n)
             what = f"an integer from {low} to {low + n - 1}, e.g. \\boxed{{{low}}}"
         else:
-            what = f"a text of {self.space.min_length} to {self.space.max_length} characters (no braces), e.g. \\boxed{{...}}"
+            shortest, longest = self.space.min_length, self.space.max_length
+            what = f"a text of {shortest} to {longest} characters (no braces), e.g. \\boxed{{...}}"
         self.instructions = (
             f"You are interacting with the environment {name}. Each observation is its text.\n"
-            f"Each turn, answer with one action inside \\boxed{{}}: {what}. Only the last \\boxed{{}} of your answer counts."
+            f"Each turn, answer with one action inside \\boxed{{}}: {what}. Only the last \\boxed{{}} of your answer "
+            "counts."
         )
 
     def observation(self, obs: Any, info: Mapping[str, Any]) -> str:

@@ -53,7 +53,8 @@ USER_PREFIX = "py:"
 """Env ids `py:MODULE:CLASS` are a user's own env class, imported from the image's PYTHONPATH (its layer holds
 the user's source and requirements: `trajflow/envs/user/`, `trajflow/sandbox/user_images.py`), hosted without GEM."""
 DATA_PREFIX = "data:"
-"""Env ids `data:NAME` are dataset tasks (`trajflow/envs/dataset.py`): NAME.jsonl or NAME.parquet in the user env layer."""
+"""Env ids `data:NAME` are dataset tasks (`trajflow/envs/dataset.py`): NAME.jsonl or NAME.parquet in the user env
+layer."""
 USERENV_DIR = "/opt/trajflow/userenv"
 """Where a user env layer holds its package (`trajflow/sandbox/user_images.py`; env TRAJFLOW_USERENV_DIR overrides)."""
 STEP_RESULT = "(observation, reward, terminated, truncated, info)"
@@ -208,7 +209,8 @@ class EnvHost:
             if e.name and (module_name + ".").startswith(e.name + "."):
                 raise RequestError("UnknownEnv", f"no module {module_name!r} in this sandbox's image") from e
             raise RequestError(
-                "EnvError", _describe(e, f"import of {module_name!r} failed (a requirement missing from its requirements.txt?)")
+                "EnvError",
+                _describe(e, f"import of {module_name!r} failed (a requirement missing from its requirements.txt?)"),
             ) from e
         except Exception as e:
             raise RequestError("EnvError", _describe(e, f"import of {module_name!r} failed")) from e
@@ -236,7 +238,9 @@ class EnvHost:
     def _reset_data(self, name: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
         dataset = _sibling("dataset")
         root = Path(os.environ.get("TRAJFLOW_USERENV_DIR", USERENV_DIR))
-        path = next((root / f"{name}{suffix}" for suffix in dataset.SUFFIXES if (root / f"{name}{suffix}").is_file()), None)
+        path = next(
+            (root / f"{name}{suffix}" for suffix in dataset.SUFFIXES if (root / f"{name}{suffix}").is_file()), None
+        )
         if path is None:
             raise RequestError("UnknownEnv", f"no dataset {name!r} in this sandbox's image ({root})")
         self._env = None

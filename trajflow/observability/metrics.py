@@ -49,4 +49,6 @@ def record(meter: MetricMeter, metric: Metric, value: float, **labels: str) -> N
 
 def counts(metric: Metric) -> bool:
     """A histogram of whole numbers (its bounds all are): recorded as integers, one instrument kind per name."""
-    return metric.kind == "histogram" and metric.buckets is not None and all(float(b).is_integer() for b in metric.buckets)
+    return (
+        metric.kind == "histogram" and metric.buckets is not None and all(float(b).is_integer() for b in metric.buckets)
+    )

@@ -1,9 +1,9 @@
 """Spans made inside workflows: `span(name, **attributes)` around an activity call or the whole trajectory.
 
-Safe in workflow code: the tracer comes from the process's provider at call time (`trajflow.observability.tracing`), which is
-the SDK's replay-safe one in a traced worker (deterministic ids; spans that end during a replay are not exported
-again) and OpenTelemetry's no-op one anywhere else (an untraced worker, the replayer of the tests), where a span
-costs nothing. Attribute names get the `trajflow.` prefix; None values are left out.
+Safe in workflow code: the tracer comes from the process's provider at call time (`trajflow.observability.tracing`),
+which is the SDK's replay-safe one in a traced worker (deterministic ids; spans that end during a replay are not
+exported again) and OpenTelemetry's no-op one anywhere else (an untraced worker, the replayer of the tests), where a
+span costs nothing. Attribute names get the `trajflow.` prefix; None values are left out.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""One trajectory's trace read back from the workers' JSON-lines span files (`trajflow.observability.tracing`), as the timeline
-`trajflow trace WORKFLOW_ID` prints: each span's offset and duration, and where the episode's time went.
+"""One trajectory's trace read back from the workers' JSON-lines span files (`trajflow.observability.tracing`), as the
+timeline `trajflow trace WORKFLOW_ID` prints: each span's offset and duration, and where the episode's time went.
 
 "Where the time went" splits the episode's wall time into the activities' own execution on their workers (the
 `run <activity>` spans) by activity, and orchestration: everything else (scheduling, the wait for a worker to pick a
@@ -129,7 +129,9 @@ def render(t: Timeline, width: int = 32) -> list[str]:
     for r in t.rows:
         lead = int(r.offset_s * scale)
         bar = " " * lead + "█" * max(1, int(r.span.seconds * scale))
-        lines.append(f"  {r.offset_s:8.2f} {r.span.seconds:8.2f}  {'  ' * r.depth}{_label(r.span):<50} |{bar:<{width}}|")
+        lines.append(
+            f"  {r.offset_s:8.2f} {r.span.seconds:8.2f}  {'  ' * r.depth}{_label(r.span):<50} |{bar:<{width}}|"
+        )
     lines.append(f"where the time went ({t.total_s:.2f} s):")
     parts = sorted(t.activity_s.items(), key=lambda kv: -kv[1]) + [("orchestration", t.orchestration_s)]
     for name, seconds in parts:

@@ -8,8 +8,8 @@ its exporter: OTLP/HTTP when the settings name an endpoint, else one JSON-lines 
 workflow into its activities, and `ActivitySpans`, which opens a span around each activity's execution on its
 worker (`run llm.generate`: attempt, worker, how long the task waited to be picked up).
 
-The spans of a trajectory are made by the workflow (`trajflow.observability.spans`): the root `trajectory` span, and one span
-per activity call, from its scheduling to its result, retries included. Not covered: the training workflow and
+The spans of a trajectory are made by the workflow (`trajflow.observability.spans`): the root `trajectory` span, and one
+span per activity call, from its scheduling to its result, retries included. Not covered: the training workflow and
 the trainer's steps (no spans); spans still in a process's batch (half a second) when it is killed are lost.
 """
 

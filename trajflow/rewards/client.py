@@ -6,7 +6,8 @@ Every failure is one of three `RewardError` types, each saying whether a retry c
 |---|---|---|
 | `RewardServiceUnavailable` | connection refused/reset, the `timeout_s` deadline passed, a 5xx, a 408 or 429 | yes |
 | `RewardRequestRejected` | any other 4xx: the request is wrong (unknown reward_fn, bad fields) | no |
-| `RewardServiceBadAnswer` | a 2xx whose body is not a valid `ScoreResult` (see below), or a 1xx/3xx: a service bug | no |
+| `RewardServiceBadAnswer` | a 2xx whose body is not a valid `ScoreResult` (see below), or a 1xx/3xx: a service bug | no
+|
 
 A body is not a valid `ScoreResult` when it is not JSON, has the wrong shape, holds a NaN or infinite reward, or is
 over `MAX_ANSWER_BYTES`.

@@ -1,13 +1,13 @@
 """An LLM judge as a reward: fill the spec's template with the episode, ask an OpenAI-compatible chat-completions API
 once, read a score from the reply and map it onto [0, 1].
 
-What goes into the template (`trajflow.contracts.reward_models.TEMPLATE_FIELDS`): `{prompt}` is the env's first observation
-(the task), `{response}` the agent's last reply, `{reference}` the env's reference answer (`final_info["answer"]`,
-as `data:` tasks give it), `{transcript}` every observation and reply in order. A template that needs what the
-episode lacks is the request's fault (`RewardInputError`, answered 422).
+What goes into the template (`trajflow.contracts.reward_models.TEMPLATE_FIELDS`): `{prompt}` is the env's first
+observation (the task), `{response}` the agent's last reply, `{reference}` the env's reference answer
+(`final_info["answer"]`, as `data:` tasks give it), `{transcript}` every observation and reply in order. A template that
+needs what the episode lacks is the request's fault (`RewardInputError`, answered 422).
 
-Failures of the judge are classified as in `trajflow.rewards.model_http` (down → 503, misconfigured or unreadable → 502),
-never scored. Not covered: streaming, tool calls, reasoning fields of the reply (only `message.content` is read),
+Failures of the judge are classified as in `trajflow.rewards.model_http` (down → 503, misconfigured or unreadable →
+502), never scored. Not covered: streaming, tool calls, reasoning fields of the reply (only `message.content` is read),
 and several samples per judgement.
 """
 

@@ -7,8 +7,8 @@ the way the reward service answers them, so that a model that is down is retried
   wrong URL or model name), 400 (a request the model refuses), a body that is not JSON, or a reply the scorer
   cannot read.
 
-Both are 5xx, which the reward client (`trajflow.rewards.client`) treats as retryable: a trajectory retries and, when the
-budget is spent, ends `infra_failed`, never trained on. `timeout_s` bounds the whole call, not each phase.
+Both are 5xx, which the reward client (`trajflow.rewards.client`) treats as retryable: a trajectory retries and, when
+the budget is spent, ends `infra_failed`, never trained on. `timeout_s` bounds the whole call, not each phase.
 """
 
 from __future__ import annotations

@@ -3,15 +3,21 @@
 
 A local model gets `{prompt, response, reference}` (the env's first observation, the agent's last reply, the env's
 reference answer when it gave one) and answers a `LocalScoreResult`, whose reward is the trajectory's; its batch
-size and raw score go into the details. Failures are classified by `trajflow.rewards.model_http`; a request without a spec is
-the request's fault (`RewardInputError`, 422). This module imports no torch: the models run elsewhere.
+size and raw score go into the details. Failures are classified by `trajflow.rewards.model_http`; a request without a
+spec is the request's fault (`RewardInputError`, 422). This module imports no torch: the models run elsewhere.
 """
 
 from __future__ import annotations
 
 from pydantic import ValidationError
 
-from trajflow.contracts.reward_models import MODEL_PREFIX, LocalModelConfig, LocalScoreRequest, LocalScoreResult, model_name
+from trajflow.contracts.reward_models import (
+    MODEL_PREFIX,
+    LocalModelConfig,
+    LocalScoreRequest,
+    LocalScoreResult,
+    model_name,
+)
 from trajflow.contracts.trajectory import JsonScalar, ScoreRequest, ScoreResult
 from trajflow.rewards import judge
 from trajflow.rewards.model_http import EXCERPT, RewardModelFailed, post_json
@@ -42,7 +48,9 @@ async def score(req: ScoreRequest) -> ScoreResult:
 async def score_local(req: ScoreRequest, spec: LocalModelConfig) -> ScoreResult:
     """Ask a local reward-model server about the episode's task and last reply."""
     if not req.observations:
-        raise RewardInputError("a local reward model scores the task (the env's first observation), which the request lacks")
+        raise RewardInputError(
+            "a local reward model scores the task (the env's first observation), which the request lacks"
+        )
     reference = req.final_info.get("answer")
     body = LocalScoreRequest(
         prompt=req.observations[0],

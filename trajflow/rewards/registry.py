@@ -12,10 +12,11 @@ Built-ins:
   for malformed or invalid actions), 0.0 when there were none. Partial credit is dropped, so the only way up is to
   solve the task, while a malformed answer still scores below a well-formed miss.
 
-- `math_verify`, `exact_match`, `regex_match`: verifier rewards of dataset tasks (`data:NAME`, `trajflow/envs/dataset.py`):
-  1.0 when the last reply's answer (its last `\boxed{...}`, else its last line) matches the reference answer the
-  env gives in its final info, by Math-Verify, exact text or a regular expression (`trajflow/envs/verify.py`), else 0.0.
-  An episode without a reference is rejected (`RewardInputError`): the task is misconfigured, not failed.
+- `math_verify`, `exact_match`, `regex_match`: verifier rewards of dataset tasks (`data:NAME`,
+  `trajflow/envs/dataset.py`): 1.0 when the last reply's answer (its last `\boxed{...}`, else its last line) matches the
+  reference answer the env gives in its final info, by Math-Verify, exact text or a regular expression
+  (`trajflow/envs/verify.py`), else 0.0. An episode without a reference is rejected (`RewardInputError`): the task is
+  misconfigured, not failed.
 - `verifier`: the verdict the dataset env gave the last reply in the sandbox (final info `verified`): the task's
   own verifier function from the user's package (`env_kwargs = { verifier = "MODULE:FUNCTION" }`), else the env's
   checker. User code runs in the task's sandbox, where its requirements are installed, never in this service; an
@@ -156,7 +157,7 @@ def verifier(req: ScoreRequest) -> ScoreResult:
         raise RewardInputError(
             f"verifier scores the verdict a data: task's env gives in its final info (final_info['verified']), which "
             f"{req.env_id!r} did not give{f' (it gave {verdict!r:.40})' if verdict is not None else ''}: use it with "
-            "data: tasks, with env_kwargs verifier = \"MODULE:FUNCTION\" for your own"
+            'data: tasks, with env_kwargs verifier = "MODULE:FUNCTION" for your own'
         )
     details = _details(req) | {"verified": float(verdict), "reference": str(req.final_info.get("answer", ""))[:200]}
     return ScoreResult(reward=float(verdict), reward_fn="verifier", details=details)

@@ -4,8 +4,8 @@ Routes:
 - `POST /score`: a `ScoreRequest` JSON body → a `ScoreResult`. An unknown `reward_fn` → 404; a body that is
   not JSON, has wrong types or unknown fields → 422. Every error body is JSON with a `message` that says what
   is wrong (and, for 404, `known`: the registered names; for 422, `detail`: pydantic's per-field errors).
-  `reward_fn = "model:NAME"` scores with the request's `reward_model` (`trajflow.rewards.model_rewards`): an LLM judge or a
-  local reward-model server that is down → 503, one that answers no score → 502, never a zero reward.
+  `reward_fn = "model:NAME"` scores with the request's `reward_model` (`trajflow.rewards.model_rewards`): an LLM judge
+  or a local reward-model server that is down → 503, one that answers no score → 502, never a zero reward.
 - `GET /healthz` → `{"ok": true}` (readiness / liveness).
 - `GET /reward-fns` → the registered names, a JSON list of strings (reward models, `model:NAME`, are not listed: they
   are named by the run config, not registered here).

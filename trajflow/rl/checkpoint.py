@@ -4,8 +4,8 @@
   parameters; with LoRA only the adapter, in peft's format), AdamW state, version and each process's RNG state,
   written to a temp dir beside the target and renamed, so a reader sees an old or a new checkpoint, whole.
 - `export_weights`: a Hugging Face checkpoint (config, safetensors, tokenizer) in a given dtype, for decode
-  workers; with LoRA the adapters merged into the base weights (`trajflow.rl.lora.merged_state_dict`), so a decode worker
-  needs no peft. `trajflow.rl.weights.apply_weights` copies such a checkpoint into an existing model in place.
+  workers; with LoRA the adapters merged into the base weights (`trajflow.rl.lora.merged_state_dict`), so a decode
+  worker needs no peft. `trajflow.rl.weights.apply_weights` copies such a checkpoint into an existing model in place.
 
 Tensors are written from CPU copies (a trainer on a GPU writes checkpoints any host can read) and loaded onto
 the model's own device.

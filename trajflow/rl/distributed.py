@@ -117,8 +117,8 @@ class TrainerRanks:
     """This process's share of the replicated trainer: its rank, and the `PolicyTrainer` it holds."""
 
     def __init__(self, model_path: Path, device: str = "auto") -> None:
-        """`device`: where this rank computes (`trajflow.rl.devices`; under a launched group on GPUs `auto`/`cuda` is the
-        rank's own GPU, which the launch made current)."""
+        """`device`: where this rank computes (`trajflow.rl.devices`; under a launched group on GPUs `auto`/`cuda` is
+        the rank's own GPU, which the launch made current)."""
         self.model_path = Path(model_path)
         self.device = device
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -181,7 +181,9 @@ class TrainerRanks:
             if order.restore_from is not None:
                 trainer.load_checkpoint(order.restore_from)
             if trainer.version != order.version:
-                raise ValueError(f"the trainer for {order.run_id} is at v{trainer.version}, the step is v{order.version}")
+                raise ValueError(
+                    f"the trainer for {order.run_id} is at v{trainer.version}, the step is v{order.version}"
+                )
             self.run_id, self.trainer = order.run_id, trainer
         trainer = self.trainer
         try:

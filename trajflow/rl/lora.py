@@ -1,7 +1,8 @@
 """LoRA for the trainer, through `peft`: wrap a causal LM with adapters, and export merged full weights.
 
-- `wrap` adds low-rank adapters (peft's `LoraConfig` + `get_peft_model`) to the layers a `trajflow.contracts.training.LoraConfig`
-  names; every base weight is frozen, so an optimizer over `adapter_parameters` trains the adapters only.
+- `wrap` adds low-rank adapters (peft's `LoraConfig` + `get_peft_model`) to the layers a
+  `trajflow.contracts.training.LoraConfig` names; every base weight is frozen, so an optimizer over `adapter_parameters`
+  trains the adapters only.
 - `merged_state_dict` is the state dict of the base architecture (the names an unwrapped Hugging Face model uses)
   with every adapted weight replaced by W + (alpha / rank) B A, computed into new tensors: the trainer's own model
   is never merged in place, so it keeps training the adapters. Decode workers load it like any checkpoint

@@ -227,7 +227,9 @@ def _check_shapes(logprobs: Tensor, advantages: Tensor, **aligned: Tensor | None
         raise ValueError(f"logprobs {tuple(logprobs.shape)} must be [B, L]")
     for name, tensor in aligned.items():
         if tensor is not None and tensor.shape != logprobs.shape:
-            raise ValueError(f"{name} {tuple(tensor.shape)} must be the same [B, L] shape as logprobs {tuple(logprobs.shape)}")
+            raise ValueError(
+                f"{name} {tuple(tensor.shape)} must be the same [B, L] shape as logprobs {tuple(logprobs.shape)}"
+            )
     if advantages.shape != logprobs.shape[:1]:
         raise ValueError(f"advantages {tuple(advantages.shape)} must be [B] = [{logprobs.shape[0]}]")
 

@@ -126,7 +126,8 @@ def _convert_smollm2(gguf: Path, out: Path, progress: Progress | None) -> None:
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")  # the weights are dequantised; a saved quant config would mislead loaders
+        # the weights are dequantised; a saved quant config would mislead loaders
+        delattr(config, "quantization_config")
     config.dtype = torch.bfloat16
     _say(progress, "copying weights into a bfloat16 model")
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -208,7 +209,8 @@ def _write_tiny(out: Path, seed: int) -> None:
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
-    # in place; an upcast to the base class: typeshed's functools.wraps result, which transformers' .to is, does not bind self
+    # in place; an upcast to the base class: typeshed's functools.wraps result, which transformers' .to is, does not
+    # bind self
     cast(torch.nn.Module, model).to(torch.float32)
     model.generation_config.eos_token_id = eos_id
     model.generation_config.pad_token_id = pad_id

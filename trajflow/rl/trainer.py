@@ -37,8 +37,8 @@ runs it for the trainer worker, tested with two CPU processes (gloo), not on GPU
 on the CPU and moved to the device; metrics come back as floats, and checkpoints and exported weights are
 written from CPU copies. The float32 logits of a micro-batch from its first loss token on are kept for
 backward: `micro_batch` x (length - prompt) x vocabulary floats (twice that with an entropy bonus, whose softmax
-is kept too). With kl_coef > 0 the trainer holds a copy of the initial trainable parameters (`trajflow.rl.reference`: the
-top k blocks with train_last_layers = k).
+is kept too). With kl_coef > 0 the trainer holds a copy of the initial trainable parameters (`trajflow.rl.reference`:
+the top k blocks with train_last_layers = k).
 """
 
 from __future__ import annotations
@@ -69,7 +69,9 @@ def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def _trainable_parameters(model: torch.nn.Module, config: TrainerConfig) -> tuple[torch.nn.Module, list[torch.nn.Parameter]]:
+def _trainable_parameters(
+    model: torch.nn.Module, config: TrainerConfig
+) -> tuple[torch.nn.Module, list[torch.nn.Parameter]]:
     """The model to train and the parameters AdamW steps:
 
     - `config.lora` set: the model wrapped with adapters (`trajflow.rl.lora.wrap`), and the adapters' parameters;
@@ -85,7 +87,9 @@ def _trainable_parameters(model: torch.nn.Module, config: TrainerConfig) -> tupl
     base = getattr(model, "model", None)
     layers = getattr(base, "layers", None)
     if base is None or layers is None or not hasattr(base, "norm"):
-        raise ValueError(f"train_last_layers needs a decoder with .model.layers and .model.norm; {type(model).__name__} has none")
+        raise ValueError(
+            f"train_last_layers needs a decoder with .model.layers and .model.norm; {type(model).__name__} has none"
+        )
     if last_layers > len(layers):
         raise ValueError(f"train_last_layers = {last_layers} but the model has {len(layers)} blocks")
     model.requires_grad_(False)
@@ -247,8 +251,8 @@ class PolicyTrainer:
 
     def train_step(self, samples: Sequence[TrainSample], config: TrainerConfig | None = None) -> dict[str, float]:
         """One train step on `samples` (the whole batch, every process passes the same list): ppo_epochs x
-        mini_batches optimizer updates, one new version; see the module docstring and `trajflow.rl.updates`. Returns loss
-        and grad_norm (means over updates), the loss metrics (merged over updates), updates, tokens, sequences,
+        mini_batches optimizer updates, one new version; see the module docstring and `trajflow.rl.updates`. Returns
+        loss and grad_norm (means over updates), the loss metrics (merged over updates), updates, tokens, sequences,
         autocast_bf16 (1.0 when the step ran under bf16 autocast), seconds."""
         if not samples:
             raise ValueError("train_step needs at least one sample")

@@ -218,7 +218,9 @@ def _update(
     return _Update(loss_share, float(grad_norm), parts)
 
 
-def _global_metrics(trainer: PolicyTrainer, loss: float, parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+def _global_metrics(
+    trainer: PolicyTrainer, loss: float, parts: list[tuple[float, dict[str, float]]]
+) -> dict[str, float]:
     """This process's loss share and metrics combined with every other process's."""
     local = merge_metrics(parts)
     names = sorted(local)
@@ -236,7 +238,9 @@ def run_step(trainer: PolicyTrainer, samples: Sequence[TrainSample], cfg: Traine
     """Every optimizer update of one step on `samples` (see the module docstring), and the step's metrics; the
     caller increments the version."""
     started = time.perf_counter()
-    plan = update_plan(len(samples), epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches, seed=cfg.seed, version=trainer.version)
+    plan = update_plan(
+        len(samples), epochs=cfg.ppo_epochs, mini_batches=cfg.mini_batches, seed=cfg.seed, version=trainer.version
+    )
     acc = trainer.accelerator
     mine = sorted({i for indices in plan for i in shard(indices, acc.process_index, acc.num_processes)})
     fixed = _fixed_logprobs(trainer, samples, mine, cfg, len(plan))

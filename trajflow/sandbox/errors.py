@@ -1,8 +1,9 @@
 """The errors of the sandbox layer, split by who is at fault.
 
 Infra (retry with a fresh sandbox, never score): `SandboxLost`, `SandboxStepTimeout` (a kind of lost),
-`SandboxStartError`, `ImageBuildError`. The environment itself (not infra, retrying the same request will not help): `EnvError`.
-Limits: plain exceptions with a message and a few fields; mapping them to Temporal errors is the activities' job.
+`SandboxStartError`, `ImageBuildError`. The environment itself (not infra, retrying the same request will not help):
+`EnvError`. Limits: plain exceptions with a message and a few fields; mapping them to Temporal errors is the activities'
+job.
 """
 
 from __future__ import annotations

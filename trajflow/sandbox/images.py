@@ -7,8 +7,8 @@ No image registry is reachable, so every image is built here and named by a hash
   (`trajflow.sandbox.builder.wheels`, so sdists are built here once and the build is offline), copies in
   `trajflow/envs/runner.py` and
   the env modules it hosts beside it (`RUNTIME_SOURCES`), and NLTK's `words` corpus to `/usr/share/nltk_data`
-  (vendored in `trajflow/envs/nltk_data/`, see its SOURCE.md: GEM's word games read it and sandboxes cannot download it);
-  its CMD runs the runner as an unprivileged user. The hash covers the base tag, the requirements, the
+  (vendored in `trajflow/envs/nltk_data/`, see its SOURCE.md: GEM's word games read it and sandboxes cannot download
+  it); its CMD runs the runner as an unprivileged user. The hash covers the base tag, the requirements, the
   wheels' sha256 and every file copied in (`runtime_sources`), so editing the runner rebuilds only this layer
   and the ones above it.
 - `trajflow-task:<name>-<hash>`: a shell task's files (`trajflow/envs/shell_tasks/<name>/`, less its host-only
@@ -61,7 +61,8 @@ RUNTIME_REQUIREMENTS: tuple[str, ...] = (
     "datasets==5.2.0",
     "requests==2.34.2",
     "pylatexenc==2.11",
-    # `gym:` envs (trajflow/envs/gym_adapter.py); its other dependencies (numpy, cloudpickle, typing-extensions) come with gem
+    # `gym:` envs (trajflow/envs/gym_adapter.py); its other dependencies (numpy, cloudpickle, typing-extensions) come
+    # with gem
     "gymnasium==1.4.0",
 )
 
@@ -69,8 +70,8 @@ ENVS_DIR = Path(str(resources.files("trajflow.envs")))
 """The envs package where Python imports it from: its runner sources, NLTK data and shell tasks are package data."""
 
 RUNTIME_SOURCES: tuple[str, ...] = ("runner.py", "shell.py", "gym_adapter.py", "gym_text.py", "dataset.py", "verify.py")
-"""The files of `trajflow/envs/` copied into the runtime layer, beside each other in /opt/trajflow (the runner imports its
-siblings flat there)."""
+"""The files of `trajflow/envs/` copied into the runtime layer, beside each other in /opt/trajflow (the runner imports
+its siblings flat there)."""
 
 NLTK_DATA_DIR = ENVS_DIR / "nltk_data"
 NLTK_WORDS: tuple[str, ...] = ("corpora/words/README", "corpora/words/en", "corpora/words/en-basic")
@@ -97,6 +98,7 @@ def runtime_sources() -> dict[str, bytes]:
     files = {name: (ENVS_DIR / name).read_bytes() for name in RUNTIME_SOURCES}
     files |= {f"nltk_data/{rel}": (NLTK_DATA_DIR / rel).read_bytes() for rel in NLTK_WORDS}
     return files
+
 
 def runtime_image_tag(base_tag: str, wheel_hashes: dict[str, str], sources: dict[str, bytes]) -> str:
     """The tag of the runtime layer built on `base_tag` from these wheels and these source files."""
@@ -129,7 +131,9 @@ def download_wheels(cache_dir: Path, progress: Progress) -> dict[str, str]:
 
 def runtime_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
     """The runtime layer's Dockerfile; a build stage installs the wheels so they stay out of the image."""
-    return wheel_build_stage(base_tag, wheel_names, RUNTIME_REQUIREMENTS, "/opt/trajflow/site") + f"""
+    return (
+        wheel_build_stage(base_tag, wheel_names, RUNTIME_REQUIREMENTS, "/opt/trajflow/site")
+        + f"""
 FROM {base_tag}
 COPY --from=build /opt/trajflow/site /opt/trajflow/site
 COPY {" ".join(RUNTIME_SOURCES)} /opt/trajflow/
@@ -140,6 +144,8 @@ ENV PYTHONPATH=/opt/trajflow/site HOME=/tmp MPLCONFIGDIR=/tmp/matplotlib PYTHONU
 USER {SANDBOX_UID}:{SANDBOX_UID}
 CMD ["python3", "/opt/trajflow/runner.py"]
 """
+    )
+
 
 def build_runtime_image(
     client: docker.DockerClient, cache_dir: Path, base_tag: str, tag: str, progress: Progress
@@ -159,6 +165,7 @@ def build_runtime_image(
         progress=progress,
     )
     progress(f"built runtime image {tag} in {time.monotonic() - started:.1f}s")
+
 
 def cached_runtime_tag(client: docker.DockerClient, cache_dir: Path) -> str | None:
     """The runtime tag when the wheels, the base and the runtime layer are all cached; else None (builds nothing)."""
@@ -195,9 +202,11 @@ def ensure_runtime_image(client: docker.DockerClient, cache_dir: Path, progress:
 class UnknownTask(ValueError):
     """No shell task of that name ships with trajflow."""
 
+
 def shell_task_names(tasks_dir: Path = SHELL_TASKS_DIR) -> list[str]:
     """The shell tasks that ship with trajflow (directories with a task.json)."""
     return sorted(p.parent.name for p in tasks_dir.glob("*/task.json"))
+
 
 def task_files(name: str, tasks_dir: Path = SHELL_TASKS_DIR) -> dict[str, bytes]:
     """The files of shell task `name` that go into its layer, by path relative to the task's directory."""
@@ -209,6 +218,7 @@ def task_files(name: str, tasks_dir: Path = SHELL_TASKS_DIR) -> dict[str, bytes]
         for path in sorted(root.rglob("*"))
         if path.is_file() and path.name not in HOST_ONLY_TASK_FILES and "__pycache__" not in path.parts
     }
+
 
 def task_image_tag(runtime_tag: str, name: str, files: dict[str, bytes]) -> str:
     """The tag of task `name`'s layer on `runtime_tag`; it changes with the runtime layer or any task file."""
@@ -228,9 +238,8 @@ FROM {runtime_tag}
 COPY task/ {TASKS_ROOT}/{name}/
 """
 
-def ensure_task_image(
-    client: docker.DockerClient, cache_dir: Path, name: str, progress: Progress | None = None
-) -> str:
+
+def ensure_task_image(client: docker.DockerClient, cache_dir: Path, name: str, progress: Progress | None = None) -> str:
     """Shell task `name`'s image tag (its layer on the runtime layer), building whatever layer is missing."""
     report = progress or quiet
     cache_dir = Path(cache_dir)
@@ -248,6 +257,7 @@ def ensure_task_image(
         build_task_image(client, cache_dir, runtime, name, tag, report)
         report(f"built task image {tag} in {time.monotonic() - started:.1f}s")
     return tag
+
 
 def build_task_image(
     client: docker.DockerClient,
@@ -272,11 +282,13 @@ def build_task_image(
         progress=progress,
     )
 
+
 def image_for_env(client: docker.DockerClient, cache_dir: Path, env_id: str, progress: Progress | None = None) -> str:
     """The image that hosts `env_id`: a shell task's own layer for `shell:<task>`, else the runtime layer."""
     if env_id.startswith(SHELL_PREFIX):
         return ensure_task_image(client, cache_dir, env_id.removeprefix(SHELL_PREFIX), progress)
     return ensure_runtime_image(client, cache_dir, progress)
+
 
 class ImageResolver:
     """Env id -> image tag for one env worker: builds what a task needs on first use, once however many
@@ -294,8 +306,8 @@ class ImageResolver:
         self.cache_dir = Path(cache_dir)
         self.progress = progress
         self.unpack = unpack
-        """A user env's package URI -> the directory it is unpacked in (`trajflow.envs.user.packages.unpack` on the worker's
-        store); None: this worker hosts no `py:` envs."""
+        """A user env's package URI -> the directory it is unpacked in (`trajflow.envs.user.packages.unpack` on the
+        worker's store); None: this worker hosts no `py:` envs."""
         self._tags: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -303,7 +315,9 @@ class ImageResolver:
         """The image of `env_id`; `package`: a `py:` env's package URI (`TrajectoryRequest.env_package`)."""
         user = env_id.startswith((USER_PREFIX, DATA_PREFIX))
         if user and not package:
-            raise UnknownTask(f"{env_id}: a py: or data: env needs its package (env_package), set when its run is submitted")
+            raise UnknownTask(
+                f"{env_id}: a py: or data: env needs its package (env_package), set when its run is submitted"
+            )
         key = package if user else env_id if env_id.startswith(SHELL_PREFIX) else ""
         with self._lock:
             tag = self._tags.get(key)

@@ -1,11 +1,11 @@
-"""The image layer of a user's own env (`py:MODULE:CLASS`, `trajflow/envs/user/`): its unpacked source and the wheels of its
-requirements on the runtime layer, named `trajflow-userenv:<hash>`; a dataset task's (`data:NAME`) is the same
+"""The image layer of a user's own env (`py:MODULE:CLASS`, `trajflow/envs/user/`): its unpacked source and the wheels of
+its requirements on the runtime layer, named `trajflow-userenv:<hash>`; a dataset task's (`data:NAME`) is the same
 layer holding its one file.
 
 The hash covers the runtime tag, every source file, the requirements and their wheels' sha256, so the same package
 builds once per host and an edited env gets a new layer. The wheels are downloaded on the host into the wheel cache
-(`trajflow.sandbox.builder.wheels`, one directory per requirement set) and installed in a build stage, so the build is offline.
-The user's packages go first on the image's PYTHONPATH (/opt/trajflow/userenv, then its requirements, then the
+(`trajflow.sandbox.builder.wheels`, one directory per requirement set) and installed in a build stage, so the build is
+offline. The user's packages go first on the image's PYTHONPATH (/opt/trajflow/userenv, then its requirements, then the
 runtime's own site), so the env's pins win over GEM's.
 `trajflow images list|prune` (`layers.py`) count these layers current while their runtime is.
 Limits: requirements that have no wheel for CPython
@@ -34,13 +34,20 @@ USER_SITE = "/opt/trajflow/user-site"
 def user_dockerfile(runtime_tag: str, wheel_names: list[str], requirements: tuple[str, ...]) -> str:
     """The layer's Dockerfile: the requirements installed in a build stage (as root: the runtime's user is not),
     the source copied, the runner and its unprivileged user inherited from the runtime layer."""
-    stage = wheels.wheel_build_stage(runtime_tag, wheel_names, requirements, USER_SITE, as_root=True) if requirements else ""
+    stage = (
+        wheels.wheel_build_stage(runtime_tag, wheel_names, requirements, USER_SITE, as_root=True)
+        if requirements
+        else ""
+    )
     copy_site = f"COPY --from=build {USER_SITE} {USER_SITE}\n" if requirements else ""
-    return stage + f"""
+    return (
+        stage
+        + f"""
 FROM {runtime_tag}
 {copy_site}COPY env/ {USER_ROOT}/
 ENV PYTHONPATH={USER_ROOT}:{USER_SITE}:/opt/trajflow/site TRAJFLOW_USERENV_DIR={USER_ROOT}
 """
+    )
 
 
 def user_image_tag(
@@ -69,7 +76,9 @@ def ensure_user_image(
     runtime = ensure_runtime_image(client, cache_dir, progress)
     hashes: dict[str, str] = {}
     if requirements:
-        hashes = wheels.cached_wheels(cache_dir, requirements) or wheels.download_wheels(cache_dir, report, requirements)
+        hashes = wheels.cached_wheels(cache_dir, requirements) or wheels.download_wheels(
+            cache_dir, report, requirements
+        )
     tag = user_image_tag(runtime, files, requirements, hashes)
     if image_exists(client, tag):
         return tag

@@ -3,8 +3,8 @@
 Each held-out seed (`[train.eval]`: first_seed, first_seed + 1, ...; disjoint from the training seeds by validation;
 tasks take turns over the seeds) is rolled out as an ordinary trajectory, greedily (temperature 0), and with
 `samples` = k > 0, k more times at its task's sampling temperature. Every trajectory's policy is pinned to the
-version evaluated (`RUN@V`, `trajflow.contracts.trajectory.split_policy`), so the decode pool generates with exactly that
-version even when the run has published newer ones. A win is an episode whose last env reward is at least 1.
+version evaluated (`RUN@V`, `trajflow.contracts.trajectory.split_policy`), so the decode pool generates with exactly
+that version even when the run has published newer ones. A win is an episode whose last env reward is at least 1.
 Reported: the greedy success rate (episodes that did not complete count as losses), the greedy mean reward (of the
 scored episodes), pass@1..pass@k (Chen et al. 2021's unbiased estimator, per seed from its k samples, averaged),
 and one row per seed.
@@ -135,7 +135,9 @@ async def evaluate(
                 sample_rewards=[s.reward for s in sampled],
             )
         )
-    result = summarise_eval(rows, policy, version, samples, run.tasks[0].sampling.temperature, time.monotonic() - started)
+    result = summarise_eval(
+        rows, policy, version, samples, run.tasks[0].sampling.temperature, time.monotonic() - started
+    )
     say(summary_line(result))
     return result
 

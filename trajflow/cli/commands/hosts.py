@@ -26,11 +26,15 @@ def up_hosts(settings: Settings, config: RunConfig, config_path: Path, say: Call
     except (RuntimeError, TimeoutError, ValueError, DockerException) as e:
         say(f"trajflow up --hosts failed: {e}")
         return 1
-    print(f"up: {len(layout.hosts)} hosts ({', '.join(layout.hosts)}) on network {layout.network}, image {layout.image}")
+    print(
+        f"up: {len(layout.hosts)} hosts ({', '.join(layout.hosts)}) on network {layout.network}, image {layout.image}"
+    )
     print(f"Temporal Web UI at http://127.0.0.1:{settings.temporal_ui_port}  (stop with `trajflow down`)")
     if layout.s3_endpoint_url is not None:
         print("the store is S3 (moto); for `trajflow train` and other commands on this machine:")
-        print(f"  export TRAJFLOW_STORE_URL={layout.store_url} TRAJFLOW_S3_ENDPOINT_URL=http://127.0.0.1:{settings.hosts_s3_port}")
+        print(
+            f"  export TRAJFLOW_STORE_URL={layout.store_url} TRAJFLOW_S3_ENDPOINT_URL=http://127.0.0.1:{settings.hosts_s3_port}"
+        )
         keys = " ".join(f"{k}={v}" for k, v in hosts.S3_KEYS.items())
         print(f"  export {keys}")
     return 0

@@ -1,5 +1,5 @@
-"""What `trajflow images build|list|prune` do and print: the sandbox layers (`trajflow.sandbox.layers`) on this machine's
-Docker engine, with the image cache under the process settings' cache dir. `trajflow/cli/` imports no core
+"""What `trajflow images build|list|prune` do and print: the sandbox layers (`trajflow.sandbox.layers`) on this
+machine's Docker engine, with the image cache under the process settings' cache dir. `trajflow/cli/` imports no core
 package itself (tests/unit/test_import_rules.py), so its commands call these.
 """
 

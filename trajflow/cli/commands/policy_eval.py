@@ -1,6 +1,6 @@
 """What `trajflow eval CONFIG [--policy RUN[@VERSION]]` does: find the policy version in the store, check that the
-stack serves the config's pools, evaluate (`trajflow.cli.commands.evaluate`) with progress, print the per-seed table and the
-figures, and write the `EvalResult` as JSON.
+stack serves the config's pools, evaluate (`trajflow.cli.commands.evaluate`) with progress, print the per-seed table and
+the figures, and write the `EvalResult` as JSON.
 
 A version can be evaluated while its weights are in the store: the trainer keeps only the newest few
 (`activities.trainer.CHECKPOINTS_KEPT`), so an older version of a run is gone once later steps pruned it. Every
@@ -74,7 +74,9 @@ def resolve_version(store: ObjectStore, policies: PolicyStore, spec: PolicySpec)
         pointer = store.get_json(store.uri_for(policy_latest_key(spec.run)))
     except ObjectNotFound:
         runs = runs_with_policies(store)
-        listed = ", ".join(runs[:LISTED_RUNS]) + (f" (and {len(runs) - LISTED_RUNS} more)" if len(runs) > LISTED_RUNS else "")
+        listed = ", ".join(runs[:LISTED_RUNS]) + (
+            f" (and {len(runs) - LISTED_RUNS} more)" if len(runs) > LISTED_RUNS else ""
+        )
         raise EvalError(
             f"no run {spec.run!r} has published a policy in the store ({store!r}); "
             + (f"runs that have: {listed}" if runs else "no run has published one yet")
@@ -101,7 +103,11 @@ async def check_stack(client: Client, config: RunConfig, config_path: Path) -> N
     queues = [(names.WORKFLOW_QUEUE, False)]
     for task in config.tasks:
         p = task.pools
-        queues += [(names.decode_queue(p.decode), True), (names.env_queue(p.env), True), (names.reward_queue(p.reward), True)]
+        queues += [
+            (names.decode_queue(p.decode), True),
+            (names.env_queue(p.env), True),
+            (names.reward_queue(p.reward), True),
+        ]
     idle = [q for q, activity in dict.fromkeys(queues) if not await pollers(client, q, activity=activity)]
     if idle:
         raise EvalError(

@@ -72,7 +72,8 @@ def format_transcript(record: TrajectoryRecord) -> str:
     lines = [f"[observation] {record.first_observation.strip()}"]
     for i, turn in enumerate(record.turns):
         lines.append(
-            f"--- turn {i + 1} (policy v{turn.policy_version}, {turn.completion_tokens} tokens, pool {turn.decode_pool})"
+            f"--- turn {i + 1} (policy v{turn.policy_version}, {turn.completion_tokens} tokens, pool "
+            f"{turn.decode_pool})"
         )
         lines.append(f"[action] {turn.action.strip()}")
         lines.append(f"[observation] {turn.observation.strip()}  (env reward {turn.env_reward:g})")

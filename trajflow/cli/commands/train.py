@@ -49,11 +49,13 @@ def progress_line(
         reward += f" {sparkline(rewards)}"
     newest = shown is None or shown.step == p.version  # per-task lines describe the newest step only
     return (
-        f"[{time.monotonic() - first_t:6.0f}s] step {step.step if step else p.version}/{p.steps}  reward {reward}  "
-        f"running {p.running}  buffered {p.buffered}  trained {c.consumed}  stale-dropped {c.dropped_stale}  "
-        f"failed {c.failed}+{c.infra_failed} infra  {rate:.2f} traj/s"
-    ) + "".join(f"\n{line}" for line in (task_lines(p) if newest else [])) + (
-        f"\n  ADMISSION PAUSED: {p.paused}" if p.paused else ""
+        (
+            f"[{time.monotonic() - first_t:6.0f}s] step {step.step if step else p.version}/{p.steps}  reward {reward}  "
+            f"running {p.running}  buffered {p.buffered}  trained {c.consumed}  stale-dropped {c.dropped_stale}  "
+            f"failed {c.failed}+{c.infra_failed} infra  {rate:.2f} traj/s"
+        )
+        + "".join(f"\n{line}" for line in (task_lines(p) if newest else []))
+        + (f"\n  ADMISSION PAUSED: {p.paused}" if p.paused else "")
     )
 
 

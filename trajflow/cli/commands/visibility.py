@@ -63,7 +63,12 @@ def trajectory_query(
             clauses.append(f"ExecutionStatus = {quote(EXECUTION_STATUSES[status])}")
         else:
             raise ValueError(f"unknown status {status!r}; one of {', '.join(STATUS_CHOICES)}")
-    for attr, value in ((names.SA_RUN, run), (names.SA_ENV, env), (names.SA_TASK, task), (names.SA_REPLAY_OF, replay_of)):
+    for attr, value in (
+        (names.SA_RUN, run),
+        (names.SA_ENV, env),
+        (names.SA_TASK, task),
+        (names.SA_REPLAY_OF, replay_of),
+    ):
         if value is not None:
             clauses.append(f"{attr} = {quote(value)}")
     return " AND ".join(clauses)
@@ -144,7 +149,13 @@ def format_json(rows: list[TrajectoryRow], query: str) -> str:
 
 
 async def main(
-    status: str | None, run: str | None, env: str | None, task: str | None, replay_of: str | None, limit: int, as_json: bool
+    status: str | None,
+    run: str | None,
+    env: str | None,
+    task: str | None,
+    replay_of: str | None,
+    limit: int,
+    as_json: bool,
 ) -> int:
     """What the command does: build the query, list, print (query first, so it can go to the UI's search box)."""
     from infra.settings import load_settings

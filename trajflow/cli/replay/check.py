@@ -3,8 +3,8 @@ Temporal's `Replayer`, to catch non-deterministic changes before they meet runni
 
 Targets are history JSON files (the format `temporal workflow show -o json` and the Web UI's download write;
 plus an optional `workflowId` key, else the file's stem is the id), folders of them, or workflow ids whose live
-history is fetched from the server. Default: the histories shipped in trajflow/cli/replay/histories/ (refreshed deliberately by
-tests/integration/test_record_histories.py; a unit test replays them in CI).
+history is fetched from the server. Default: the histories shipped in trajflow/cli/replay/histories/ (refreshed
+deliberately by tests/integration/test_record_histories.py; a unit test replays them in CI).
 
 Limits: a history proves determinism only for the code paths it went through; queries and signal handlers'
 return values are not checked (only the commands the workflow issues).
@@ -70,7 +70,9 @@ def workflow_type(history: WorkflowHistory) -> str:
     return first.workflow_execution_started_event_attributes.workflow_type.name if first else "?"
 
 
-async def check(histories: Sequence[tuple[str, WorkflowHistory]], workflows: Sequence[type] | None = None) -> list[CheckResult]:
+async def check(
+    histories: Sequence[tuple[str, WorkflowHistory]], workflows: Sequence[type] | None = None
+) -> list[CheckResult]:
     """Replay each history with the given workflow classes (default: what the orchestrator runs)."""
     replayer = Replayer(workflows=list(workflows or default_workflows()), data_converter=pydantic_data_converter)
     out = []

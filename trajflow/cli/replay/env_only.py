@@ -81,7 +81,11 @@ async def replay_env(
                         "recorded_observations": recorded}, indent=2))  # fmt: skip
     else:
         out(f"\nsandbox {result.sandbox_id} on worker {result.worker_id}, image {result.image}")
-        ended = "the episode ended" if result.steps and (result.steps[-1].terminated or result.steps[-1].truncated) else "no end"
+        ended = (
+            "the episode ended"
+            if result.steps and (result.steps[-1].terminated or result.steps[-1].truncated)
+            else "no end"
+        )
         out(f"replayed {len(result.steps)}/{len(inp.actions)} actions; {ended}; error: {result.error or 'none'}")
     return 1 if result.error else 0
 
@@ -103,7 +107,9 @@ async def _follow(
             progress = result_task.result() if done else await _query(handle)
             if out is not None and progress is not None:
                 if progress.first_observation and not first_shown:
-                    same = "same as recorded" if progress.first_observation == first_recorded else "DIFFERS from recorded"
+                    same = (
+                        "same as recorded" if progress.first_observation == first_recorded else "DIFFERS from recorded"
+                    )
                     out(f"[observation] {progress.first_observation.strip()}\n({same})")
                     first_shown = True
                 for i in range(shown, len(progress.steps)):

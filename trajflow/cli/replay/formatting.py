@@ -148,7 +148,9 @@ def find_reset_point(events: Iterable[HistoryEvent]) -> ResetPoint:
                 continue
             if last_completed is None:
                 raise NoResetPoint(f"event {e.event_id} fails before the first workflow task completed")
-            return ResetPoint(event_id=last_completed, failure_event_id=e.event_id, failure=_describe(e, activity_types))
+            return ResetPoint(
+                event_id=last_completed, failure_event_id=e.event_id, failure=_describe(e, activity_types)
+            )
     raise NoResetPoint("no failure in this history: nothing to continue from")
 
 
@@ -157,7 +159,8 @@ def _describe(e: HistoryEvent, activity_types: dict[int, str]) -> str:
     if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
         a = e.activity_task_failed_event_attributes
         kind_name = a.failure.application_failure_info.type or a.failure.cause.application_failure_info.type
-        return f"{activity_types.get(a.scheduled_event_id, 'activity')} failed ({kind_name or 'error'}): {a.failure.message}"
+        what = activity_types.get(a.scheduled_event_id, "activity")
+        return f"{what} failed ({kind_name or 'error'}): {a.failure.message}"
     if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
         t = e.activity_task_timed_out_event_attributes
         timeout = t.failure.timeout_failure_info.timeout_type

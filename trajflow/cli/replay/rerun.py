@@ -8,8 +8,8 @@ the old result beside the new.
   marked in REPLAY OF). The policy may have moved on and sampling is random, so actions may differ; the env's
   first observation (same seed) must not.
 - `--from-failure`: Temporal's reset (`ResetWorkflowExecution`) to the last WorkflowTaskCompleted before the
-  first failure (`trajflow.cli.replay.formatting.find_reset_point`). The same workflow id gets a new run that keeps the history up
-  to there and runs on from it, with the state it had then: the turns before the failure are not generated
+  first failure (`trajflow.cli.replay.formatting.find_reset_point`). The same workflow id gets a new run that keeps the
+  history up to there and runs on from it, with the state it had then: the turns before the failure are not generated
   again, and the sandbox-recovery budget is what it was before the failure. The old run stays readable.
 
 What a reset run reports to its training run: it signals its end again under the *same* workflow id. The
@@ -80,7 +80,9 @@ async def outcome(client: Client, store: ObjectStore, workflow_id: str, run_id: 
         result = await handle.result(follow_runs=False)
     except WorkflowFailureError as e:
         cause = e.cause.message if isinstance(e.cause, FailureError) else str(e)
-        return Outcome(workflow_id, desc.run_id, None, None, failure=f"{desc.status.name.lower()}: {cause}", seed=req.seed)
+        return Outcome(
+            workflow_id, desc.run_id, None, None, failure=f"{desc.status.name.lower()}: {cause}", seed=req.seed
+        )
     record = None
     if result.trajectory_uri:
         record = TrajectoryRecord.model_validate(await asyncio.to_thread(store.get_json, result.trajectory_uri))
@@ -132,7 +134,9 @@ async def continue_from_failure(
     events = [e async for e in client.get_workflow_handle(workflow_id, run_id=old.run_id).fetch_history_events()]
     point = find_reset_point(events)
     say(f"first failure: event {point.failure_event_id}, {point.failure}")
-    new_run = await reset_to(client, workflow_id, old.run_id, point, f"trajflow replay --from-failure ({point.failure})")
+    new_run = await reset_to(
+        client, workflow_id, old.run_id, point, f"trajflow replay --from-failure ({point.failure})"
+    )
     say(f"reset {workflow_id} to event {point.event_id}: new run {new_run}; waiting ...")
     handle = client.get_workflow_handle(workflow_id, run_id=new_run, result_type=TrajectoryResult)
     await _wait(handle.result(follow_runs=False), timeout_s, f"{workflow_id} (run {new_run})")
@@ -166,7 +170,10 @@ async def main(workflow_id: str, mode: str, timeout_s: float, as_json: bool, say
             return await replay_env(client, store, workflow_id, timeout_s, as_json, print)
         if mode == "from-failure":
             old, new, point = await continue_from_failure(client, store, workflow_id, timeout_s, say)
-            titles, extra = ("before the reset", "after the reset"), {"reset_to_event": point.event_id, "failure": point.failure}
+            titles, extra = (
+                ("before the reset", "after the reset"),
+                {"reset_to_event": point.event_id, "failure": point.failure},
+            )
         else:
             old, new = await rerun(client, store, workflow_id, timeout_s, say)
             titles, extra = ("original", "replay"), {}

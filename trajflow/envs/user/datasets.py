@@ -43,9 +43,11 @@ def check_dataset(env_id: str, env_path: str | Path, verifier: object = None) ->
     task names one), checked; raises EnvSourceError saying what to fix."""
     name = env_id.removeprefix(PREFIX)
     if not _NAME.fullmatch(name):
-        raise EnvSourceError(f"{env_id!r}: a dataset task's id is data:NAME, NAME in lower-case letters, digits, - and _")
+        raise EnvSourceError(
+            f"{env_id!r}: a dataset task's id is data:NAME, NAME in lower-case letters, digits, - and _"
+        )
     if not str(env_path):
-        raise EnvSourceError(f"{env_id}: a data: task needs its file: env_path = \"FILE.jsonl\" (or .parquet)")
+        raise EnvSourceError(f'{env_id}: a data: task needs its file: env_path = "FILE.jsonl" (or .parquet)')
     path = Path(env_path).expanduser().resolve()
     if not path.is_file() or path.suffix not in SUFFIXES:
         raise EnvSourceError(f"{env_id}: env_path {str(env_path)!r} is not a .jsonl or .parquet file")

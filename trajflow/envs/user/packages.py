@@ -87,7 +87,9 @@ def unpack(store: ObjectStore, uri: str, cache_dir: Path) -> Path:
     try:
         data = store.get_bytes(uri)
     except KeyError as e:
-        raise PackageError(f"env package {uri} is not in the store ({store!r}): was it published to another store?") from e
+        raise PackageError(
+            f"env package {uri} is not in the store ({store!r}): was it published to another store?"
+        ) from e
     if hashlib.sha256(data).hexdigest() != digest:
         raise PackageError(f"env package {uri}: its content does not hash to its name")
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -2,8 +2,8 @@
 importing it (the submitting host need not have the env's requirements).
 
 The directory holds MODULE (dotted: `games/dice.py` or `games/dice/__init__.py` for `games.dice`) and, optionally,
-`requirements.txt` (pip requirement lines; their wheels are resolved on the host, `trajflow.sandbox.builder.wheels`). CLASS is
-defined at the module's top level with the GEM/gymnasium interface, strings in and out:
+`requirements.txt` (pip requirement lines; their wheels are resolved on the host, `trajflow.sandbox.builder.wheels`).
+CLASS is defined at the module's top level with the GEM/gymnasium interface, strings in and out:
 
     class MyEnv:
         def __init__(self, **env_kwargs): ...
@@ -115,7 +115,9 @@ def read_requirements(root: Path) -> tuple[str, ...]:
         if not line:
             continue
         if line.startswith("-"):
-            raise EnvSourceError(f"{path}:{n}: pip options ({line.split()[0]}) are not supported; list requirements only")
+            raise EnvSourceError(
+                f"{path}:{n}: pip options ({line.split()[0]}) are not supported; list requirements only"
+            )
         try:
             Requirement(line)
         except InvalidRequirement as e:
@@ -129,7 +131,7 @@ def check_source(env_id: str, env_path: str | Path) -> EnvSource:
     module, cls = split_env_id(env_id)
     if not str(env_path):
         raise EnvSourceError(
-            f"{env_id}: a py: env needs its source directory: env_path = \"DIR\" in the task (relative to the config "
+            f'{env_id}: a py: env needs its source directory: env_path = "DIR" in the task (relative to the config '
             "file) or --env-path DIR"
         )
     root = Path(env_path).expanduser().resolve()
@@ -149,8 +151,10 @@ def check_source(env_id: str, env_path: str | Path) -> EnvSource:
 def bound_at_top_level(tree: ast.Module, name: str) -> bool:
     """Whether the module imports or assigns `name` at its top level (what `ast` alone cannot look into)."""
     return any(
-        isinstance(n, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name) == name for a in n.names)
-        or isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
+        isinstance(n, (ast.Import, ast.ImportFrom))
+        and any((a.asname or a.name) == name for a in n.names)
+        or isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)
         for n in tree.body
     )
 
@@ -176,7 +180,9 @@ def _check_class(env_id: str, path: Path, tree: ast.Module, cls: str) -> None:
             raise EnvSourceError(f"{env_id}: {cls}.{name} is async; the runner calls it synchronously: make it a def")
         problem = _reset_problem(method.args) if name == "reset" else _step_problem(method.args)
         if problem:
-            raise EnvSourceError(f"{env_id}: {cls}.{name} at {path}:{method.lineno} {problem}; an env needs {INTERFACE}")
+            raise EnvSourceError(
+                f"{env_id}: {cls}.{name} at {path}:{method.lineno} {problem}; an env needs {INTERFACE}"
+            )
 
 
 def _reset_problem(args: ast.arguments) -> str:

@@ -60,7 +60,7 @@ def check_verifier(spec: object, root: Path, where: str) -> VerifierSource:
     match = _SPEC.fullmatch(spec) if isinstance(spec, str) else None
     if match is None:
         raise EnvSourceError(
-            f"{where}: verifier {spec!r} is not MODULE:FUNCTION (e.g. verifier = \"my_check:check\", my_check.py "
+            f'{where}: verifier {spec!r} is not MODULE:FUNCTION (e.g. verifier = "my_check:check", my_check.py '
             f"beside the dataset file)"
         )
     module, function = match.groups()
@@ -70,7 +70,9 @@ def check_verifier(spec: object, root: Path, where: str) -> VerifierSource:
 
 
 def _check_function(where: str, path: Path, tree: ast.Module, name: str) -> None:
-    found = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name), None)
+    found = next(
+        (n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name), None
+    )
     if found is None:
         if bound_at_top_level(tree, name):
             return  # imported or assigned at the top level: ast cannot see its signature

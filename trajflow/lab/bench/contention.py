@@ -3,7 +3,8 @@ each other down, under torch's default threads against the hardware section's de
 
 What only async does is overlap the two stages: the HF engine generating while the trainer steps. Each in its own
 process, as in the embedded stack: one process generates a batch (`trajflow.lab.bench.torch_work.decode_round`, through
-`trajflow.rl.engines.hf.HFEngine`) while another takes trainer steps (`trajflow.rl.trainer.PolicyTrainer`), with each setting:
+`trajflow.rl.engines.hf.HFEngine`) while another takes trainer steps (`trajflow.rl.trainer.PolicyTrainer`), with each
+setting:
 
 - `torch-default`: no thread settings; torch starts one OpenMP thread per core in each process.
 - `placed`: the variables `infra.placement.worker_env` gives the embedded stack's decode and trainer workers
@@ -12,8 +13,9 @@ process, as in the embedded stack: one process generates a batch (`trajflow.lab.
 
 and each stage alone, under `torch-default` and `placed` (what the sync mode gets: one stage at a time). Reported:
 decode tokens/s and the median trainer step that ran wholly inside the decode window, per setting, and their
-ratios against `torch-default`. The model is the real SmolLM2-135M (`trajflow.rl.models.resolve_model("smollm2")`), on the
-CPU, in the dtype `trajflow.rl.precision` chooses; `--quick` uses the tiny random model (a smoke test, not a measurement).
+ratios against `torch-default`. The model is the real SmolLM2-135M (`trajflow.rl.models.resolve_model("smollm2")`), on
+the CPU, in the dtype `trajflow.rl.precision` chooses; `--quick` uses the tiny random model (a smoke test, not a
+measurement).
 
 Limits: one machine, whatever else runs on it (the report gives the load average before and after); the
 processes are not pinned (as in the embedded stack without cpusets); one repeat per setting unless asked.
@@ -193,7 +195,11 @@ def _median(values: list[float]) -> float | None:
 
 
 def measure(
-    model: Path, plan: dict[str, int], settings: tuple[str, ...], say: Any, alone_settings: tuple[str, ...] = SETTINGS[:2]
+    model: Path,
+    plan: dict[str, int],
+    settings: tuple[str, ...],
+    say: Any,
+    alone_settings: tuple[str, ...] = SETTINGS[:2],
 ) -> dict[str, Any]:
     load_before = os.getloadavg()
     together, alone = [], []
@@ -233,7 +239,11 @@ def render(report: dict[str, Any]) -> str:
     lines = [f"machine: {report['machine']}; load average before {report['loadavg_before'][0]:.2f}, "
              f"after {report['loadavg_after'][0]:.2f}", "together (decode and trainer overlapping):"]  # fmt: skip
     for r in report["together"]:
-        step = f"{r['trainer_step_s']:.2f} s ({r['trainer_steps_inside']} steps)" if r["trainer_step_s"] else "no step inside"
+        step = (
+            f"{r['trainer_step_s']:.2f} s ({r['trainer_steps_inside']} steps)"
+            if r["trainer_step_s"]
+            else "no step inside"
+        )
         lines.append(
             f"  {r['setting']:14} threads {r['threads']}: decode {r['decode_tokens_per_s']:7.1f} tok/s "
             f"(x{r['decode_vs_default']:.2f}), trainer step {step}"

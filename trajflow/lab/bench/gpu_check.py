@@ -1,5 +1,5 @@
-"""`python -m trajflow.lab.bench.gpu_check --json OUT` (or `trajflow bench gpu`): the HF engine and the trainer on a GPU, through
-the project's own `trajflow/rl/` code, with SmolLM2-135M's architecture and random weights.
+"""`python -m trajflow.lab.bench.gpu_check --json OUT` (or `trajflow bench gpu`): the HF engine and the trainer on a
+GPU, through the project's own `trajflow/rl/` code, with SmolLM2-135M's architecture and random weights.
 
 Meant for a machine that has a GPU but none of trajflow's services: it imports torch, transformers, accelerate,
 safetensors and `rl`/`contracts` (pydantic) only: no temporalio, docker or boto3, no tokenizer files and no
@@ -8,11 +8,11 @@ below (from the converted checkpoint's config.json, `trajflow.rl.models.ensure_s
 one built here with one token per id, so every id the model can emit decodes.
 
 It measures, on `--device` (default auto: the GPU when one is visible):
-- decode: `trajflow.rl.engines.hf.HFEngine` generating `--new-tokens` tokens for a batch of 1, 16 and 64 random 160-token
-  prompts (sampled at T = 0.7, as the default job), in the dtype `trajflow.rl.engines.load.decode_precision` picks for the
-  device; tokens/s = generated tokens / the engine's busy time;
-- train: `trajflow.rl.trainer.PolicyTrainer` steps of the default config's shape (trajflow/configs/default.toml [train]: a batch
-  of 16 episodes, micro_batch 8, train_last_layers 8, ppo_clip, autocast auto) on samples shaped like the
+- decode: `trajflow.rl.engines.hf.HFEngine` generating `--new-tokens` tokens for a batch of 1, 16 and 64 random
+  160-token prompts (sampled at T = 0.7, as the default job), in the dtype `trajflow.rl.engines.load.decode_precision`
+  picks for the device; tokens/s = generated tokens / the engine's busy time;
+- train: `trajflow.rl.trainer.PolicyTrainer` steps of the default config's shape (trajflow/configs/default.toml [train]:
+  a batch of 16 episodes, micro_batch 8, train_last_layers 8, ppo_clip, autocast auto) on samples shaped like the
   default job's (`trajflow.lab.bench.torch_work`); the first step is a warm-up and is not counted.
 
 `--quick` shrinks the model (2 blocks, hidden 64), the batches and the steps: a smoke test that the path runs
@@ -95,7 +95,9 @@ def check_decode(path: Path, device: str, batches: list[int], new_tokens: int) -
     precision = decode_precision(ModelConfig(name_or_path=str(path)), device)
 
     async def run() -> list[dict[str, Any]]:
-        engine = HFEngine(path, max_batch=max(batches), batch_wait_ms=20, device=device, dtype=getattr(torch, precision.dtype))
+        engine = HFEngine(
+            path, max_batch=max(batches), batch_wait_ms=20, device=device, dtype=getattr(torch, precision.dtype)
+        )
         await engine.start()
         vocab, eos = int(engine.model.config.vocab_size), set(engine._eos)
         try:
@@ -187,10 +189,14 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trajflow.lab.bench.gpu_check", description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trajflow.lab.bench.gpu_check", description=(__doc__ or "").split("\n\n")[0]
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     parser.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
-    parser.add_argument("--quick", action="store_true", help="a tiny model and batches: a smoke test, not a measurement")
+    parser.add_argument(
+        "--quick", action="store_true", help="a tiny model and batches: a smoke test, not a measurement"
+    )
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per request (default 128)")
     parser.add_argument("--steps", type=int, default=None, help="timed trainer steps (default 5)")
     args = parser.parse_args(argv)

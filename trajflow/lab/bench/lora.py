@@ -1,22 +1,22 @@
 """`trajflow bench lora`: what LoRA costs against the last-k-blocks option, per trainer step, on this machine; and
 what computing logits only from the first loss token on saves.
 
-Two ways to train part of the default config's model (trajflow/configs/default.toml: SmolLM2-135M, a batch of 16 episodes,
-micro_batch 8, ppo_clip, autocast `auto`), and the first of them the way the trainer worked before:
+Two ways to train part of the default config's model (trajflow/configs/default.toml: SmolLM2-135M, a batch of 16
+episodes, micro_batch 8, ppo_clip, autocast `auto`), and the first of them the way the trainer worked before:
 
 - `last-blocks`: the config as it is, `train_last_layers` = 8 of 30 blocks (the backward pass stops at block 22);
 - `lora`: `train_last_layers` = 0 and `lora` = rank 16 (alpha 32) on every attention and MLP projection of every
-  block (`trajflow.rl.lora`), so the backward pass runs through all 30 blocks, but only the adapters get weight gradients
-  and AdamW state;
+  block (`trajflow.rl.lora`), so the backward pass runs through all 30 blocks, but only the adapters get weight
+  gradients and AdamW state;
 - `every-logit`: `last-blocks` with the LM head (and log-softmax) at every position, prompt included, as the
-  trainer computed them before `trajflow.rl.updates.first_loss_column` (this process replaces that function with one that
-  answers 0), so the saving is measured side by side.
+  trainer computed them before `trajflow.rl.updates.first_loss_column` (this process replaces that function with one
+  that answers 0), so the saving is measured side by side.
 
-Each option runs in a fresh process (so peak memory is its own): it builds `trajflow.rl.trainer.PolicyTrainer`, takes one
-warm-up step and `--steps` timed ones on samples shaped like the default task's episodes (`trajflow.lab.bench.torch_work`:
-220 to 400 tokens, random ids), then writes a checkpoint and exports the weights once, as the trainer worker
-does after every step. Reported per option: trainable parameters, step seconds (each and median), peak resident
-memory (`resource.getrusage` maxrss) after building the trainer and after the steps, checkpoint and export
+Each option runs in a fresh process (so peak memory is its own): it builds `trajflow.rl.trainer.PolicyTrainer`, takes
+one warm-up step and `--steps` timed ones on samples shaped like the default task's episodes
+(`trajflow.lab.bench.torch_work`: 220 to 400 tokens, random ids), then writes a checkpoint and exports the weights once,
+as the trainer worker does after every step. Reported per option: trainable parameters, step seconds (each and median),
+peak resident memory (`resource.getrusage` maxrss) after building the trainer and after the steps, checkpoint and export
 seconds and bytes. The load average before and after says how busy the machine was.
 
 Limits: one machine, whatever else runs on it; torch's default threads (every core) in each process; random
@@ -178,8 +178,10 @@ def render(report: dict[str, Any]) -> str:
     ]
     for r in report["options"]:
         lines.append(
-            f"{r['option']:<12} {r['trainable_params']:>11,} {r['median_step_s']:>16.2f} {r['maxrss_steps_mib']:>13.0f} "
-            f"{r['maxrss_built_mib']:>12.0f} {r['checkpoint_bytes'] / 1e6:>8.1f} {r['checkpoint_s']:>7.2f} {r['export_s']:>9.2f}"
+            f"{r['option']:<12} {r['trainable_params']:>11,} {r['median_step_s']:>16.2f} "
+            f"{r['maxrss_steps_mib']:>13.0f} "
+            f"{r['maxrss_built_mib']:>12.0f} {r['checkpoint_bytes'] / 1e6:>8.1f} {r['checkpoint_s']:>7.2f} "
+            f"{r['export_s']:>9.2f}"
         )
     first = report["options"][0]
     steps = "; ".join(f"{r['option']} {[round(s, 2) for s in r['step_s']]}" for r in report["options"])
@@ -190,7 +192,9 @@ def render(report: dict[str, Any]) -> str:
     rows = {r["option"]: r for r in report["options"]}
     if "every-logit" in rows:
         ratio = rows["every-logit"]["median_step_s"] / rows["last-blocks"]["median_step_s"]
-        lines.append(f"logits from the first loss token on: steps {ratio:.2f}x as fast as with logits at every position")
+        lines.append(
+            f"logits from the first loss token on: steps {ratio:.2f}x as fast as with logits at every position"
+        )
     return "\n".join(lines)
 
 
@@ -206,7 +210,9 @@ def main(quick: bool, json_path: Path | None, models_dir: Path, steps: int = 3, 
 
 
 def _child_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trajflow.lab.bench.lora", description="one option of `trajflow bench lora`")
+    parser = argparse.ArgumentParser(
+        prog="python -m trajflow.lab.bench.lora", description="one option of `trajflow bench lora`"
+    )
     parser.add_argument("--child", choices=OPTIONS, required=True)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--steps", type=int, required=True)

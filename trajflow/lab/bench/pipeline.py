@@ -209,7 +209,10 @@ async def _trajectory_level(st: BenchStack, reqs: list, ids: list[str]) -> tuple
 
     t0 = time.monotonic()
     handles = await asyncio.gather(
-        *(start_trajectory(r, client=st.client, task_queue=st.queue, workflow_id=i) for r, i in zip(reqs, ids, strict=True))
+        *(
+            start_trajectory(r, client=st.client, task_queue=st.queue, workflow_id=i)
+            for r, i in zip(reqs, ids, strict=True)
+        )
     )
     results = await asyncio.gather(*(h.result() for h in handles))
     return time.monotonic() - t0, results
@@ -310,7 +313,9 @@ async def run_bench(w: Workload, cache_dir: Path, say: Say) -> dict[str, object]
     load_start = os.getloadavg()
     async with embedded_stack(w, cache_dir, say) as st:
         calibration = await _calibrate(st, w, say)
-        needed = ideal_bound(w, w.train_fraction * group_latency_units(w, w.env_sigma, w.batch_size, 300)).ideal / w.unit_s
+        needed = (
+            ideal_bound(w, w.train_fraction * group_latency_units(w, w.env_sigma, w.batch_size, 300)).ideal / w.unit_s
+        )
         if needed > 0.5 * calibration["ceiling_tps"] and not w.quick:
             say(
                 f"note: the workload's ideal rate (~{needed:.1f} traj/s at {w.unit_s:g} s/unit) needs "

@@ -61,17 +61,30 @@ def render(s: dict[str, Any]) -> str:
                 str(r["dropped_stale"]),
             ]
         )
-    header = ["mode", "α", "traj/s", "traj/unit", "speedup", "whole-run traj/s", "bound*", "decode util", "staleness", "dropped"]
+    header = [
+        "mode",
+        "α",
+        "traj/s",
+        "traj/unit",
+        "speedup",
+        "whole-run traj/s",
+        "bound*",
+        "decode util",
+        "staleness",
+        "dropped",
+    ]
     out += _table(header, rows)
     ideal = s["ideal"]
     orch = s["orchestration"]
     out += [
         "",
         f"ideal bound: {ideal['formula']}",
-        f"  B/T = {ideal['train_bound_tps']:.3f} traj/s, S/(E[turns]·E[decode]) = {ideal['decode_capacity_tps']:.3f} traj/s"
+        f"  B/T = {ideal['train_bound_tps']:.3f} traj/s, S/(E[turns]·E[decode]) = {ideal['decode_capacity_tps']:.3f} "
+        "traj/s"
         f" -> ideal {s['ideal_tps']:.3f} traj/s ({s['ideal_tps'] * u:.2f} traj/unit, limited by {ideal['limited_by']})",
         f"  efficiency = best async / ideal = {s['efficiency']:.0%}",
-        f"* admission bound(α) = (α+1)·B / (E[group latency] + T), E[group latency] = {s['group_latency_units']:.1f} units;"
+        f"* admission bound(α) = (α+1)·B / (E[group latency] + T), E[group latency] = {s['group_latency_units']:.1f} "
+        "units;"
         f" sync: B / (E[batch latency] + T), E[batch latency] = {s['batch_latency_units']:.1f} units. In expectation"
         " (Monte Carlo of the workload, no queueing, no overhead); a group's budget is freed when the step that"
         " trains it ends",
@@ -101,7 +114,15 @@ def render(s: dict[str, Any]) -> str:
         ]
         for k, v in s["traj_vs_batch"].items()
     ]
-    header = ["env σ", "traj-level traj/s", "batch-level traj/s", "traj-level s", "batch-level s", "decode util t/b", "ratio"]
+    header = [
+        "env σ",
+        "traj-level traj/s",
+        "batch-level traj/s",
+        "traj-level s",
+        "batch-level s",
+        "decode util t/b",
+        "ratio",
+    ]
     out += _table(header, rows)
     out += ["", f"measured: {s['measurement']}", ANCHORS, f"bench wall time {s['wall_s']:.0f} s"]
     return "\n".join(out)

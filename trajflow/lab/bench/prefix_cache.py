@@ -63,7 +63,10 @@ async def play(engine: Any, seeds: list[int], turns: int, label: str = "") -> li
         reused = engine.stats()["prefix_reused_tokens"]
         started = time.perf_counter()
         done = await asyncio.gather(
-            *(engine.generate(prompts[s], SamplingParams(temperature=0.7, max_new_tokens=32, seed=1000 * turn + s)) for s in live)
+            *(
+                engine.generate(prompts[s], SamplingParams(temperature=0.7, max_new_tokens=32, seed=1000 * turn + s))
+                for s in live
+            )
         )
         seconds = time.perf_counter() - started
         for s, c in zip(live, done, strict=True):
@@ -76,7 +79,11 @@ async def play(engine: Any, seeds: list[int], turns: int, label: str = "") -> li
                 messages[s] = STAND_IN
             else:
                 messages[s] = observation_message(observation, info)
-        print(f"prefix-cache bench: {label} turn {turn}: {len(live)} episodes in {seconds:.1f} s", file=sys.stderr, flush=True)
+        print(
+            f"prefix-cache bench: {label} turn {turn}: {len(live)} episodes in {seconds:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         played.append(
             {
                 "turn": turn,
@@ -165,7 +172,8 @@ def render(report: dict[str, Any]) -> str:
         f"({report['cores']} cores, {report['cpu_capability']}, {report['threads']} threads, "
         f"{report['options'][0]['dtype']}); load average before {report['load_before'][0]:.2f}, "
         f"after {report['load_after'][0]:.2f}",
-        f"{'turn':<22} {'episodes':>8} {'prompt tokens':>13} {'no-cache s':>11} {'prefix-cache s':>15} {'reused tokens':>14}",
+        f"{'turn':<22} {'episodes':>8} {'prompt tokens':>13} {'no-cache s':>11} {'prefix-cache s':>15} "
+        f"{'reused tokens':>14}",
     ]
     plain, cached = report["options"]
     for a, b in zip(plain["turns"], cached["turns"], strict=True):
@@ -174,7 +182,8 @@ def render(report: dict[str, Any]) -> str:
             f"{b['seconds']:>15.1f} {b['reused_tokens']:>14}"
         )
     lines.append(
-        f"in all: no-cache {plain['seconds']:.1f} s, prefix-cache {cached['seconds']:.1f} s ({report['speedup']:.2f}x as fast); "
+        f"in all: no-cache {plain['seconds']:.1f} s, prefix-cache {cached['seconds']:.1f} s ({report['speedup']:.2f}x "
+        "as fast); "
         f"identical completions {report['identical_completions']}/{report['completions']}; the sampled tokens' "
         f"logprobs up to any divergence differ by at most {report['max_logprob_gap']:.1e}"
     )
@@ -198,7 +207,9 @@ def write_plot(report: dict[str, Any], path: Path) -> Path:
     ax.set_xticks(list(x), labels)
     ax.set_xlabel("turn")
     ax.set_ylabel("seconds for the batch")
-    ax.set_title(f"{report['episodes']} episodes, {report['model']}, {report['threads']} threads: {report['speedup']:.2f}x")
+    ax.set_title(
+        f"{report['episodes']} episodes, {report['model']}, {report['threads']} threads: {report['speedup']:.2f}x"
+    )
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,8 @@ The stack must already run (`trajflow up`, or `trajflow up --hosts` for pools on
 the trainer on disjoint CPU sets): the bench starts nothing, it trains. Modes, in order: sync (α = 0 with the
 batch barrier), then each α given (1 and 2 by default), each a TrainingWorkflow of `steps` steps from the same
 initial policy (a fresh run id per mode: each starts at version 0) and the same seeds. The figures
-(`trajflow.lab.bench.real_report`) come from what Temporal recorded: step end times, and the spans of the decode and trainer
-activities, so they hold whatever the layout.
+(`trajflow.lab.bench.real_report`) come from what Temporal recorded: step end times, and the spans of the decode and
+trainer activities, so they hold whatever the layout.
 
 Limits: the modes run one after another on the same stack, so a slow drift of the machine (another tenant on a
 shared CPU) biases them; the first step of each mode (model loading, pipeline fill) is left out of every figure.

@@ -1,8 +1,8 @@
 """The figures of `trajflow bench real`, from what Temporal recorded: step end times, activity spans.
 
 Pure functions (no Temporal, no torch), so the arithmetic is unit-tested on its own:
-- throughput per mode: `trajflow.lab.bench.workload.steady_tps` (B·(N−1)/(t_N − t_1): the first step, the pipeline fill, is
-  left out for every mode alike);
+- throughput per mode: `trajflow.lab.bench.workload.steady_tps` (B·(N−1)/(t_N − t_1): the first step, the pipeline fill,
+  is left out for every mode alike);
 - the sync run's generation time G and training time T per step (G = step end − its train time − previous end,
   steps 2..N; T = the mean train time);
 - the reference ratio (G + T) / max(G, T): what perfect overlap of the two stages would give over sync;

@@ -1,7 +1,8 @@
-"""`trajflow bench reward-model`: what batching buys a local reward model (`trajflow/rewards/models/`), side by side in one run.
+"""`trajflow bench reward-model`: what batching buys a local reward model (`trajflow/rewards/models/`), side by side in
+one run.
 
-The server (`python -m trajflow.rewards.models.server`, the process `trajflow reward-model serve` runs) is started once per
-setting, `--max-batch 1` and then `--max-batch B`, on SmolLM2-135M-Instruct as a yes/no verifier (the tiny random
+The server (`python -m trajflow.rewards.models.server`, the process `trajflow reward-model serve` runs) is started once
+per setting, `--max-batch 1` and then `--max-batch B`, on SmolLM2-135M-Instruct as a yes/no verifier (the tiny random
 model with `--quick`). Each gets one warm-up request, then `--requests` N requests at once: the prompts and reference
 answers of arithmetic problems like the example dataset's (`examples/arithmetic/chain_sum.jsonl`: sums and
 differences of two to four numbers of one or two digits), drawn from a fixed seed, every other one answered right.
@@ -41,7 +42,10 @@ def problem(rng: random.Random) -> tuple[str, int]:
     signs = [rng.choice("+-") for _ in terms[1:]]
     text = " ".join([str(terms[0]), *(f"{s} {t}" for s, t in zip(signs, terms[1:], strict=True))])
     answer = terms[0] + sum(t if s == "+" else -t for s, t in zip(signs, terms[1:], strict=True))
-    return f"State the final answer to the following arithmetic problem: {text} = Put the final answer in \\boxed{{}}.", answer
+    return (
+        f"State the final answer to the following arithmetic problem: {text} = Put the final answer in \\boxed{{}}.",
+        answer,
+    )
 
 
 def requests(n: int, seed: int = 0) -> list[dict[str, str]]:

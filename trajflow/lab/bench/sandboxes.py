@@ -27,8 +27,9 @@ Figures, in the order they are measured (each phase prints progress and a line w
 Not covered: the Temporal round trip per activity, several env workers or hosts. The "cold" wheel download may
 still be served by pip's HTTP cache or the host's wheelhouse (PIP_FIND_LINKS).
 Limits: ≥ 500 resets resolve the success rate to 0.2%, so 99.99% reads as "no failure in this run".
-The episode budget, the Killer and the resets under kills are in `trajflow.lab.bench.sandboxes_chaos`, the cached-image and
-layer-build figures in `trajflow.lab.bench.sandboxes_builds`, the summary and report in `trajflow.lab.bench.sandboxes_report`.
+The episode budget, the Killer and the resets under kills are in `trajflow.lab.bench.sandboxes_chaos`, the cached-image
+and layer-build figures in `trajflow.lab.bench.sandboxes_builds`, the summary and report in
+`trajflow.lab.bench.sandboxes_report`.
 """
 
 from __future__ import annotations

@@ -24,7 +24,13 @@ from trajflow.envs.runner import SHELL_PREFIX
 from trajflow.lab.bench.sandboxes_report import LAYERS
 from trajflow.sandbox.builder.base import base_image_tag, build_base_image
 from trajflow.sandbox.builder.docker_build import build_from_context
-from trajflow.sandbox.images import build_runtime_image, build_task_image, download_wheels, ensure_runtime_image, image_for_env
+from trajflow.sandbox.images import (
+    build_runtime_image,
+    build_task_image,
+    download_wheels,
+    ensure_runtime_image,
+    image_for_env,
+)
 
 if TYPE_CHECKING:
     from trajflow.lab.bench.sandboxes import Plan

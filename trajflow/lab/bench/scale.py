@@ -1,8 +1,8 @@
 """`trajflow bench scale`: how far one embedded stack goes, at 100, 1,000 and 5,000 trajectories in flight.
 
-The stack is laid out as `trajflow up` lays it out, one process per worker (`trajflow.lab.bench.scale_workers`): the Temporal
-dev server, the orchestrator (the real TrajectoryWorkflow), decode (the real activity on a simulated engine that
-never batches turns out), env (the synthetic env), reward (the real activities, the real reward service over HTTP,
+The stack is laid out as `trajflow up` lays it out, one process per worker (`trajflow.lab.bench.scale_workers`): the
+Temporal dev server, the orchestrator (the real TrajectoryWorkflow), decode (the real activity on a simulated engine
+that never batches turns out), env (the synthetic env), reward (the real activities, the real reward service over HTTP,
 a LocalStore in RAM), so the orchestration itself is measured: every activity only sleeps for the workload's time.
 At each level a closed loop keeps N TrajectoryWorkflows in flight: it counts the ended ones in visibility every
 second and starts as many new ones. Once N run, a window of `window_s` is measured; then starting stops and every
@@ -13,8 +13,8 @@ reset, a generate and a step per turn, close, score, save), the orchestration ov
 time an activity call spends outside its own body, from the traces of a share of the trajectories: the
 workflow's span for the call minus its run on a worker), the CPU of each worker process, of the Temporal server,
 the reward service and this driver, history sizes of a sample of finished trajectories, what saturates first, and
-how many were lost (ended without completing). Before the levels, the floor (`trajflow.lab.bench.scale_floor`): one workflow's
-no-op activities in sequence, alone, the least round trip any activity pays on this server.
+how many were lost (ended without completing). Before the levels, the floor (`trajflow.lab.bench.scale_floor`): one
+workflow's no-op activities in sequence, alone, the least round trip any activity pays on this server.
 
 Not covered: Docker sandboxes, real models, a persistent Temporal database (the dev server keeps it in memory),
 several hosts. The figures describe this machine; `docs/results/capacity.md` extrapolates from them.

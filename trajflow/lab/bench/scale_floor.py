@@ -37,7 +37,11 @@ async def floor(client: Client, server_pid: int | None, n: int = 100) -> dict[st
     """{"round_trip_ms", "server_cpu_ms"} per activity of `n` in sequence."""
     queue = f"bench-floor-{uuid.uuid4().hex[:6]}"
     worker = Worker(
-        client, task_queue=queue, workflows=[SequentialNoops], activities=[noop], workflow_runner=UnsandboxedWorkflowRunner()
+        client,
+        task_queue=queue,
+        workflows=[SequentialNoops],
+        activities=[noop],
+        workflow_runner=UnsandboxedWorkflowRunner(),
     )
     async with worker:
         cpu0, t0 = cpu_s(server_pid) if server_pid else 0.0, time.monotonic()

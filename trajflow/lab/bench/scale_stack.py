@@ -1,5 +1,6 @@
 """The stack of `trajflow bench scale`: the Temporal dev server (in memory), the reward service, and one worker process
-per role (`trajflow.lab.bench.scale_workers`), all ended by PID when the bench ends; plus reading CPU seconds of processes.
+per role (`trajflow.lab.bench.scale_workers`), all ended by PID when the bench ends; plus reading CPU seconds of
+processes.
 
 Not covered: Docker sandboxes, real models, a persistent database; see `trajflow.lab.bench.scale`.
 """
@@ -110,7 +111,12 @@ async def scale_stack(
             procs[role] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         await wait_for_queues(
             env.client,
-            [(queue, False), (names.decode_queue(pool), True), (names.env_queue(pool), True), (names.reward_queue(pool), True)],
+            [
+                (queue, False),
+                (names.decode_queue(pool), True),
+                (names.env_queue(pool), True),
+                (names.reward_queue(pool), True),
+            ],
             progress=lambda _line: None,
             deadline=time.monotonic() + 120.0,
             check=lambda: _alive(procs),
@@ -120,7 +126,10 @@ async def scale_stack(
         pids = {role: p.pid for role, p in procs.items()} | {"reward_service": reward_proc.pid, "driver": os.getpid()}
         if server is not None:
             pids["server"] = server
-        say(f"stack up: dev server, reward service and {len(procs)} worker processes ({', '.join(procs)}) on pool {pool}")
+        say(
+            f"stack up: dev server, reward service and {len(procs)} worker processes ({', '.join(procs)}) on pool "
+            f"{pool}"
+        )
         yield ScaleStack(env.client, queue, pool, traces, pids)
     finally:
         for p in procs.values():

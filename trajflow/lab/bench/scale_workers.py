@@ -33,7 +33,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--activity-slots", type=int, default=10_000, help="Activities each worker runs at once.")
     p.add_argument("--reward-url", default="", help="The reward service (reward role).")
     p.add_argument("--cache-dir", type=Path, default=Path.home() / ".trajflow" / "cache" / "models")
-    p.add_argument("--workflow-cache", type=int, default=None, help="The orchestrator's sticky cache (None: the SDK's).")
+    p.add_argument(
+        "--workflow-cache", type=int, default=None, help="The orchestrator's sticky cache (None: the SDK's)."
+    )
     return p
 
 
@@ -72,11 +74,15 @@ async def serve(a: argparse.Namespace) -> None:
         )  # fmt: skip
         await engine.start()
         on_stop = engine.close
-        workers = decode_workers(client, engine, store, [a.pool], f"decode-{os.getpid()}", max_concurrent=a.activity_slots)
+        workers = decode_workers(
+            client, engine, store, [a.pool], f"decode-{os.getpid()}", max_concurrent=a.activity_slots
+        )
     elif a.role == "env":
         from trajflow.lab.bench.synthetic_worker import synthetic_env_workers
 
-        workers = synthetic_env_workers(client, [a.pool], f"env-{os.getpid()}", unit_s=1.0, max_concurrent=a.activity_slots)
+        workers = synthetic_env_workers(
+            client, [a.pool], f"env-{os.getpid()}", unit_s=1.0, max_concurrent=a.activity_slots
+        )
     else:
         from trajflow.rewards.client import RewardClient
         from workers.reward import reward_workers

@@ -1,5 +1,6 @@
 """`trajflow bench soak`: one training run of several hundred steps on the embedded bench stack (simulated engine,
-synthetic env, simulated trainer; `trajflow.lab.bench.stack`), continuing as new many times, audited for loss at the end.
+synthetic env, simulated trainer; `trajflow.lab.bench.stack`), continuing as new many times, audited for loss at the
+end.
 
 The run's history is kept short on purpose (`history_events_before_continue`), so the TrainingWorkflow continues
 as new every few steps and carries its whole state (groups, buffer, counters, running children) across each.
@@ -45,7 +46,9 @@ class SoakWorkload:
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1 or self.batch_size % self.group_size:
-            raise ValueError(f"need steps >= 1 and a batch of whole groups, got {self.steps} steps of {self.batch_size}")
+            raise ValueError(
+                f"need steps >= 1 and a batch of whole groups, got {self.steps} steps of {self.batch_size}"
+            )
 
 
 def quick_soak(**fields: object) -> SoakWorkload:
@@ -60,12 +63,16 @@ def audit(result, steps: int, batch: int, visible: dict[str, int], running: int)
     problems = []
     kept = [h.step for h in result.history]  # the run keeps the records of its last steps only
     if result.version != steps or kept != list(range(steps - len(kept) + 1, steps + 1)):
-        problems.append(f"the run ended at version {result.version}, its last steps {kept[-5:]}: not 1..{steps} once each")
+        problems.append(
+            f"the run ended at version {result.version}, its last steps {kept[-5:]}: not 1..{steps} once each"
+        )
     short = [h.step for h in result.history if h.trajectories != batch]
     if short:
         problems.append(f"steps {short[:10]} trained on other than B = {batch} samples")
     if sum(visible.values()) != c.started:
-        problems.append(f"visibility holds {sum(visible.values())} of the run's trajectories, the run started {c.started}")
+        problems.append(
+            f"visibility holds {sum(visible.values())} of the run's trajectories, the run started {c.started}"
+        )
     ended = c.completed + c.failed + c.infra_failed + c.cancelled
     if ended + running != c.started:
         problems.append(

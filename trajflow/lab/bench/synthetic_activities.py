@@ -1,5 +1,6 @@
 """Synthetic env activities: the env pool's contract (`env.reset` / `env.step` / `env.close`, same names and
-models as `activities.env`) served by `trajflow.lab.bench.synthetic_env` episodes held in this worker's memory, no Docker.
+models as `activities.env`) served by `trajflow.lab.bench.synthetic_env` episodes held in this worker's memory, no
+Docker.
 
 The unchanged TrajectoryWorkflow runs on them: `env.reset` answers with a handle naming this worker's host
 queue, and the steps of that episode come back here. A step sleeps its drawn delay (units · `unit_s`) and
@@ -49,7 +50,9 @@ class SyntheticEnvActivities:
     async def reset(self, inp: EnvResetInput) -> EnvResetResult:
         if inp.env_id != ENV_ID:
             raise ApplicationError(
-                f"this env pool serves only {ENV_ID!r}, not {inp.env_id!r}", type=names.ERR_BAD_REQUEST, non_retryable=True
+                f"this env pool serves only {ENV_ID!r}, not {inp.env_id!r}",
+                type=names.ERR_BAD_REQUEST,
+                non_retryable=True,
             )
         try:
             spec = SyntheticSpec.from_kwargs(inp.env_kwargs)
@@ -69,7 +72,9 @@ class SyntheticEnvActivities:
             image=IMAGE,
             step_timeout_s=self.step_timeout_s,
         )
-        return EnvResetResult(handle=handle, observation=observation, replayed=len(inp.replay_actions), done=episode.done)
+        return EnvResetResult(
+            handle=handle, observation=observation, replayed=len(inp.replay_actions), done=episode.done
+        )
 
     @activity.defn(name=names.ENV_STEP)
     async def step(self, inp: EnvStepInput) -> EnvStepResult:

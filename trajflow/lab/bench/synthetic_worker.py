@@ -1,4 +1,5 @@
-"""Synthetic env worker: the env pool's queues served by `trajflow.lab.bench.synthetic_activities` (benchmarks, no Docker).
+"""Synthetic env worker: the env pool's queues served by `trajflow.lab.bench.synthetic_activities` (benchmarks, no
+Docker).
 
 Like `workers.env`, it polls each pool's shared queue for resets and its own host queue for steps and closes.
 Everything is an asyncio sleep, so concurrency limits are high: one worker hosts every episode of a bench.
@@ -29,7 +30,12 @@ def synthetic_env_workers(
     for pool in pools:
         acts = SyntheticEnvActivities(pool, worker_id, unit_s, step_timeout_s)
         workers.append(
-            Worker(client, task_queue=names.env_queue(pool), activities=[acts.reset], max_concurrent_activities=max_concurrent)
+            Worker(
+                client,
+                task_queue=names.env_queue(pool),
+                activities=[acts.reset],
+                max_concurrent_activities=max_concurrent,
+            )
         )
         workers.append(
             Worker(

@@ -1,6 +1,7 @@
 """The real compute the torch benchmarks time, through the project's own code: a batch of generations on the HF
-engine (`trajflow.rl.engines.hf.HFEngine`) and optimizer steps of the trainer (`trajflow.rl.trainer.PolicyTrainer`) on samples
-shaped like the default job's (trajflow/configs/default.toml: GuessTheNumber, up to 4 turns of at most 32 new tokens).
+engine (`trajflow.rl.engines.hf.HFEngine`) and optimizer steps of the trainer (`trajflow.rl.trainer.PolicyTrainer`) on
+samples shaped like the default job's (trajflow/configs/default.toml: GuessTheNumber, up to 4 turns of at most 32 new
+tokens).
 
 Used by `trajflow.lab.bench.gpu_check` (a GPU, random weights) and `trajflow.lab.bench.contention` (two processes
 sharing the CPU). Imports
@@ -45,7 +46,9 @@ class DecodeRound:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def prompts(batch: int, vocab: int, length: int = PROMPT_TOKENS, seed: int = 0, avoid: set[int] | None = None) -> list[list[int]]:
+def prompts(
+    batch: int, vocab: int, length: int = PROMPT_TOKENS, seed: int = 0, avoid: set[int] | None = None
+) -> list[list[int]]:
     """`batch` prompts of `length` random token ids below `vocab` (never one in `avoid`, e.g. EOS)."""
     rng = random.Random(seed)
     banned = avoid or set()
@@ -53,7 +56,9 @@ def prompts(batch: int, vocab: int, length: int = PROMPT_TOKENS, seed: int = 0, 
     return [[rng.choice(pool) for _ in range(length)] for _ in range(batch)]
 
 
-async def decode_round(engine: HFEngine, batch: list[list[int]], new_tokens: int, temperature: float = 0.7) -> DecodeRound:
+async def decode_round(
+    engine: HFEngine, batch: list[list[int]], new_tokens: int, temperature: float = 0.7
+) -> DecodeRound:
     """Generate for every prompt of `batch` at once (the engine batches them) and time it. The engine must be
     started with `max_batch >= len(batch)`."""
     if engine.max_batch < len(batch):

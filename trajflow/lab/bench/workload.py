@@ -88,7 +88,9 @@ class Workload:
         if s == 0:
             return max(0.0, self.env_mean)
         z = self.env_mean / s
-        return self.env_mean * 0.5 * (1 + math.erf(z / math.sqrt(2))) + s * math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+        return self.env_mean * 0.5 * (1 + math.erf(z / math.sqrt(2))) + s * math.exp(-z * z / 2) / math.sqrt(
+            2 * math.pi
+        )
 
     def describe(self) -> str:
         return (
@@ -144,7 +146,9 @@ def ideal_bound(w: Workload, train_units: float) -> IdealBound:
     return IdealBound(decode, train, min(decode, train), "decode capacity" if decode <= train else "train step")
 
 
-def group_latency_units(w: Workload, sigma: float, members: int | None = None, samples: int = 2000, seed: int = 0) -> float:
+def group_latency_units(
+    w: Workload, sigma: float, members: int | None = None, samples: int = 2000, seed: int = 0
+) -> float:
     """E[max over `members` trajectories (default: a group) of Σ_turns (decode + env)] in units, by Monte Carlo,
     without queueing: how long a group (or, with members = B, a sync batch) takes at the very least."""
     rng = random.Random(seed)

@@ -31,8 +31,7 @@ async def kill_sandboxes(
     engine = docker.from_env()
     decided: dict[str, bool] = {}
     query = (
-        f"WorkflowType = '{names.TRAJECTORY_WORKFLOW}' AND {names.SA_RUN} = '{run_id}' "
-        "AND ExecutionStatus = 'Running'"
+        f"WorkflowType = '{names.TRAJECTORY_WORKFLOW}' AND {names.SA_RUN} = '{run_id}' AND ExecutionStatus = 'Running'"
     )
     while not done.is_set():
         try:

@@ -90,7 +90,11 @@ class ChaosReport:
             "steps_completed": c.steps_completed,
             "steps_configured": c.steps_configured,
             "goals": c.goals_met,
-            "violations": {"lost": c.lost_ids, "consumed_twice": c.consumed_twice_ids, "infra_scored": c.infra_scored_ids},
+            "violations": {
+                "lost": c.lost_ids,
+                "consumed_twice": c.consumed_twice_ids,
+                "infra_scored": c.infra_scored_ids,
+            },
             "faults": [asdict(f) for f in self.faults],
             "faults_not_injected": self.faults_not_injected,
             "containers": asdict(self.containers),
@@ -110,9 +114,7 @@ def chaos_run_config(config: RunConfig, quick: bool) -> TrainingRunConfig:
 
 
 class Chaos:
-    def __init__(
-        self, settings: Settings, client, store, run_id: str, run: TrainingRunConfig, say: Say
-    ) -> None:
+    def __init__(self, settings: Settings, client, store, run_id: str, run: TrainingRunConfig, say: Say) -> None:
         self.settings, self.client, self.store = settings, client, store
         self.run_id, self.run, self.say = run_id, run, say
         self.handle = client.get_workflow_handle(run_id, result_type=TrainingResult)

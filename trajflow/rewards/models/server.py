@@ -3,8 +3,8 @@
 
 Routes:
 - `POST /score`: a `LocalScoreRequest` ({prompt, response, reference?}) → a `LocalScoreResult` ({reward, mode, raw,
-  batch_size}). Concurrent requests share one forward pass (`trajflow.rewards.models.batcher`); 422 for a bad body, 500 when
-  the model fails (the reward service then answers 503: retried, never a zero).
+  batch_size}). Concurrent requests share one forward pass (`trajflow.rewards.models.batcher`); 422 for a bad body, 500
+  when the model fails (the reward service then answers 503: retried, never a zero).
 - `GET /healthz` → `{ok, model, mode, requests, batches, batch_sizes, busy_s}`: the batch sizes so far, so batching
   can be seen (and tested) from outside.
 

@@ -128,4 +128,3 @@ def trim_at_eos(ids: list[int], logprobs: list[float], eos: set[int]) -> tuple[l
         if tok in eos:
             return ids[: i + 1], logprobs[: i + 1], "stop"
     return ids, logprobs, "length"
-

@@ -6,9 +6,9 @@ mask) in a worker thread, so the event loop stays free. Requests are grouped by 
 for the seed: the oldest waiting request picks the params of the next batch and later requests with the same
 params join it (FIFO within a group, so no group starves).
 
-Sampling (`temperature > 0`) is ours, not transformers': `trajflow.rl.engines.sampling.SeededSampler` applies temperature
-and top-p and draws each row's token from softmax(logits / T) over the top-p nucleus with one uniform number from
-a generator per row, seeded by the request's `SamplingParams.seed` (unseeded requests draw from torch's global
+Sampling (`temperature > 0`) is ours, not transformers': `trajflow.rl.engines.sampling.SeededSampler` applies
+temperature and top-p and draws each row's token from softmax(logits / T) over the top-p nucleus with one uniform number
+from a generator per row, seeded by the request's `SamplingParams.seed` (unseeded requests draw from torch's global
 RNG), and leaves only that token for `generate`'s greedy step. So a seeded request draws the same tokens alone or
 batched with any others (up to float ties, see that module).
 
@@ -39,8 +39,8 @@ what is loaded, copies it into the model in place (`trajflow.rl.weights.apply_we
 the version that generated it. Switching between two policies reloads each time: one engine serves one run at
 a time well.
 
-Prefix cache (`prefix_cache_bytes` > 0, `trajflow.rl.engines.prefix_cache`): each batch's prompts and completions keep their
-keys and values, and a later prompt that extends one (a trajectory's next turn; another episode's identical
+Prefix cache (`prefix_cache_bytes` > 0, `trajflow.rl.engines.prefix_cache`): each batch's prompts and completions keep
+their keys and values, and a later prompt that extends one (a trajectory's next turn; another episode's identical
 instructions) is fed to the model only from where it differs. Completions are the ones the engine gives without
 it (float32: logprobs within ~1e-5). Cleared whenever other weights are loaded.
 """
@@ -145,8 +145,8 @@ class HFEngine:
         weights: WeightSource | None = None,
         prefix_cache_bytes: int = 0,
     ) -> None:
-        """`device` a torch device (`cpu`, `cuda`, `cuda:N`; `trajflow.rl.devices.resolve_device` turns a setting such as
-        `auto` into one); `dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny
+        """`device` a torch device (`cpu`, `cuda`, `cuda:N`; `trajflow.rl.devices.resolve_device` turns a setting such
+        as `auto` into one); `dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny
         model); `weights` None serves the initial model only; `prefix_cache_bytes` > 0 keeps up to that many bytes of
         keys and values of earlier prompts and completions (`trajflow.rl.engines.prefix_cache`; 0: none)."""
         from transformers import AutoTokenizer

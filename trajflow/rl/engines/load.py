@@ -6,8 +6,8 @@ decode will run in. `decode_precision` is that choice on its own, so a trainer c
 decode workers on the same kind of host will run (they cast on load anyway, so another host's choice works too).
 
 Devices: `device` is a setting (`auto`, `cpu`, `cuda`, `cuda:N`; `infra.settings.Settings.device`), resolved by
-`trajflow.rl.devices.resolve_device` (auto: a GPU when one is visible); the dtype is chosen for the device it resolves to.
-Limits: vLLM picks its own device, assumed CUDA when torch sees one. The `openai` engine computes nothing here: its
+`trajflow.rl.devices.resolve_device` (auto: a GPU when one is visible); the dtype is chosen for the device it resolves
+to. Limits: vLLM picks its own device, assumed CUDA when torch sees one. The `openai` engine computes nothing here: its
 server chose device and precision, and only the model's tokenizer is read locally.
 """
 

