@@ -6,7 +6,8 @@ demo: setup
 	.venv/bin/trajflow up
 	.venv/bin/trajflow train default
 
-# Static checks first (ruff, pyright in basic mode; configured in pyproject.toml), the docs site, then every test: the
+# Static checks first (ruff's formatter and linter, pyright in basic mode; configured in pyproject.toml), the docs site,
+# then every test: the
 # main venv's (with .vllm-venv built, the OpenAI-engine and vLLM-judge tests run against `vllm serve`:
 # TRAJFLOW_REQUIRE_VLLM=1 makes them fail rather than skip), then the vLLM engine's in .vllm-venv. Both runs happen
 # whatever the first's outcome; make test fails if either does. pytest's exit code 5 ("no tests ran") is a loud
@@ -26,6 +27,7 @@ VLLM_TESTS = .vllm-venv/bin/python -m pytest -ra -p no:cacheprovider tests/integ
 	c=$$?; if [ $$c = 5 ]; then echo "make test-vllm: pytest ran no tests" >&2; c=1; fi; exit $$c
 
 lint: setup-test
+	.venv/bin/ruff format --check .
 	.venv/bin/ruff check .
 	.venv/bin/pyright
 

@@ -31,6 +31,19 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("TRAJFLOW_TEST_CACHE", Path.home() / ".cache" / "trajflow-tests"))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` skip, saying why, where torch sees no CUDA device (torch is imported only when one was
+    collected)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device; torch sees none here"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: real pretrained model; minutes")
     # A workflow whose __init__ raises (bad input, workflows/inputs.py) never runs the coroutine the SDK made for its
