@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from infra.ports import free_port, port_free
-from infra.processes import ProcessRecord, ProcessTable, is_alive, start_detached
+from infra.processes import ProcessRecord, ProcessTable, is_alive, log_tail, start_detached
 from infra.settings import Settings
 from trajflow.observability import prometheus
 from trajflow.observability.prometheus import Target
@@ -103,7 +103,7 @@ def start(
     deadline = time.monotonic() + timeout_s
     while not prometheus.ready(url):
         if not is_alive(current):
-            raise RuntimeError(f"prometheus exited; see {current.log}")
+            raise RuntimeError(f"prometheus exited; the end of {current.log}:\n{log_tail(current)}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"prometheus not ready at {url} after {timeout_s:.0f}s; see {current.log}")
         time.sleep(0.2)

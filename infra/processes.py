@@ -54,6 +54,15 @@ def python_module(module: str, *args: str, python: str | None = None) -> list[st
     return [python or sys.executable, "-P", "-m", module, *args]
 
 
+def log_tail(rec: ProcessRecord, lines: int = 40) -> str:
+    """The last `lines` lines of a process's log, so that a start-up failure says why where it is reported (a test's
+    state dir, logs included, is gone by the time anyone reads its failure)."""
+    try:
+        return "\n".join(Path(rec.log).read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(unreadable: {e})"
+
+
 def same_code_env(env: dict[str, str]) -> dict[str, str]:
     """`env` with PYTHONPATH led by the directory this process imported trajflow from (a checkout, a worktree or
     site-packages), so a child started with it runs the same code as this process."""

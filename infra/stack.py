@@ -23,7 +23,17 @@ from temporalio.client import Client
 from infra import monitoring
 from infra.placement import Placement, placement
 from infra.ports import port_free
-from infra.processes import ProcessRecord, ProcessTable, is_alive, kill, python_module, restart, start_detached, stop
+from infra.processes import (
+    ProcessRecord,
+    ProcessTable,
+    is_alive,
+    kill,
+    log_tail,
+    python_module,
+    restart,
+    start_detached,
+    stop,
+)
 from infra.settings import Settings
 from infra.temporal import dev_server_command, ensure_search_attributes, pollers, wait_until_reachable
 from trajflow.contracts import names
@@ -195,15 +205,6 @@ def _wait_ports_free(ports: list[int], name: str, timeout_s: float = 30.0) -> No
             if time.monotonic() > deadline:
                 raise TimeoutError(f"port {port} of {name} still in use {timeout_s:.0f}s after the kill")
             time.sleep(0.1)
-
-
-def log_tail(rec: ProcessRecord, lines: int = 40) -> str:
-    """The last `lines` lines of a process's log, so that a start-up failure says why where it is reported (a test's
-    state dir, logs included, is gone by the time anyone reads its failure)."""
-    try:
-        return "\n".join(Path(rec.log).read_text(errors="replace").splitlines()[-lines:])
-    except OSError as e:
-        return f"(unreadable: {e})"
 
 
 def _wait_http(url: str, rec: ProcessRecord, timeout_s: float) -> None:

@@ -7,7 +7,6 @@ fresh pool names and a fresh orchestrator queue. Subprocesses are ended by PID. 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -54,9 +53,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server a test starts later (below the ephemeral range: `infra.ports.free_port`)."""
+    from infra.ports import free_port as pick
+
+    return pick()
 
 
 def wait_for(predicate, timeout_s: float = 30.0, interval_s: float = 0.1, what: str = "condition"):
