@@ -7,6 +7,7 @@ fresh pool names and a fresh orchestrator queue. Subprocesses are ended by PID. 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -368,6 +369,36 @@ class CliStack:
         if check and proc.returncode != 0:
             raise AssertionError(f"trajflow {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc
+
+
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "trajflow", "workflows", "activities", "workers", "infra")
+"""What setuptools packs into the wheel (pyproject.toml's packages), copied so the build leaves nothing in ROOT."""
+
+
+def outside_env() -> dict[str, str]:
+    """This environment without PYTHONPATH (nor VIRTUAL_ENV): the checkout, where pip would also find trajflow's
+    metadata, stays out of what a fresh venv runs."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
+@pytest.fixture(scope="session")
+def trajflow_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of this checkout, built once a session from a copy of what it packs (a build in place would leave
+    build/ and *.egg-info in ROOT); the project's venv has setuptools, so no isolated build env is downloaded."""
+    work = tmp_path_factory.mktemp("wheel")
+    src = work / "src"
+    src.mkdir()
+    for name in WHEEL_SOURCES:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(path, src / name)
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(work), str(src)]
+    done = subprocess.run(build, capture_output=True, text=True, timeout=600, env=outside_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = work.glob("trajflow-*.whl")
+    return wheel
 
 
 def stack_state_dir(cache_dir: Path, prefix: str) -> Path:

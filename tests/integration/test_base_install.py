@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +25,6 @@ pytestmark = pytest.mark.integration
 
 HEAVY = ("torch", "transformers", "tokenizers", "docker", "peft", "accelerate")
 """What the extras add and a base install must not have."""
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "trajflow", "workflows", "activities", "workers", "infra")
-"""What setuptools packs into the wheel (pyproject.toml's packages), copied so the build leaves nothing in ROOT."""
 
 RUN_ONE = """
 import asyncio, json
@@ -53,26 +50,14 @@ def _run(
 
 
 @pytest.fixture(scope="module")
-def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def base_venv(trajflow_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The venv's directory; its python sees only the installed wheel (run it with cwd outside ROOT)."""
     work = tmp_path_factory.mktemp("base-install")
-    src = work / "src"
-    src.mkdir()
-    for name in WHEEL_SOURCES:
-        path = ROOT / name
-        if path.is_dir():
-            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(path, src / name)
-    # the project's venv has setuptools (pinned in the lock): no isolated build env to download
-    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", work / "dist", src]
-    _run(build, work)
-    (wheel,) = (work / "dist").glob("trajflow-*.whl")
     venv = work / "venv"
     _run([sys.executable, "-m", "venv", venv], work)
     pip = [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps"]
     _run([*pip, "--require-hashes", "-r", ROOT / "requirements" / "base.txt"], work)
-    _run([*pip, wheel], work)
+    _run([*pip, trajflow_wheel], work)
     _run([venv / "bin" / "python", "-m", "pip", "check"], work)
     return venv
 

@@ -1,9 +1,9 @@
 """trajflow as a researcher installs it: the built wheel in a fresh venv, used from a project of their own.
 
-The wheel is built from this checkout (`pip wheel --no-deps`); its top-level import names must be exactly trajflow's
-five. It is installed with `--no-deps` into a fresh venv under a temporary directory; the dependencies come from the
-test's own environment through a `.pth` line (installing torch and the rest afresh would only re-test pip), which
-adds that environment's site-packages and nothing of it that is trajflow (an editable install there is a `.pth`
+The wheel is built from this checkout (the session's `trajflow_wheel`); its top-level import names must be exactly
+trajflow's five. It is installed with `--no-deps` into a fresh venv under a temporary directory; the dependencies come
+from the test's own environment through a `.pth` line (installing torch and the rest afresh would only re-test pip),
+which adds that environment's site-packages and nothing of it that is trajflow (an editable install there is a `.pth`
 finder that a path line does not run). The venv's `trajflow` command then runs, with no PYTHONPATH and from a project
 directory that holds its own `envs/`, `rl/`, `contracts/`, `rewards/` packages and a `workflows.py`/`activities.py`
 (the Temporal samples' layout), each of which raises when imported: `trajflow up`, a GEM rollout, a rollout of a
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port, stack_state_dir
+from tests.conftest import ROOT, free_port, outside_env, stack_state_dir
 
 pytestmark = pytest.mark.integration
 
@@ -77,29 +77,8 @@ eval = { episodes = 4 }
 """
 
 
-def outside_env() -> dict[str, str]:
-    """This environment without PYTHONPATH: the checkout (where pip would also find trajflow's metadata) stays out."""
-    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, built from a copy of the checkout (a build in place would leave build/ and *.egg-info there)."""
-    out = tmp_path_factory.mktemp("wheel")
-    source = out / "source"
-    skip = (".*", "build", "dist", "*.egg-info", "__pycache__", "*.pyc")
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*skip))
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
-        capture_output=True, text=True, timeout=600, env=outside_env(),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    (built,) = out.glob("trajflow-*.whl")
-    return built
-
-
-def test_the_wheel_installs_exactly_five_import_names_and_its_data(wheel: Path) -> None:
-    names = zipfile.ZipFile(wheel).namelist()
+def test_the_wheel_installs_exactly_five_import_names_and_its_data(trajflow_wheel: Path) -> None:
+    names = zipfile.ZipFile(trajflow_wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == TOP_LEVEL
     for data in (
@@ -115,13 +94,13 @@ def test_the_wheel_installs_exactly_five_import_names_and_its_data(wheel: Path) 
 
 
 @pytest.fixture(scope="module")
-def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def venv(trajflow_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv holding the wheel, its dependencies borrowed from this environment."""
     home = tmp_path_factory.mktemp("venv") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, timeout=300, env=outside_env())
     python = home / "bin" / "python"
     done = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", str(trajflow_wheel)],
         capture_output=True, text=True, timeout=300, env=outside_env(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
