@@ -21,6 +21,10 @@ from trajflow.observability import tracing
 log = logging.getLogger("trajflow.worker")
 
 
+class WorkerStopped(RuntimeError):
+    """A Temporal worker of this process stopped without being asked to."""
+
+
 def new_worker_id() -> str:
     """Unique per process start: a restarted worker gets a new host queue, so stale steps time out."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -48,7 +52,8 @@ async def run_until_signalled(
     stop_when: asyncio.Event | None = None,
 ) -> None:
     """Run the workers until SIGTERM/SIGINT (or until `stop_when` is set), then shut them down gracefully and
-    call on_stop."""
+    call on_stop. A Temporal worker that stops on its own (e.g. its start-up check of the namespace failed) stops
+    the others too, and then `WorkerStopped` is raised: the process exits non-zero with the cause, not 0."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -58,12 +63,14 @@ async def run_until_signalled(
         log.info("polling %s", w.task_queue)
     waiters = [asyncio.create_task(event.wait()) for event in (stop, stop_when) if event is not None]
     done, _ = await asyncio.wait([*waiters, *tasks], return_when=asyncio.FIRST_COMPLETED)
-    for t in done:
-        if t not in waiters and t.exception():
-            log.error("worker stopped: %r", t.exception())
+    failure = next((t.exception() for t in done if t not in waiters and t.exception() is not None), None)
+    if failure is not None:
+        log.error("worker stopped: %r", failure)
     for waiter in waiters:
         waiter.cancel()
     await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
     tracing.flush()  # the CLI ends worker processes with os._exit: no exit handler would export the last spans
     if on_stop is not None:
         await on_stop()
+    if failure is not None:
+        raise WorkerStopped(f"a worker stopped on its own: {failure!r}") from failure

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import traceback
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated
@@ -172,6 +173,11 @@ def _serve(main: Callable[[], Coroutine[object, object, int | None]]) -> None:
         code = asyncio.run(main())
     except (ConnectionSettingsError, TemporalConnectionError, TimeoutError) as e:
         typer.secho(f"trajflow worker: cannot connect to Temporal: {e}", fg="red", err=True)
+        _exit(1)
+        return
+    except Exception:  # any other failure: its traceback in the worker's log, and a non-zero exit
+        traceback.print_exc()
+        typer.secho("trajflow worker: stopped by the error above", fg="red", err=True)
         _exit(1)
         return
     _exit(code or 0)
