@@ -221,14 +221,36 @@ def _wait_http(url: str, rec: ProcessRecord, timeout_s: float) -> None:
     raise TimeoutError(f"{rec.name} not healthy at {url} after {timeout_s:.0f}s; see {rec.log}")
 
 
-async def _wait_for_pollers(settings: Settings, config: RunConfig, progress: Progress, timeout_s: float) -> None:
-    table = {r.name: r for r in ProcessTable(settings.run_dir).load()}
+START_RESTARTS = 1
+"""How often `up` starts again a worker that exited before it polled: once, so that a transient failure under
+load (an engine or a server slow to answer) does not fail the start, while a worker that cannot start fails twice
+and is reported with its log."""
 
-    def check_processes() -> None:
+
+def start_up_watch(run_dir: Path, log_dir: Path, progress: Progress) -> Callable[[], None]:
+    """A check for the processes of the table at `run_dir` while they start: one that exited is started again
+    (`START_RESTARTS` times, the dev server never), and one that exits again raises with the end of its log."""
+    processes = ProcessTable(run_dir)
+    table = {r.name: r for r in processes.load()}
+    restarts = dict.fromkeys(table, 0)
+
+    def check() -> None:
         for name, rec in table.items():
-            if not is_alive(rec):
+            if is_alive(rec):
+                continue
+            if name == "temporal" or restarts[name] >= START_RESTARTS:
                 raise RuntimeError(f"{name} exited during start-up; the end of {rec.log}:\n{log_tail(rec)}")
+            restarts[name] += 1
+            progress(f"{name}: exited during start-up, starting it again; the end of {rec.log}:\n{log_tail(rec)}")
+            table[name] = restart(rec, log_dir)
+            processes.replace(table[name])
+            progress(f"{name}: started again (pid {table[name].pid})")
 
+    return check
+
+
+async def _wait_for_pollers(settings: Settings, config: RunConfig, progress: Progress, timeout_s: float) -> None:
+    check_processes = start_up_watch(settings.run_dir, settings.log_dir, progress)
     client = await wait_until_reachable(settings)
     await wait_for_pollers(client, config, progress, time.monotonic() + timeout_s, check_processes, "worker")
 

@@ -1,6 +1,7 @@
 """What keeps a worker process from dying quietly at start-up: the reaper skips a sandbox the engine fails to
-remove instead of raising (an env worker reaps before it polls), and a Temporal worker that stops on its own ends
-the process with an error instead of exit code 0.
+remove instead of raising (an env worker reaps before it polls), a Temporal worker that stops on its own ends
+the process with an error instead of exit code 0, and `up` starts a worker that exited during start-up once more
+before it reports it with its log (real processes).
 
 Small stand-ins for the Docker client and the Temporal worker: these test the code around them (what it does when
 they fail), not Docker or Temporal."""
@@ -9,12 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
+from pathlib import Path
 from typing import Any, cast
 
 import docker.errors
 import pytest
 import requests
 
+from infra.processes import ProcessTable, is_alive, start_detached, stop
+from infra.stack import start_up_watch
 from trajflow.sandbox import labels
 from trajflow.sandbox.reaper import reap_orphans
 from workers.common import WorkerStopped, run_until_signalled
@@ -93,3 +98,44 @@ async def test_workers_asked_to_stop_return_normally() -> None:
 def test_the_fake_owner_pid_is_not_running() -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(2**22 + 7, 0)
+
+
+def _started(tmp_path: Path, name: str, script: str) -> None:
+    """A process of `up`'s table: a shell script started detached, recorded under tmp_path/run."""
+    rec = start_detached(name, ["sh", "-c", script], tmp_path / "logs")
+    ProcessTable(tmp_path / "run").add(rec)
+
+
+def _wait_exited(table: ProcessTable, name: str) -> None:
+    rec = next(r for r in table.load() if r.name == name)
+    deadline = time.monotonic() + 30
+    while is_alive(rec):
+        assert time.monotonic() < deadline, f"{name} did not exit"
+        time.sleep(0.05)
+
+
+def test_start_up_starts_a_worker_that_exited_again_once_then_reports_its_log(tmp_path: Path) -> None:
+    flag = tmp_path / "started-once"
+    # exits the first time (a transient failure), lives the second time
+    _started(
+        tmp_path, "flaky", f"if [ -e {flag} ]; then exec sleep 60; else touch {flag}; echo first try failed; exit 3; fi"
+    )
+    _started(tmp_path, "broken", "echo cannot start; exit 4")
+    table = ProcessTable(tmp_path / "run")
+    for name in ("flaky", "broken"):
+        _wait_exited(table, name)
+    said: list[str] = []
+    check = start_up_watch(tmp_path / "run", tmp_path / "logs", said.append)
+
+    with pytest.raises(RuntimeError, match="broken exited during start-up") as failed:
+        for _ in range(100):
+            check()
+            time.sleep(0.1)
+    flaky = next(r for r in table.load() if r.name == "flaky")
+    try:
+        assert is_alive(flaky), "the flaky worker's second start should be running"
+        assert "cannot start" in str(failed.value)  # the end of its log, in the error
+        assert any("flaky: exited during start-up" in s and "first try failed" in s for s in said)
+        assert any("broken: exited during start-up, starting it again" in s for s in said)  # once, then the error
+    finally:
+        stop(flaky)
