@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     reward_url: str | None = None
     """Where reward workers reach the reward service; defaults to http://reward_host:reward_port."""
     reward_timeout_s: float = 10.0
+    run_sweep_s: float = Field(default=15.0, ge=0)
+    """How often the orchestrator worker looks for running trajectories of training runs that ended early
+    (terminated, cancelled, failed, timed out) and cancels them (`workers/run_sweep.py`); 0 turns the sweep off."""
     device: str = "auto"
     """Where this process's decode engine or trainer computes: `auto` (a GPU when one is visible), `cpu`, `cuda`,
     `cuda:N`. Launchers set it from the run config's hardware section (`infra.placement`)."""

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         run_trajectory,
         start_training,
         start_trajectory,
+        stop_training,
         training_progress,
     )
     from trajflow.contracts.config import RunConfig, shipped_configs
@@ -58,6 +59,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "load_trajectory": ("trajflow.client", "load_trajectory"),
     "start_training": ("trajflow.client", "start_training"),
     "attach_training": ("trajflow.client", "attach_training"),
+    "stop_training": ("trajflow.client", "stop_training"),
     "training_progress": ("trajflow.client", "training_progress"),
 }
 
@@ -80,6 +82,7 @@ __all__ = [
     "load_trajectory",
     "start_training",
     "attach_training",
+    "stop_training",
     "training_progress",
 ]
 

@@ -11,8 +11,9 @@ Training runs the same way: `start_training(TrainingRunConfig(steps=20), run_id=
 TrainingWorkflow's handle (its workflow id is the run id); `attach_training("my-run")` returns the same handle from
 another process; `training_progress(handle)` shows where it is.
 
-Addresses come from the `TRAJFLOW_*` settings (the embedded stack's by default). Not covered here: stopping a run
-(cancel its workflow from the Temporal UI or `handle.cancel()`).
+`stop_training("my-run")` ends it early: graceful (the current step trained, the rest cancelled) or `now=True`.
+
+Addresses come from the `TRAJFLOW_*` settings (the embedded stack's by default).
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from infra.store import open_store_from
 from infra.temporal import connect
 from trajflow.contracts import names
 from trajflow.contracts.records import TrajectoryRecord
-from trajflow.contracts.training import TrainingProgress, TrainingResult, TrainingRunConfig, TrainingStart
+from trajflow.contracts.training import (
+    StopRequest,
+    TrainingProgress,
+    TrainingResult,
+    TrainingRunConfig,
+    TrainingStart,
+)
 from trajflow.contracts.trajectory import TrajectoryRequest, TrajectoryResult
 
 
@@ -125,3 +132,19 @@ async def attach_training(
 async def training_progress(handle: WorkflowHandle) -> TrainingProgress:
     """The run's live state (version, buffer, counters, last step) from the workflow's `progress` query."""
     return await handle.query(names.QUERY_PROGRESS, result_type=TrainingProgress)
+
+
+async def stop_training(
+    run_id: str,
+    *,
+    now: bool = False,
+    reason: str = "stopped by request",
+    client: Client | None = None,
+    settings: Settings | None = None,
+) -> WorkflowHandle[object, TrainingResult]:
+    """Ask a training run to end early and return its handle (await `handle.result()` for the end): graceful, it
+    admits nothing more, trains the current step and cancels the rest; `now`, it cancels every running
+    trajectory at once. The result's `stopped` says why and at which version. LookupError for an unknown run."""
+    handle = await attach_training(run_id, client=client, settings=settings)
+    await handle.signal(names.SIGNAL_STOP, StopRequest(now=now, reason=reason))
+    return handle

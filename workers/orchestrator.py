@@ -1,7 +1,10 @@
 """Orchestrator worker: runs the workflows (deterministic orchestration, no heavy imports), and the one activity
-that needs nothing but the Temporal client: the child watcher of training runs (activities/children.py)."""
+that needs nothing but the Temporal client: the child watcher of training runs (activities/children.py). Beside
+them, the sweep that cancels the trajectories of training runs that ended early (workers/run_sweep.py)."""
 
 from __future__ import annotations
+
+import asyncio
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -10,6 +13,7 @@ from activities.children import ChildWatchActivities
 from infra.settings import Settings
 from trajflow.contracts import names
 from workers.common import connect_worker, run_until_signalled
+from workers.run_sweep import sweep_forever
 from workflows.replay_env import ReplayEnvWorkflow
 from workflows.training import TrainingWorkflow
 from workflows.trajectory import TrajectoryWorkflow
@@ -24,4 +28,10 @@ def orchestrator_workers(client: Client, task_queue: str = names.WORKFLOW_QUEUE)
 
 async def serve(settings: Settings) -> None:
     client = await connect_worker(settings, "orchestrator")
-    await run_until_signalled(orchestrator_workers(client))
+    sweep = asyncio.create_task(sweep_forever(client, settings.run_sweep_s)) if settings.run_sweep_s > 0 else None
+
+    async def stop_sweep() -> None:
+        if sweep is not None:
+            sweep.cancel()
+
+    await run_until_signalled(orchestrator_workers(client), on_stop=stop_sweep)

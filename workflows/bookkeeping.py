@@ -20,6 +20,7 @@ import re
 from trajflow.contracts.training import (
     GroupState,
     StepRecord,
+    StopRequest,
     TaskStats,
     TrainingRunConfig,
     TrainingState,
@@ -70,7 +71,7 @@ class Book:
     def may_replace(self, pause_admission: bool = False) -> bool:
         """Replacements for failed members wait while admission is paused (they would fail the same way), but
         for a probe: the groups waiting for them hold the staleness budget, so a probe is a replacement first."""
-        return not pause_admission and (not self.s.paused or self.probe)
+        return not pause_admission and self.s.stopping is None and (not self.s.paused or self.probe)
 
     def groups_to_admit(self, pause_admission: bool = False) -> int:
         """Admission control: at most (v + α + 1)·B − (consumed + running) samples started.
@@ -79,7 +80,7 @@ class Book:
         consumed = v·B the bound keeps (α + 1)·B useful samples in the pipeline. Redundant extras come on top.
         """
         cfg, s = self.cfg, self.s
-        if pause_admission or s.version >= cfg.steps or (s.paused and not self.probe):
+        if pause_admission or s.stopping is not None or s.version >= cfg.steps or (s.paused and not self.probe):
             return 0
         if cfg.sync and self.training:
             return 0  # the barrier: the next batch starts only after this one is trained
@@ -258,6 +259,37 @@ class Book:
     def cancel_leftovers(self) -> None:
         for g in list(self.s.groups.values()):
             self.cancel_running(g)
+
+    # --- stopping ------------------------------------------------------------------------------------------
+
+    def stop(self, request: StopRequest) -> bool:
+        """Record a stop (the first, or `now` after a graceful one; True if it changed anything) and the version
+        the run ends at: graceful, after the current step; now, after a step the trainer already has, if any.
+        `now` queues every running member for cancellation; admission and replacements end either way."""
+        s = self.s
+        if s.stopping is not None and (s.stopping.now or not request.now):
+            return False
+        at = s.version + 1 if (self.training or not request.now) else s.version
+        s.stopping = request.model_copy(update={"at_version": min(at, self.cfg.steps)})
+        if request.now:
+            self.cancel_leftovers()
+        self.replacements.clear()
+        return True
+
+    def stop_due(self) -> bool:
+        """A stop was asked for and no further step will be trained: the run reached the version it ends at, or no
+        step is being trained and (now) nothing more is wanted or (graceful) the groups still open cannot fill a
+        batch without admission or replacements."""
+        s, stopping = self.s, self.s.stopping
+        if stopping is None:
+            return False
+        if s.version >= stopping.at_version:
+            return True
+        if self.training:
+            return False
+        n = self.cfg.group_size
+        fillable = [g for g in self.open_groups() if len(g.completed) + len(g.running) >= n]
+        return stopping.now or len(fillable) < self.groups_per_step()
 
     # --- reports -------------------------------------------------------------------------------------------
 

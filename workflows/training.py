@@ -19,6 +19,12 @@ trains only when every sample of that batch has ended. A run of `pause_after_inf
 trajectories stops admission (a circuit breaker: status `paused`, an error log, `progress().paused`); probe
 groups test the infrastructure now and then, and the first trajectory that does not fail on it resumes admission.
 
+Ending early: the `stop` signal (`trajflow stop RUN`, a `StopRequest`) ends admission and, graceful, trains the
+current step (the one in flight, or else the batch the running trajectories can still complete) or, `now`, cancels
+every running trajectory at once; either way the rest is cancelled and the result says `stopped`. A cancelled run
+cancels its running trajectories before it ends; a terminated one cannot, and the orchestrator's sweep
+(workers/run_sweep.py) cancels those.
+
 A child that ends without reporting (terminated by hand, a workflow bug) is an infra failure of its group; one
 that completed but whose report was lost is reported from its result. A run watches the children it started by
 their handles; those it inherited through continue-as-new, through the `training.watch_children` activity.
@@ -38,6 +44,7 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.contracts.training import (
         PROGRESS_RECENT_STEPS,
         GroupState,
+        StopRequest,
         TrainingProgress,
         TrainingResult,
         TrainingRunConfig,
@@ -98,20 +105,34 @@ class TrainingWorkflow:
         inherited = self.book.running_members()
         if inherited:
             asyncio.create_task(self._watch_inherited(inherited))
+        book = self.book
         try:
-            while self.s.version < cfg.steps:
+            while self.s.version < cfg.steps and not book.stop_due():
                 # a step in flight when the previous run continued as new is issued again
                 step = self.s.step or await self._wait_for_batch()
+                if step is None and book.stop_due():
+                    break
                 if (
                     step is None
                     or not await self._train(step)
-                    or (self.s.version < cfg.steps and self._should_continue())
+                    or (self.s.version < cfg.steps and not book.stop_due() and self._should_continue())
                 ):
                     await self._continue_as_new(admission)
+        except asyncio.CancelledError:
+            # cancelled from the UI, the CLI or a client: its trajectories end with it (a terminated run's are ended
+            # by the orchestrator's sweep, workers/run_sweep.py)
+            admission.cancel()
+            self._upsert_status("cancelled")
+            await self._cancel_leftovers()
+            raise
         finally:
             admission.cancel()
         await self._cancel_leftovers()
-        self._upsert_status("done")
+        stopping = self.s.stopping
+        stopped = None
+        if stopping is not None and self.s.version < cfg.steps:
+            stopped = f"{stopping.reason} at v{self.s.version} ({'now' if stopping.now else 'graceful'})"
+        self._upsert_status("stopped" if stopped else "done")
         return TrainingResult(
             run_id=self.s.run_id,
             version=self.s.version,
@@ -119,6 +140,7 @@ class TrainingWorkflow:
             history=self.s.history,
             wall_seconds=workflow.time() - self.s.started_at,
             by_task=self.s.by_task,
+            stopped=stopped,
         )
 
     async def _admission_loop(self) -> None:
@@ -205,14 +227,16 @@ class TrainingWorkflow:
 
     async def _wait_for_batch(self) -> TrainStepInput | None:
         """Wait until B/n complete, fresh groups are ready; drop stale ones on the way (hard bound). None when
-        the workflow should continue as new first."""
+        the workflow should continue as new first, or a stop leaves no step to train."""
         while True:
             for g in self.book.drop_stale():
                 workflow.logger.info("dropping stale group %s (trainer v%d)", g.group, self.s.version)
             step = self.book.take_batch()
-            if step is not None or self._should_continue():
+            if step is not None or self._should_continue() or self.book.stop_due():
                 return step
-            await workflow.wait_condition(lambda: self.book.batch_may_be_ready() or self._should_continue())
+            await workflow.wait_condition(
+                lambda: self.book.batch_may_be_ready() or self._should_continue() or self.book.stop_due()
+            )
 
     async def _train(self, step: TrainStepInput) -> bool:
         """Train `step` (the state records it as in flight); False when the workflow should continue as new
@@ -267,6 +291,21 @@ class TrainingWorkflow:
                 workflow.logger.warning("admission paused for run %s: admitting a probe group", self.s.run_id)
                 self.book.probe_now()
 
+    @workflow.signal(name=names.SIGNAL_STOP)
+    def stop(self, request: StopRequest) -> None:
+        """End the run early (`StopRequest`): graceful, or `now`."""
+        if self.book.stop(request):
+            stopping = self.s.stopping
+            assert stopping is not None
+            workflow.logger.warning(
+                "run %s stopping (%s, %s): it ends at v%d",
+                self.s.run_id,
+                stopping.reason,
+                "now" if stopping.now else "graceful",
+                stopping.at_version,
+            )
+            self._upsert_status("stopping")
+
     @workflow.signal(name=names.SIGNAL_RESUME_ADMISSION)
     def resume_admission(self) -> None:
         """Resume admission now (after fixing what made trajectories fail on infrastructure)."""
@@ -297,7 +336,12 @@ class TrainingWorkflow:
             paused=s.paused,
             tasks=[t.name for t in self.cfg.tasks],
             by_task=s.by_task,
+            stopping=f"{s.stopping.reason}; ends at v{s.stopping.at_version}" if s.stopping else None,
         )
+
+    @workflow.query(name=names.QUERY_RUN_CONFIG)
+    def run_config(self) -> TrainingRunConfig:
+        return self.cfg
 
     @workflow.query(name=names.QUERY_STATE)
     def state(self) -> TrainingState:

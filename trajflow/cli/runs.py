@@ -1,5 +1,6 @@
 """The CLI's run commands: `rollout` (one trajectory), `demo` (a handful), `train` (a training run with evals),
-`eval` (held-out evaluation of a policy version) and `chaos` (training under injected faults, then an audit).
+`attach` and `stop` (follow or end a run started elsewhere), `eval` (held-out evaluation of a policy version) and
+`chaos` (training under injected faults, then an audit).
 Heavy imports happen inside each command."""
 
 from __future__ import annotations
@@ -113,6 +114,10 @@ def train(
     if run_id and "@" in run_id:
         typer.secho(f"--run-id {run_id!r}: a run id may not contain '@' (RUN@V names a version)", fg="red", err=True)
         raise typer.Exit(2)
+    if run_id and _running(run_id):
+        _say(f"run {run_id} is already running: attaching to it (trajflow attach {run_id}), not starting it again")
+        _attach(run_id, json_summary, no_eval)
+        return
     config = _publish_envs(_config(config_path))
     overrides = {"sync": True, "alpha": 0} if sync else {}
     if alpha is not None:
@@ -143,6 +148,91 @@ def train(
     shown = {"eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds"}
     typer.echo(json.dumps(summary.model_dump(mode="json", include=shown), indent=2))
     typer.echo(verdict(summary, run_dir / "reward.png"))
+    _exit(0)
+
+
+def _running(run_id: str) -> bool:
+    from infra.settings import load_settings
+    from infra.temporal import connect
+    from trajflow.cli.commands.lifecycle import is_running
+
+    async def main() -> bool:
+        return await is_running(await connect(load_settings()), run_id)
+
+    return asyncio.run(main())
+
+
+def _attach(run_id: str, json_summary: Path | None, no_eval: bool) -> None:
+    from infra.settings import load_settings
+    from infra.temporal import connect
+    from trajflow.cli.commands.lifecycle import attach as attach_run
+    from trajflow.cli.commands.train import RunEnded, verdict
+    from trajflow.contracts.runs import RunSummary
+
+    settings = load_settings()
+    run_dir = settings.state_dir / "runs" / run_id
+
+    async def main() -> RunSummary:
+        return await attach_run(await connect(settings), run_id, run_dir, _say, skip_eval=no_eval)
+
+    try:
+        summary = asyncio.run(main())
+    except (LookupError, RunEnded) as e:
+        typer.secho(str(e).strip("'\""), fg="red", err=True)
+        _exit(1)
+        return
+    if json_summary:
+        json_summary.parent.mkdir(parents=True, exist_ok=True)
+        json_summary.write_text(summary.model_dump_json(indent=2))
+    typer.echo(verdict(summary, run_dir / "reward.png"))
+    _exit(0)
+
+
+@app.command()
+def attach(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The training run's id (its workflow id).")],
+    json_summary: Annotated[Path | None, typer.Option(help="Also write the JSON summary here.")] = None,
+    no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the held-out evaluation after the run.")] = False,
+) -> None:
+    """Follow a training run started elsewhere (a `trajflow train` that died, a client, the Temporal UI): its live
+    view until it ends, then the evaluation after it, summary.json and the plots in its run directory."""
+    _attach(run_id, json_summary, no_eval)
+
+
+@app.command()
+def stop(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The training run's id (its workflow id).")],
+    now: Annotated[
+        bool, typer.Option("--now", help="Cancel every running trajectory at once, not after the current step.")
+    ] = False,
+    reason: Annotated[str, typer.Option(help="Why, as the run's result and logs will say.")] = "stopped by request",
+    wait: Annotated[bool, typer.Option(help="Wait for the run to end, showing its progress.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print what happened as JSON.")] = False,
+) -> None:
+    """End a training run early. Graceful (the default): it admits no more trajectories, trains the current step
+    (the one being trained, or else the batch its running trajectories can still complete), cancels the rest and
+    ends with its result marked stopped; every step's checkpoint is already in the store. With --now, it cancels
+    every running trajectory at once. Writes summary.json when no `trajflow train` is there to write it."""
+    from infra.settings import load_settings
+    from infra.temporal import connect
+    from trajflow.cli.commands.lifecycle import dumps
+    from trajflow.cli.commands.lifecycle import stop as stop_run
+    from trajflow.cli.commands.train import RunEnded
+
+    settings = load_settings()
+
+    async def main() -> dict[str, object]:
+        client = await connect(settings)
+        run_dir = settings.state_dir / "runs" / run_id
+        return await stop_run(client, run_id, run_dir, _say, now=now, reason=reason, wait=wait)
+
+    try:
+        out = asyncio.run(main())
+    except (LookupError, RunEnded) as e:
+        typer.secho(str(e).strip("'\""), fg="red", err=True)
+        _exit(1)
+        return
+    typer.echo(dumps(out) if as_json else f"run {run_id}: {out.get('stopped') or 'stop sent'}")
     _exit(0)
 
 

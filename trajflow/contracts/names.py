@@ -88,6 +88,11 @@ SIGNAL_RESUME_ADMISSION = "resume_admission"
 """Tells a TrainingWorkflow whose admission paused (a run of infra failures) to admit again; no argument."""
 SIGNAL_CONTINUE_AS_NEW = "continue_as_new"
 """Asks a TrainingWorkflow to continue as new at once, from wherever it waits (its whole state carries over)."""
+SIGNAL_STOP = "stop"
+"""Ends a TrainingWorkflow early with a `StopRequest` (`trajflow stop RUN`): no more admission, the current step
+trained, every trajectory still running cancelled, the result marked stopped."""
+QUERY_RUN_CONFIG = "run_config"
+"""The TrainingWorkflow's `TrainingRunConfig` (what `trajflow attach` evaluates with)."""
 
 # Error types (ApplicationError.type) that cross the activity boundary. Infra errors lead to a fresh sandbox
 # or a retry; the others end the trajectory as `failed`, never as infra.

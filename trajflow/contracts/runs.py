@@ -117,3 +117,5 @@ class RunSummary(Contract):
     tasks: dict[str, TaskSummary] = Field(default_factory=dict)
     """Task name (config order) -> its trajectories trained, reward and success by step, held-out eval before and
     after (every task of the run, one-task runs too)."""
+    stopped: str | None = None
+    """Why the run ended before its last step (`trajflow stop`); None when it ran all its steps."""

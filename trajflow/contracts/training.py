@@ -251,6 +251,19 @@ class StepRecord(_Model):
         return {tasks[0]: TaskStats(trajectories=self.trajectories, reward_mean=self.reward_mean, wins=self.wins)}
 
 
+class StopRequest(_Model):
+    """Asks a training run to end early (the `stop` signal, `trajflow stop RUN`)."""
+
+    now: bool = False
+    """False: stop admitting, train the current step (the one being trained, or else the batch the running
+    trajectories can still complete), then cancel the rest. True: cancel every running trajectory at once and
+    train only a step the trainer already has."""
+    reason: str = "stopped by request"
+    """Why, as the result and the logs say it."""
+    at_version: int = 0
+    """Set by the workflow when the request arrives: the version after which the run ends."""
+
+
 class TrainingState(_Model):
     """Everything the training workflow needs to continue: carried through continue-as-new whole."""
 
@@ -289,6 +302,8 @@ class TrainingState(_Model):
     step: TrainStepInput | None = None
     """The step being trained: a run that continues as new while the trainer works issues it again (the trainer
     answers a step it already took, or is taking, with that step's result)."""
+    stopping: StopRequest | None = None
+    """A stop asked for (the `stop` signal), with the version the run ends at; None while the run goes on."""
 
 
 class TrainingStart(_Model):
@@ -307,6 +322,9 @@ class TrainingResult(_Model):
     wall_seconds: float
     by_task: dict[str, TaskStats] = Field(default_factory=dict)
     """Task name -> every trajectory of it trained on in the run."""
+    stopped: str | None = None
+    """Why the run ended before its last step (a `StopRequest`'s reason, at which version); None when it ran all
+    its steps."""
 
 
 PROGRESS_RECENT_STEPS = 16
@@ -335,6 +353,8 @@ class TrainingProgress(_Model):
     """The run's task names, in config order."""
     by_task: dict[str, TaskStats] = Field(default_factory=dict)
     """Task name -> every trajectory of it trained on so far (the last step's are in `last.by_task`)."""
+    stopping: str | None = None
+    """While a stop is under way: its reason and the version the run ends at."""
 
 
 class WatchChildrenInput(_Model):

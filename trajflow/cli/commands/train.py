@@ -114,19 +114,43 @@ async def train(
     before = await evaluate(client, run, say, policy=run_id, version=0) if evaluate_now else None
     if before is not None:
         trackers.scalars(0, eval_scalars(before))
+        # for `trajflow attach`, which may write this run's summary when this process is gone
+        (run_dir / EVAL_BEFORE).write_text(before.model_dump_json(indent=2))
     t0 = time.monotonic()
     handle = await start_training(run, run_id=run_id, client=client)
     ui_host = settings.temporal_address.rsplit(":", 1)[0]
     ui = f"http://{ui_host}:{settings.temporal_ui_port}/namespaces/{settings.temporal_namespace}/workflows/{run_id}"
     say(f"training workflow {run_id} started (Temporal UI: {ui})")
-    steps = StepLog(trackers)
-    result = await follow_run(handle, say, on_step=steps.log)
+    result = await follow_run(handle, say, on_step=StepLog(trackers).log)
     wall = time.monotonic() - t0
+    return await finish(client, run, run_id, run_dir, result, wall, before, trackers, say, evaluate_now)
+
+
+EVAL_BEFORE = "eval_before.json"
+"""The run directory's record of the evaluation before training (written by `train`, read by `attach`)."""
+
+
+async def finish(
+    client: Client,
+    run: TrainingRunConfig,
+    run_id: str,
+    run_dir: Path,
+    result: TrainingResult,
+    wall: float,
+    before: EvalResult | None,
+    trackers: Fanout,
+    say: Say,
+    evaluate_now: bool,
+) -> RunSummary:
+    """After the run ended: the evaluation after it (when `evaluate_now`), then summary.json and the plots."""
+    if result.stopped:
+        say(f"run {run_id} stopped early: {result.stopped}")
     after = await evaluate(client, run, say, policy=run_id, version=result.version) if evaluate_now else None
     if after is not None:
         trackers.scalars(result.version, eval_scalars(after))
     trackers.close()
     summary = summarise(run, run_id, result, wall, before, after)
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2))
     plots = write_plots(summary, run_dir)
     say(f"summary: {run_dir / 'summary.json'}; plots: {', '.join(str(p) for p in plots)}")
@@ -145,6 +169,10 @@ class StepLog:
             return
         self.trackers.scalars(record.step, step_scalars(record, self.logged.get(record.step - 1)))
         self.logged[record.step] = record
+
+
+class RunEnded(RuntimeError):
+    """The run ended without a result: terminated, cancelled, failed or timed out."""
 
 
 async def follow_run(
@@ -173,6 +201,8 @@ async def follow_run(
     while True:
         try:
             status = (await handle.describe()).status
+            if status not in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
+                raise RunEnded(f"training run {handle.id} ended {status.name if status else '?'}: no result")
             if status is not WorkflowExecutionStatus.RUNNING:
                 result: TrainingResult = await handle.result()
                 for record in order.new(result.history):  # the steps that finished after the last poll
@@ -189,6 +219,8 @@ async def follow_run(
                 return result
             p = await training_progress(handle)
             unreachable_since = None
+        except RunEnded:
+            raise
         except Exception as e:  # server restarting, workers down, between runs of continue-as-new
             now = time.monotonic()
             if unreachable_since is None:
@@ -241,6 +273,7 @@ def summarise(
         time_by_step=[round(s.time_s, 1) for s in result.history],
         last_metrics=result.history[-1].metrics if result.history else {},
         tasks=task_summaries([t.name for t in run.tasks], result, before, after),
+        stopped=result.stopped,
     )
 
 

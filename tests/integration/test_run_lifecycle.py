@@ -1,0 +1,129 @@
+"""Ending a training run early, against the real Temporal dev server, Docker sandboxes and the reward service: the
+`stop` signal (graceful and now), a cancel and a terminate from a client, as the Temporal UI or CLI would send them.
+Every way must leave none of the run's trajectories running, counted through visibility.
+
+The policy is scripted and held at a gate (`GatedEngine`), so trajectories stay running until the test lets them
+go; the trainer step is the simulated one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import CancelledError
+
+from tests.conftest import async_wait_for, running_stack
+from tests.integration.test_training_workflow import GatedEngine, run_config
+from tests.integration.test_training_workflow import gated as gated  # the fixture
+from trajflow.client import start_training, stop_training
+from trajflow.contracts import names
+from trajflow.contracts.training import TrainingState
+from workers.run_sweep import sweep_once
+
+pytestmark = pytest.mark.integration
+
+
+async def running_count(client, run_id: str) -> int:
+    """The run's trajectories that visibility says are running."""
+    query = (
+        f"WorkflowType = '{names.TRAJECTORY_WORKFLOW}' AND {names.SA_RUN} = '{run_id}' AND ExecutionStatus = 'Running'"
+    )
+    return (await client.count_workflows(query)).count
+
+
+async def wait_running(client, run_id: str, at_least: int) -> None:
+    async def enough() -> bool:
+        return await running_count(client, run_id) >= at_least
+
+    await async_wait_for(enough, timeout_s=90, what=f"{at_least} running trajectories of {run_id}")
+
+
+async def wait_none_running(client, run_id: str, timeout_s: float = 60) -> None:
+    async def none() -> bool:
+        return await running_count(client, run_id) == 0
+
+    await async_wait_for(none, timeout_s=timeout_s, interval_s=0.5, what=f"no running trajectory of {run_id}")
+
+
+async def test_a_graceful_stop_trains_the_current_step_then_ends_every_trajectory(
+    temporal_env, reward_service, store, sandbox_manager, gated: GatedEngine
+) -> None:
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, gated) as st:
+        cfg = run_config(st.pools, steps=5, batch_size=2, group_size=2, alpha=1)
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+        await wait_running(st.client, run_id, 4)  # (α + 1)·B = 4 samples admitted, all held at the gate
+        await stop_training(run_id, reason="enough for today", client=st.client)
+        admitted = (await handle.query(names.QUERY_STATE, result_type=TrainingState)).next_group
+        gated.gate.set()
+        result = await asyncio.wait_for(handle.result(), timeout=180)
+        state = await handle.query(names.QUERY_STATE, result_type=TrainingState)
+        await wait_none_running(st.client, run_id)
+        status = (await handle.describe()).search_attributes.get(names.SA_STATUS)
+    assert result.version == 1 and result.counters.consumed == 2  # the current step, and no other
+    assert result.stopped == "enough for today at v1 (graceful)"
+    assert state.next_group == admitted  # nothing admitted after the stop
+    assert status == ["stopped"]
+
+
+async def test_stop_now_cancels_what_runs_without_training_more(
+    temporal_env, reward_service, store, sandbox_manager, gated: GatedEngine
+) -> None:
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, gated) as st:
+        cfg = run_config(st.pools, steps=5, batch_size=2, group_size=2, alpha=1)
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+        await wait_running(st.client, run_id, 4)
+        await stop_training(run_id, now=True, client=st.client)
+        result = await asyncio.wait_for(handle.result(), timeout=120)
+        await wait_none_running(st.client, run_id)  # the gate never opened: they were cancelled
+    assert result.version == 0 and result.counters.consumed == 0
+    assert result.stopped == "stopped by request at v0 (now)"
+    assert result.counters.cancelled >= 4
+
+
+async def test_a_cancelled_run_cancels_its_trajectories(
+    temporal_env, reward_service, store, sandbox_manager, gated: GatedEngine
+) -> None:
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, gated) as st:
+        cfg = run_config(st.pools, steps=5, batch_size=2, group_size=2, alpha=1)
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+        await wait_running(st.client, run_id, 4)
+        await handle.cancel()  # what the UI's Request Cancellation and `temporal workflow cancel` send
+        with pytest.raises(WorkflowFailureError) as ended:
+            await asyncio.wait_for(handle.result(), timeout=60)
+        await wait_none_running(st.client, run_id)
+        status = (await handle.describe()).search_attributes.get(names.SA_STATUS)
+    assert isinstance(ended.value.cause, CancelledError)
+    assert status == ["cancelled"]
+
+
+async def test_the_sweep_ends_the_trajectories_of_a_terminated_run_and_only_those(
+    temporal_env, reward_service, store, sandbox_manager, gated: GatedEngine
+) -> None:
+    """A terminated run runs no code: the orchestrator's sweep (workers/run_sweep.py) cancels its trajectories,
+    and leaves those of a run that is still running alone."""
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, gated) as st:
+        cfg = run_config(st.pools, steps=5, batch_size=2, group_size=2, alpha=0)
+        doomed, alive = (f"run-{uuid.uuid4().hex[:8]}" for _ in range(2))
+        handles = {
+            r: await start_training(cfg, run_id=r, client=st.client, task_queue=st.queue) for r in (doomed, alive)
+        }
+        for r in (doomed, alive):
+            await wait_running(st.client, r, 2)
+        await handles[doomed].terminate("test: what `temporal workflow terminate` does")
+        assert await running_count(st.client, doomed) == 2  # nothing of the run itself ends them
+
+        async def swept() -> bool:
+            await sweep_once(st.client)
+            return await running_count(st.client, doomed) == 0
+
+        await async_wait_for(
+            swept, timeout_s=60, interval_s=1.0, what="the sweep to end the terminated run's trajectories"
+        )
+        assert await running_count(st.client, alive) == 2
+        await handles[alive].terminate("test: done")

@@ -1,0 +1,97 @@
+"""Ends the trajectories that a training run left running: the orchestrator worker's periodic sweep.
+
+A cancelled training run cancels its trajectories itself, but a terminated one runs no code, and trajectories
+are abandoned children (they outlive continue-as-new). So every `run_sweep_s` seconds the orchestrator lists the
+running trajectories that carry a run id (`TrajflowRun`), asks Temporal how each run's training workflow is, and
+cancels the trajectories of a run that ended early: terminated, cancelled, failed or timed out. Trajectories of a
+running or completed run are left alone, and so are those whose run id names no training workflow (rollouts a
+user grouped under an id).
+
+Idempotent, so several orchestrator workers may sweep at once. Limits: at most `page` trajectories a round (the
+rest in the next rounds); visibility is eventually consistent, so a trajectory started as the run ended may need
+a second round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import SearchAttributeKey
+from temporalio.service import RPCError, RPCStatusCode
+
+from trajflow.contracts import names
+
+log = logging.getLogger("trajflow.run_sweep")
+
+ENDED_EARLY = frozenset(
+    {
+        WorkflowExecutionStatus.TERMINATED,
+        WorkflowExecutionStatus.CANCELED,
+        WorkflowExecutionStatus.FAILED,
+        WorkflowExecutionStatus.TIMED_OUT,
+    }
+)
+"""How a training run's newest execution ended, for which its running trajectories are cancelled."""
+
+_RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
+
+RUNNING_TRAJECTORIES = (
+    f"WorkflowType = '{names.TRAJECTORY_WORKFLOW}' AND ExecutionStatus = 'Running' AND {names.SA_RUN} IS NOT NULL"
+)
+
+
+async def running_by_run(client: Client, page: int = 1000) -> dict[str, list[str]]:
+    """Run id -> workflow ids of its running trajectories (at most `page` in all)."""
+    out: dict[str, list[str]] = defaultdict(list)
+    async for wf in client.list_workflows(RUNNING_TRAJECTORIES, limit=page):
+        run = wf.typed_search_attributes.get(_RUN)
+        if run:
+            out[run].append(wf.id)
+    return dict(out)
+
+
+async def run_status(client: Client, run_id: str) -> WorkflowExecutionStatus | None:
+    """The status of the training run's newest execution; None when no workflow has that id."""
+    try:
+        return (await client.get_workflow_handle(run_id).describe()).status
+    except RPCError as e:
+        if e.status is RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+async def sweep_once(client: Client, page: int = 1000) -> dict[str, int]:
+    """One round: run id -> trajectories cancelled, for the runs that ended early."""
+    cancelled: dict[str, int] = {}
+    for run, workflow_ids in (await running_by_run(client, page)).items():
+        status = await run_status(client, run)
+        if status not in ENDED_EARLY:
+            continue
+        for wid in workflow_ids:
+            try:
+                await client.get_workflow_handle(wid).cancel()
+            except RPCError as e:
+                if e.status is not RPCStatusCode.NOT_FOUND:  # NOT_FOUND: it closed meanwhile
+                    raise
+            cancelled[run] = cancelled.get(run, 0) + 1
+        log.warning(
+            "run %s ended (%s) with %d trajectories running: cancelled them",
+            run,
+            status.name if status else "?",
+            len(workflow_ids),
+        )
+    return cancelled
+
+
+async def sweep_forever(client: Client, every_s: float) -> None:
+    """`sweep_once` every `every_s` seconds until cancelled; a failed round is logged and the next one tries
+    again (the sweep never stops the orchestrator)."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await sweep_once(client)
+        except Exception as e:  # the server restarting, visibility lagging: the next round tries again
+            log.warning("run sweep failed (next round in %.0fs): %r", every_s, e)
