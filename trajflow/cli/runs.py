@@ -106,8 +106,8 @@ def train(
     """Train on the running stack: eval, the TrainingWorkflow with live progress, eval; summary + plots."""
     from infra.settings import load_settings
     from infra.temporal import connect
+    from trajflow.cli.commands.train import RunEnded, verdict
     from trajflow.cli.commands.train import train as run_training
-    from trajflow.cli.commands.train import verdict
     from trajflow.client import new_run_id
     from trajflow.contracts.runs import RunSummary
 
@@ -141,7 +141,12 @@ def train(
         client = await connect(settings)
         return await run_training(config, settings, client, rid, run_dir, _say, skip_eval=no_eval)
 
-    summary = asyncio.run(main())
+    try:
+        summary = asyncio.run(main())
+    except RunEnded as e:  # terminated, cancelled or failed from elsewhere
+        typer.secho(str(e), fg="red", err=True)
+        _exit(1)
+        return
     if json_summary:
         json_summary.parent.mkdir(parents=True, exist_ok=True)
         json_summary.write_text(summary.model_dump_json(indent=2))

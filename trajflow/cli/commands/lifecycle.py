@@ -39,8 +39,13 @@ def eval_before(run_dir: Path) -> EvalResult | None:
 
 async def attach(client: Client, run_id: str, run_dir: Path, say: Say, *, skip_eval: bool = False) -> RunSummary:
     """Follow run `run_id` to its end (LookupError for an unknown one; `RunEnded` for one that ends without a
-    result), then evaluate the final policy and write the summary and plots, as `trajflow train` does."""
+    result), then evaluate the final policy and write the summary and plots, as `trajflow train` does. A run that
+    has ended and has its summary already: that summary, unchanged."""
     handle = await attach_training(run_id, client=client)
+    written = run_dir / "summary.json"
+    if (await handle.describe()).status is not WorkflowExecutionStatus.RUNNING and written.is_file():
+        say(f"run {run_id} has ended; its summary: {written}")
+        return RunSummary.model_validate_json(written.read_text())
     run = await handle.query(names.QUERY_RUN_CONFIG, result_type=TrainingRunConfig)
     say(f"attached to training run {run_id}: {run.steps} steps of B={run.batch_size}, alpha={run.alpha}")
     result = await follow_run(handle, say)
