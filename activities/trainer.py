@@ -7,7 +7,7 @@ this worker still trains it (its workflow continued as new mid-step and issued i
 writes, in this order: the trainer checkpoint (model + optimizer + version) of version v+1, the step record, then the
 policy weights of v+1 and the `latest` pointer decode workers follow. Old checkpoints and versions are pruned.
 
-The step loads the referenced trajectory records and turns them into training samples with
+The step loads the referenced trajectory records (`RECORD_READS` at a time) and turns them into training samples with
 `trajflow.rl.samples.samples_from_records` (advantages from the groups and rewards the workflow recorded in the refs);
 a batch holding an unscored or token-less trajectory fails without retry (`ERR_BAD_REQUEST`).
 
@@ -47,7 +47,18 @@ if TYPE_CHECKING:
 HEARTBEAT_EVERY_S = 5.0
 """Below a fifth of the heartbeat timeout in workflows/stubs.py."""
 CHECKPOINTS_KEPT = 2
+RECORD_READS = 8
+"""Trajectory records a step reads from the store at once (below boto3's default pool of 10 connections)."""
 log = logging.getLogger("trajflow.trainer")
+
+
+def load_records(store: ObjectStore, uris: list[str], concurrency: int = RECORD_READS) -> list[TrajectoryRecord]:
+    """The records at `uris`, in that order, read `concurrency` at a time (one at a time, a step of thousands spent
+    most of its time waiting on the store); the first failed read raises."""
+    if len(uris) <= 1 or concurrency <= 1:
+        return [TrajectoryRecord.model_validate(store.get_json(u)) for u in uris]
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="records") as pool:
+        return list(pool.map(lambda u: TrajectoryRecord.model_validate(store.get_json(u)), uris))
 
 
 class TrainerActivities:
@@ -162,7 +173,7 @@ class TrainerActivities:
         from trajflow.rl.samples import samples_from_records
 
         started = time.monotonic()
-        records = [TrajectoryRecord.model_validate(self.store.get_json(r.trajectory_uri)) for r in inp.refs]
+        records = load_records(self.store, [r.trajectory_uri for r in inp.refs])
         try:
             samples = samples_from_records(records, normalize_std=inp.trainer.normalize_adv_std, refs=inp.refs)
         except ValueError as e:  # an unscored or token-less trajectory: retrying cannot fix the batch

@@ -185,3 +185,17 @@ async def test_a_trajectory_stores_its_data_in_s3(
     record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
     assert record.context is not None and len(record.context.token_ids) > 0
     assert any(uri.endswith("context-turn000.json") for uri in store.list("trajectories/"))
+
+
+def test_a_step_reads_its_records_concurrently_in_order(store: S3Store) -> None:
+    """The trainer's `load_records` over the S3 protocol: every record, in the order asked, several reads at once;
+    a missing record fails the read as ObjectNotFound."""
+    from activities.trainer import load_records
+    from tests.unit.test_rl_samples import record
+
+    uris = [store.put_json(f"records/{i:04d}.json", record(f"wf-{i}", float(i))) for i in range(64)]
+    loaded = load_records(store, uris, concurrency=8)
+    assert [r.workflow_id for r in loaded] == [f"wf-{i}" for i in range(64)]
+    assert [r.reward for r in loaded] == [float(i) for i in range(64)]
+    with pytest.raises(ObjectNotFound):
+        load_records(store, [*uris[:5], store.uri_for("records/missing.json"), *uris[5:10]])
