@@ -76,3 +76,18 @@ def test_a_stop_never_ends_a_run_past_its_last_step() -> None:
     train(b)
     b.stop(StopRequest())
     assert b.s.stopping is not None and b.s.stopping.at_version == 1
+
+
+def test_a_config_whose_trajectories_in_flight_pass_temporals_child_limit_is_refused() -> None:
+    import pytest
+
+    from trajflow.contracts.training import MAX_CHILDREN_IN_FLIGHT, TrainSettings
+
+    ok = TrainSettings(batch_size=992, group_size=8, alpha=1)
+    assert ok.max_in_flight() == 1984 <= MAX_CHILDREN_IN_FLIGHT
+    for fields in (
+        {"batch_size": 1024, "group_size": 8, "alpha": 1},
+        {"batch_size": 992, "group_size": 8, "alpha": 1, "redundancy": 1},
+    ):
+        with pytest.raises(ValueError, match="pending children of one workflow"):
+            TrainSettings(**fields)

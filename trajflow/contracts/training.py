@@ -30,6 +30,12 @@ class EvalConfig(_Model):
     """Held-out seeds are first_seed, first_seed+1, ...; training seeds must not reach them."""
 
 
+MAX_CHILDREN_IN_FLIGHT = 2_000
+"""Temporal's limit on the pending child workflows of one execution (`limit.numPendingChildExecutions.error`): every
+trajectory of a run is a child of its training workflow, so a config whose trajectories in flight could pass it
+is refused (docs/training.md)."""
+
+
 class TrainSettings(_Model):
     """How much to train and how stale a sample may be: a run config's `[train]` section."""
 
@@ -85,6 +91,13 @@ class TrainSettings(_Model):
                 f"trainer.seed ({self.trainer.seed}) differs from the run's seed ({self.seed}); set [train] seed "
                 "alone: every step's trainer seed follows it"
             )
+        if self.max_in_flight() > MAX_CHILDREN_IN_FLIGHT:
+            raise ValueError(
+                f"up to {self.max_in_flight()} trajectories in flight ((alpha + 1) * batch_size / group_size groups "
+                f"of group_size + redundancy), over Temporal's limit of {MAX_CHILDREN_IN_FLIGHT} pending children of "
+                "one workflow: every trajectory is a child of the training workflow. Lower batch_size, alpha or "
+                "redundancy"
+            )
         groups_needed = (
             (self.steps + self.alpha + 1) * self.batch_size // self.group_size * (1 + self.max_group_restarts)
         )
@@ -94,6 +107,10 @@ class TrainSettings(_Model):
                 f"eval.first_seed ({self.eval.first_seed}) must lie outside them (held-out seeds)"
             )
         return self
+
+    def max_in_flight(self) -> int:
+        """The most trajectories admission keeps running at once: (α + 1)·B/n groups of n + r."""
+        return (self.alpha + 1) * (self.batch_size // self.group_size) * (self.group_size + self.redundancy)
 
     def member_seed(self, group_seed: int, member: int) -> int:
         """The sampling seed of the `member`-th trajectory started for the group of env seed `group_seed`: fixed
