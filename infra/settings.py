@@ -14,9 +14,12 @@ How these settings become a client and what a failed connection says: `infra.con
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from trajflow.rewards.bounded import DEFAULT_TIMEOUT_S as DEFAULT_VERIFIER_TIMEOUT_S
 
 
 class Settings(BaseSettings):
@@ -52,6 +55,10 @@ class Settings(BaseSettings):
     reward_url: str | None = None
     """Where reward workers reach the reward service; defaults to http://reward_host:reward_port."""
     reward_timeout_s: float = 10.0
+    verifier_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = DEFAULT_VERIFIER_TIMEOUT_S
+    """The reward service's time limit of one verifier call (a bounded reward function: `math_verify`, your own), in
+    seconds; past it the call's worker process is killed and the trajectory ends `failed`, never scored
+    (`trajflow.rewards.bounded`). Keep it below `reward_timeout_s`, so a timeout comes back as itself."""
     device: str = "auto"
     """Where this process's decode engine or trainer computes: `auto` (a GPU when one is visible), `cpu`, `cuda`,
     `cuda:N`. Launchers set it from the run config's hardware section (`infra.placement`)."""
