@@ -1,7 +1,8 @@
 """Stateless activities of the reward pool: score through the reward service, and save finished trajectories.
 
 Scoring is an HTTP call to the (serverless) reward service; its errors are classified once here: a rejected or
-garbled answer is final, an unreachable service is retried by Temporal. Saving assembles the trajectory record
+garbled answer is final, and so is a verifier that timed out on this answer (`VerifierTimedOut`: the trajectory ends
+`failed`, never scored); an unreachable service is retried by Temporal. Saving assembles the trajectory record
 from the turns' context deltas (`activities.contexts`) and the workflow's summary and writes it to the store.
 """
 
@@ -26,6 +27,7 @@ from trajflow.rewards.client import (
     RewardRequestRejected,
     RewardServiceBadAnswer,
     RewardServiceUnavailable,
+    RewardVerifierTimedOut,
 )
 
 
@@ -40,6 +42,9 @@ class RewardActivities:
         started = time.monotonic()
         try:
             return await with_heartbeats(self.client.score(inp.request), "scoring", QUICK_EVERY_S)
+        except RewardVerifierTimedOut as e:  # not retried, never scored: the trajectory ends failed
+            record(meter, metrics.REWARD_ERRORS, 1, type=names.ERR_VERIFIER_TIMEOUT)
+            raise ApplicationError(str(e), type=names.ERR_VERIFIER_TIMEOUT, non_retryable=True) from e
         except RewardRequestRejected as e:
             record(meter, metrics.REWARD_ERRORS, 1, type=names.ERR_REWARD_REJECTED)
             raise ApplicationError(str(e), type=names.ERR_REWARD_REJECTED, non_retryable=True) from e

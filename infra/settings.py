@@ -14,9 +14,12 @@ How these settings become a client and what a failed connection says: `infra.con
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from trajflow.rewards.bounded import DEFAULT_TIMEOUT_S as DEFAULT_VERIFIER_TIMEOUT_S
 
 
 class Settings(BaseSettings):
@@ -55,6 +58,10 @@ class Settings(BaseSettings):
     run_sweep_s: float = Field(default=15.0, ge=0)
     """How often the orchestrator worker looks for running trajectories of training runs that ended early
     (terminated, cancelled, failed, timed out) and cancels them (`workers/run_sweep.py`); 0 turns the sweep off."""
+    verifier_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = DEFAULT_VERIFIER_TIMEOUT_S
+    """The reward service's time limit of one verifier call (a bounded reward function: `math_verify`, your own), in
+    seconds; past it the call's worker process is killed and the trajectory ends `failed`, never scored
+    (`trajflow.rewards.bounded`). Keep it below `reward_timeout_s`, so a timeout comes back as itself."""
     device: str = "auto"
     """Where this process's decode engine or trainer computes: `auto` (a GPU when one is visible), `cpu`, `cuda`,
     `cuda:N`. Launchers set it from the run config's hardware section (`infra.placement`)."""

@@ -61,7 +61,13 @@ def _pool_args(pools: list[str]) -> list[str]:
 def components(settings: Settings, config: RunConfig, config_path: Path) -> list[Component]:
     cfg = str(config_path.resolve())
     reward_service = python_module(
-        "trajflow.rewards.service", "--host", settings.reward_host, "--port", str(settings.reward_port)
+        "trajflow.rewards.service",
+        "--host",
+        settings.reward_host,
+        "--port",
+        str(settings.reward_port),
+        "--verifier-timeout-s",
+        str(settings.verifier_timeout_s),
     )
     workers = [
         Component("reward-service", reward_service),

@@ -40,7 +40,8 @@ with workflow.unsafe.imports_passed_through():
 FATAL = [names.ERR_BAD_REQUEST, names.ERR_PAYLOADS_TOO_LARGE]
 """Failures no retry of any activity can fix: a bad request, a payload over Temporal's limit."""
 ENV_FATAL = [names.ERR_ENV, *FATAL]
-REWARD_FATAL = [names.ERR_REWARD_REJECTED, names.ERR_REWARD_BAD_ANSWER, *FATAL]
+REWARD_FATAL = [names.ERR_REWARD_REJECTED, names.ERR_REWARD_BAD_ANSWER, names.ERR_VERIFIER_TIMEOUT, *FATAL]
+"""Reward errors that end a trajectory `failed` (not retried, never scored); any other ends it `infra_failed`."""
 InputT = TypeVar("InputT")
 QUICK_HEARTBEAT = timedelta(seconds=15)
 """The heartbeat timeout of the activities that heartbeat every `activities.heartbeats.QUICK_EVERY_S`."""

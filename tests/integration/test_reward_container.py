@@ -24,7 +24,7 @@ import pytest
 from infra.reward_image import REWARD_REQUIREMENTS, SERVICE_UID, ensure_reward_image
 from tests.conftest import free_port
 from trajflow.contracts.trajectory import ScoreRequest
-from trajflow.rewards.client import RewardClient, RewardRequestRejected
+from trajflow.rewards.client import RewardClient, RewardRequestRejected, RewardVerifierTimedOut
 
 pytestmark = pytest.mark.integration
 
@@ -120,14 +120,26 @@ async def test_scores_with_env_outcome(service: Service) -> None:
 
 
 async def test_scores_a_dataset_answer_with_math_verify(service: Service) -> None:
-    """The verifier rewards work in the container (Math-Verify installed, run from the service's threads): 1/2 is
-    0.5, and 1/3 is not."""
+    """The verifier rewards work in the container (Math-Verify installed, run in the service's verifier worker
+    processes, started by a forkserver as the unprivileged user): 1/2 is 0.5, and 1/3 is not."""
     half = ["\\boxed{\\frac{1}{2}}"]
     request = ScoreRequest(env_id="data:x", reward_fn="math_verify", actions=half, final_info={"answer": "0.5"})
     async with RewardClient(service.url, timeout_s=30) as client:
         right = await client.score(request)
         wrong = await client.score(request.model_copy(update={"actions": ["\\boxed{1/3}"]}))
     assert (right.reward, right.details["correct"], wrong.reward) == (1.0, True, 0.0)
+
+
+async def test_a_pathological_answer_times_out_in_the_container(service: Service) -> None:
+    """Debian's Python in the image kills an overrunning verifier's worker too (the default 5 s limit), and goes on."""
+    request = ScoreRequest(
+        env_id="data:x", reward_fn="math_verify", actions=["\\boxed{9**9**9**9}"], final_info={"answer": "0.5"}
+    )
+    async with RewardClient(service.url, timeout_s=30) as client:
+        with pytest.raises(RewardVerifierTimedOut, match="verifier 'math_verify' timed out after 5 s"):
+            await client.score(request)
+        right = await client.score(request.model_copy(update={"actions": ["\\boxed{1/2}"]}))
+    assert right.reward == 1.0
 
 
 async def test_unknown_reward_fn_is_rejected(service: Service) -> None:

@@ -23,11 +23,13 @@ from trajflow.rewards.client import (
     RewardRequestRejected,
     RewardServiceBadAnswer,
     RewardServiceUnavailable,
+    RewardVerifierTimedOut,
 )
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+VERIFIER_LIMIT_S = 2.0
 REQ = ScoreRequest(env_id="game:GuessTheNumber-v0-easy", seed=3, actions=["\\boxed{5}"], env_rewards=[0.0, 1.0])
 
 
@@ -57,7 +59,7 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: Path, deadl
 def service_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "trajflow.rewards.service", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--log-level", "warning"]
+    cmd += ["--log-level", "warning", "--verifier-timeout-s", str(VERIFIER_LIMIT_S), "--verifier-processes", "2"]
     log_path = tmp_path_factory.mktemp("reward") / "service.log"  # a file, not a pipe: it never fills up
     log = log_path.open("wb")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -182,3 +184,34 @@ async def test_503_from_a_server_is_unavailable(scripted_server: http.server.Thr
     async with RewardClient(f"http://127.0.0.1:{scripted_server.server_address[1]}") as client:
         with pytest.raises(RewardServiceUnavailable, match="scaling up"):
             await client.score(REQ)
+
+
+def _math(answer: str) -> ScoreRequest:
+    reply = f"The answer is \\boxed{{{answer}}}"
+    return ScoreRequest(env_id="data:x", reward_fn="math_verify", actions=[reply], final_info={"answer": "1/2"})
+
+
+@pytest.mark.asyncio
+async def test_a_pathological_math_answer_times_out_typed_and_the_service_goes_on(service_url: str) -> None:
+    """`9**9**9**9` makes sympy compute a power with ~10**8 digits and then a far larger one: without a limit it pins
+    a thread and a core for good. Here it ends as a typed timeout (never a score), while normal answers sent at the same
+    time and after it are scored as usual."""
+    async with RewardClient(service_url, timeout_s=30.0) as client:
+        assert (await client.score(_math("0.5"))).reward == 1.0  # warm: the worker processes exist
+        start = time.monotonic()
+        crafted = asyncio.ensure_future(client.score(_math("9**9**9**9")))
+        meanwhile = [await client.score(_math(a)) for a in ("\\frac{1}{2}", "0.25", "1/2")]
+        with pytest.raises(RewardVerifierTimedOut) as info:
+            await crafted
+        elapsed = time.monotonic() - start
+        after = await client.score(_math("0.5"))
+    assert [r.reward for r in meanwhile] == [1.0, 0.0, 1.0] and after.reward == 1.0
+    err = info.value
+    assert (err.reward_fn, err.timeout_s, err.status_code, err.retryable) == (
+        "math_verify",
+        VERIFIER_LIMIT_S,
+        422,
+        False,
+    )
+    assert f"verifier 'math_verify' timed out after {VERIFIER_LIMIT_S:g} s" in str(err)
+    assert VERIFIER_LIMIT_S <= elapsed < VERIFIER_LIMIT_S + 15.0  # the limit, plus generous slack for a busy machine

@@ -87,7 +87,7 @@ def test_get_unknown_lists_known_names() -> None:
 
 @pytest.mark.usefixtures("isolated_registry")
 def test_register_adds_a_function_and_rejects_a_taken_name() -> None:
-    @registry.register("double_outcome")
+    @registry.register("double_outcome", bounded=False)  # a local function: it cannot run in a worker process
     def double_outcome(req: ScoreRequest) -> ScoreResult:
         return ScoreResult(reward=2.0 * sum(req.env_rewards), reward_fn="double_outcome")
 
@@ -102,7 +102,7 @@ def test_register_adds_a_function_and_rejects_a_taken_name() -> None:
 
 @pytest.mark.usefixtures("isolated_registry")
 def test_score_rejects_a_non_finite_reward() -> None:
-    registry.register("broken")(lambda req: ScoreResult(reward=float("nan"), reward_fn="broken"))
+    registry.register("broken", bounded=False)(lambda req: ScoreResult(reward=float("nan"), reward_fn="broken"))
     # ScoreResult itself refuses it (trajflow.contracts.trajectory)
     with pytest.raises(ValueError, match="finite number"):
         registry.score(_req("broken", [1.0]))

@@ -78,16 +78,42 @@ def test_non_finite_env_reward_is_422(client: TestClient) -> None:
     assert "body.env_rewards.1" in response.json()["message"]
 
 
-def test_a_failing_reward_fn_is_500_with_its_error(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+def _raises(req: ScoreRequest) -> ScoreResult:
+    raise ZeroDivisionError("boom")
+
+
+def _loops(req: ScoreRequest) -> ScoreResult:
+    while True:
+        pass
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_a_failing_reward_fn_is_500_with_its_error(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch, bounded: bool
+) -> None:
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-
-    @registry.register("raises")
-    def raises(req: ScoreRequest) -> ScoreResult:
-        raise ZeroDivisionError("boom")
-
+    registry.register("raises", bounded=bounded)(_raises)  # in a worker process, or in the service's thread
     response = client.post("/score", json={"env_id": "game:X", "reward_fn": "raises"})
     assert response.status_code == 500
-    assert "ZeroDivisionError: boom" in response.json()["message"]
+    assert "reward function 'raises' failed: ZeroDivisionError: boom" in response.json()["message"]
+
+
+def test_a_verifier_past_the_limit_is_422_verifier_timed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    registry.register("loops")(_loops)
+    with TestClient(create_app(verifier_timeout_s=0.5, verifier_processes=1)) as client:
+        response = client.post("/score", json={"env_id": "game:X", "reward_fn": "loops"})
+        assert response.status_code == 422
+        body = response.json()
+        assert (body["error"], body["reward_fn"], body["timeout_s"]) == ("VerifierTimedOut", "loops", 0.5)
+        assert "verifier 'loops' timed out after 0.5 s" in body["message"]
+        right = {
+            "env_id": "data:x",
+            "reward_fn": "math_verify",
+            "actions": ["\\boxed{0.5}"],
+            "final_info": {"answer": "1/2"},
+        }
+        assert client.post("/score", json=right).json()["reward"] == 1.0  # the next call gets a fresh worker
 
 
 def test_healthz_and_reward_fns(client: TestClient) -> None:
@@ -106,3 +132,15 @@ def test_host_and_port_default_from_the_environment(monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("PORT")
     args = _parse_args([])
     assert (args.host, args.port) == ("127.0.0.1", 8080)
+
+
+def test_the_verifier_limit_comes_from_the_flag_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRAJFLOW_VERIFIER_TIMEOUT_S", raising=False)
+    assert _parse_args([]).verifier_timeout_s == 5.0
+    monkeypatch.setenv("TRAJFLOW_VERIFIER_TIMEOUT_S", "2")
+    assert _parse_args([]).verifier_timeout_s == 2.0
+    assert _parse_args(["--verifier-timeout-s", "0.25"]).verifier_timeout_s == 0.25
+    for argv in (["--verifier-timeout-s", "0"], ["--verifier-processes", "0"]):
+        with pytest.raises(SystemExit) as info:
+            _parse_args(argv)
+        assert info.value.code == 2

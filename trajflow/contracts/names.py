@@ -103,6 +103,10 @@ ERR_POLICY_BEHIND = "PolicyVersionBehind"
 ERR_REWARD_REJECTED = "RewardRequestRejected"
 ERR_REWARD_BAD_ANSWER = "RewardServiceBadAnswer"
 ERR_REWARD_UNAVAILABLE = "RewardServiceUnavailable"
+ERR_VERIFIER_TIMEOUT = "VerifierTimedOut"
+"""A verifier (a bounded reward function: `math_verify`, a user's own) ran past the reward service's time limit and
+its worker was killed (`trajflow.rewards.bounded`). Not retried (the same answer would time out again), never scored:
+the trajectory ends `failed` — the answer (or the user's function), not the infrastructure, is at fault."""
 ERR_ENGINE_UNAVAILABLE = "EngineUnavailable"
 """A decode engine's server could not be reached or failed on its side: retried."""
 ERR_ENGINE_MISCONFIGURED = "EngineMisconfigured"

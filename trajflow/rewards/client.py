@@ -6,9 +6,11 @@ Every failure is one of three `RewardError` types, each saying whether a retry c
 |---|---|---|
 | `RewardServiceUnavailable` | connection refused/reset, the `timeout_s` deadline passed, a 5xx, a 408 or 429 | yes |
 | `RewardRequestRejected` | any other 4xx: the request is wrong (unknown reward_fn, bad fields) | no |
+| `RewardVerifierTimedOut` | 422, `error: "VerifierTimedOut"`: a verifier overran its time limit on this answer | no |
 | `RewardServiceBadAnswer` | a 2xx whose body is not a valid `ScoreResult` (see below), or a 1xx/3xx: a service bug | no
 |
 
+`RewardVerifierTimedOut` is a `RewardRequestRejected` (the same answer would time out again).
 A body is not a valid `ScoreResult` when it is not JSON, has the wrong shape, holds a NaN or infinite reward, or is
 over `MAX_ANSWER_BYTES`.
 
@@ -31,6 +33,7 @@ from typing import ClassVar
 import httpx
 from pydantic import ValidationError
 
+from trajflow.contracts import names as contract_names
 from trajflow.contracts.errors import explain_invalid
 from trajflow.contracts.trajectory import ScoreRequest, ScoreResult
 
@@ -63,6 +66,16 @@ class RewardRequestRejected(RewardError):
         self.service_message = message
 
 
+class RewardVerifierTimedOut(RewardRequestRejected):
+    """The service's verifier ran past its time limit on this request's answer and was killed (422, `error:
+    "VerifierTimedOut"`). Not retryable: the same answer would time out again; and never a zero reward."""
+
+    def __init__(self, message: str, reward_fn: str, timeout_s: float | None) -> None:
+        super().__init__(422, message)
+        self.reward_fn = reward_fn
+        self.timeout_s = timeout_s
+
+
 class RewardServiceBadAnswer(RewardError):
     """A success status with a body that is not a ScoreResult (or an unexpected status): a service bug.
     Not retryable."""
@@ -87,6 +100,21 @@ def _service_message(response: httpx.Response) -> str:
                 value = body[field]
                 return value if isinstance(value, str) else json.dumps(value)[: 4 * _SNIPPET]
     return response.text[:_SNIPPET]
+
+
+def _timed_out(response: httpx.Response) -> RewardVerifierTimedOut | None:
+    """The verifier timeout a 422 body reports (`error: "VerifierTimedOut"`), else None."""
+    if response.status_code != 422:
+        return None
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(body, dict) or body.get("error") != contract_names.ERR_VERIFIER_TIMEOUT:
+        return None
+    limit = body.get("timeout_s")
+    timeout_s = float(limit) if isinstance(limit, (int, float)) and not isinstance(limit, bool) else None
+    return RewardVerifierTimedOut(_service_message(response), str(body.get("reward_fn", "")), timeout_s)
 
 
 class RewardClient:
@@ -147,7 +175,7 @@ class RewardClient:
         if retryable_status(status):
             raise RewardServiceUnavailable(f"{method} {url} answered {status}: {_service_message(response)}")
         if 400 <= status < 500:
-            raise RewardRequestRejected(status, _service_message(response))
+            raise _timed_out(response) or RewardRequestRejected(status, _service_message(response))
         raise RewardServiceBadAnswer(f"{method} {url} answered {status}: {response.text[:_SNIPPET]!r}")
 
     async def close(self) -> None:
@@ -169,4 +197,5 @@ __all__ = [
     "RewardRequestRejected",
     "RewardServiceBadAnswer",
     "RewardServiceUnavailable",
+    "RewardVerifierTimedOut",
 ]

@@ -22,6 +22,12 @@ Built-ins:
   checker. User code runs in the task's sandbox, where its requirements are installed, never in this service; an
   episode without a verdict is rejected (`RewardInputError`).
 
+Bounded: every function registered with `@register("name")` (the verifier rewards above and your own) runs in the
+reward service under a time limit, in a worker process that is killed when it overruns (`trajflow.rewards.bounded`),
+so it must be a module-level function (its process imports it by module and name). The arithmetic built-ins
+(`env_outcome`, `env_final`, `success`, `success_or_penalty`, `verifier`), linear in the request's size, are
+registered with `bounded=False` and run in the service's threads.
+
 Not covered here: model-based rewards or verifiers that need I/O; register them from their own module with
 `@register("name")` (the service sees every function registered by the time it starts).
 """
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 from trajflow.contracts.trajectory import JsonScalar, ScoreRequest, ScoreResult
 from trajflow.envs import verify
@@ -37,7 +44,14 @@ from trajflow.envs import verify
 RewardFn = Callable[[ScoreRequest], ScoreResult]
 """A pure function from what the workflow knows about an episode to its reward."""
 
-_REGISTRY: dict[str, RewardFn] = {}
+
+class Registered(NamedTuple):
+    fn: RewardFn
+    bounded: bool
+    """Whether the reward service runs it under its time limit, in a worker process (`trajflow.rewards.bounded`)."""
+
+
+_REGISTRY: dict[str, Registered] = {}
 
 
 class RewardInputError(ValueError):
@@ -53,15 +67,26 @@ class UnknownRewardFn(LookupError):
         self.known = known
 
 
-def register(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator: register a reward function under `name`. Registering a taken name is a ValueError."""
+def register(name: str, *, bounded: bool = True) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: register a reward function under `name`. Registering a taken name is a ValueError.
+
+    `bounded` (the default): the reward service runs it under its time limit in a worker process, which imports it by
+    module and name, so a lambda or a function defined inside another is a ValueError. `bounded=False`: it runs in
+    the service's threads with no limit; only for functions that cannot run long whatever the request holds."""
     if not name or not name.strip():
         raise ValueError("a reward function needs a non-empty name")
 
     def decorate(fn: RewardFn) -> RewardFn:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise ValueError(f"reward function {name!r} is already registered ({_REGISTRY[name]!r})")
-        _REGISTRY[name] = fn
+        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
+            raise ValueError(f"reward function {name!r} is already registered ({_REGISTRY[name].fn!r})")
+        qualname = getattr(fn, "__qualname__", "")
+        if bounded and "<" in qualname:  # <lambda>, <locals>: not importable by name
+            raise ValueError(
+                f"reward function {name!r} ({qualname}) must be a module-level function: the reward service "
+                "runs it under a time limit in a worker process, which imports it by module and name; define it at "
+                "the top of a module (or register it with bounded=False to run it unbounded in the service's threads)"
+            )
+        _REGISTRY[name] = Registered(fn, bounded)
         return fn
 
     return decorate
@@ -69,6 +94,11 @@ def register(name: str) -> Callable[[RewardFn], RewardFn]:
 
 def get(name: str) -> RewardFn:
     """The reward function registered as `name`; UnknownRewardFn if none is."""
+    return registered(name).fn
+
+
+def registered(name: str) -> Registered:
+    """The reward function registered as `name` and whether it runs bounded; UnknownRewardFn if none is."""
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -106,19 +136,19 @@ def _final(req: ScoreRequest) -> float:
     return float(req.env_rewards[-1]) if req.env_rewards else 0.0
 
 
-@register("env_outcome")
+@register("env_outcome", bounded=False)
 def env_outcome(req: ScoreRequest) -> ScoreResult:
     """The sum of the env's per-step rewards: the env's own outcome of the episode."""
     return ScoreResult(reward=float(sum(req.env_rewards)), reward_fn="env_outcome", details=_details(req))
 
 
-@register("env_final")
+@register("env_final", bounded=False)
 def env_final(req: ScoreRequest) -> ScoreResult:
     """The env's last reward, 0.0 when it gave none."""
     return ScoreResult(reward=_final(req), reward_fn="env_final", details=_details(req))
 
 
-@register("success")
+@register("success", bounded=False)
 def success(req: ScoreRequest) -> ScoreResult:
     """1.0 when the env's last reward is at least 1.0 (the task was solved), else 0.0."""
     last = _final(req)
@@ -126,7 +156,7 @@ def success(req: ScoreRequest) -> ScoreResult:
     return ScoreResult(reward=1.0 if last >= 1.0 else 0.0, reward_fn="success", details=details)
 
 
-@register("success_or_penalty")
+@register("success_or_penalty", bounded=False)
 def success_or_penalty(req: ScoreRequest) -> ScoreResult:
     """1.0 when solved (the last env reward is at least 1.0), else the sum of the env's negative rewards."""
     last = _final(req)
@@ -149,7 +179,7 @@ def _verified(req: ScoreRequest, checker: str, name: str) -> ScoreResult:
     return ScoreResult(reward=1.0 if right else 0.0, reward_fn=name, details=details)
 
 
-@register("verifier")
+@register("verifier", bounded=False)
 def verifier(req: ScoreRequest) -> ScoreResult:
     """The dataset env's verdict on the last reply (final info `verified`): the task's own verifier, or its checker."""
     verdict = req.final_info.get("verified")
@@ -182,6 +212,7 @@ def regex_match(req: ScoreRequest) -> ScoreResult:
 
 
 __all__ = [
+    "Registered",
     "RewardInputError",
     "RewardFn",
     "UnknownRewardFn",
@@ -193,6 +224,7 @@ __all__ = [
     "names",
     "regex_match",
     "register",
+    "registered",
     "score",
     "success",
     "success_or_penalty",
