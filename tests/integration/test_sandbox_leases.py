@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import TYPE_CHECKING, cast
 
 import docker.errors
 import pytest
@@ -21,6 +22,9 @@ from tests.integration.test_trajectory import OUT_OF_RANGE, GatedEngine
 from trajflow.contracts import names
 from trajflow.contracts.trajectory import StagePools, TrajectoryRequest, TrajectoryStatus
 from trajflow.sandbox import labels
+
+if TYPE_CHECKING:
+    from trajflow.rl.engines.base import Engine
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +81,7 @@ async def test_a_terminated_trajectory_loses_its_sandbox_within_two_leases_and_t
     reward_client = RewardClient(reward_service, timeout_s=10)
     client = temporal_env.client
     workers = orchestrator_workers(client, queue)
-    workers += decode_workers(client, engine, store, [pool], f"w{tag}")
+    workers += decode_workers(client, cast("Engine", engine), store, [pool], f"w{tag}")  # a wrapper of one
     workers += reward_workers(client, reward_client, store, [pool])
     tasks = [asyncio.create_task(w.run()) for w in workers]
 
