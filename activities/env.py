@@ -3,8 +3,11 @@
 `env.reset` runs on the pool's shared queue: it finds (or builds, on first use) the env's image, takes a started
 sandbox from the warm pool (or starts one), and answers with a handle naming this worker's own host queue;
 `env.step` and `env.close` run there. Sandbox calls are blocking (docker SDK, a Unix socket) and run in
-threads. Failures are classified once: infra (`SandboxLost`, start errors) vs the env's own (`EnvError`, which
-includes an unknown env id and a non-finite reward). Observations are cut to `MAX_OBSERVATION_CHARS` with a marker.
+threads. Every activity on a sandbox renews its lease (`trajflow.sandbox.leases`): the reset grants it to the
+calling workflow run, and the sandbox counts as busy while a request is in flight, so the env worker's sweep
+(`workers/sweep.py`) never removes a sandbox in use. Failures are classified once: infra (`SandboxLost`, start
+errors) vs the env's own (`EnvError`, which includes an unknown env id and a non-finite reward). Observations are
+cut to `MAX_OBSERVATION_CHARS` with a marker.
 """
 
 from __future__ import annotations
@@ -83,14 +86,17 @@ class EnvActivities:
             box, hit = await _guarded(lambda: warm.take_noting_hit(inp.env_id, image))
         else:
             box, hit = await _guarded(lambda: self.manager.start(inp.env_id, image)), False
+        info = activity.info()
+        self.manager.leases.grant(box.id, info.workflow_id or "", info.workflow_run_id or "")
         try:
-            out = await _guarded(lambda: box.reset(inp.env_id, inp.seed, dict(inp.env_kwargs)))
-            observation = _observation(out)
-            done = False
-            for i, action in enumerate(inp.replay_actions):
-                activity.heartbeat(f"replaying action {i + 1}/{len(inp.replay_actions)}")
-                step = _step_result(await _guarded(lambda a=action: box.step(a)))
-                observation, done = step.observation, step.terminated or step.truncated
+            with self.manager.leases.in_use(box.id):
+                out = await _guarded(lambda: box.reset(inp.env_id, inp.seed, dict(inp.env_kwargs)))
+                observation = _observation(out)
+                done = False
+                for i, action in enumerate(inp.replay_actions):
+                    activity.heartbeat(f"replaying action {i + 1}/{len(inp.replay_actions)}")
+                    step = _step_result(await _guarded(lambda a=action: box.step(a)))
+                    observation, done = step.observation, step.terminated or step.truncated
         except BaseException:
             await asyncio.to_thread(self.manager.close, box.id)
             raise
@@ -108,7 +114,8 @@ class EnvActivities:
     @activity.defn(name=names.ENV_STEP)
     async def step(self, inp: EnvStepInput) -> EnvStepResult:
         def run() -> EnvStepResult:
-            out = self.manager.get(inp.handle.sandbox_id).step(inp.action)
+            with self.manager.leases.in_use(inp.handle.sandbox_id):
+                out = self.manager.get(inp.handle.sandbox_id).step(inp.action)
             return _step_result(out)
 
         return await with_heartbeats(_guarded(run), "stepping", QUICK_EVERY_S)

@@ -126,6 +126,12 @@ class Settings(BaseSettings):
     sandbox_step_timeout_s: float = 60.0
     sandbox_warm_pool: int = 4
     """Started sandboxes kept waiting per env (per env hint) on each env worker; 0 turns the warm pool off."""
+    sandbox_lease_s: float = Field(default=120.0, gt=0)
+    """How long a sandbox may sit unused before the env worker's sweep asks Temporal whether its trajectory still runs
+    (`trajflow/sandbox/leases.py`): past it, the sandbox of a terminated, reset or finished trajectory is removed
+    (within about 1.25 leases of its last use); one unused for 10 leases is removed whatever Temporal says (a live
+    trajectory then restores into a fresh sandbox by replay). Every env activity renews it. Set it well above the
+    longest wait between two steps of one trajectory (decode, reward model) on the slowest machine."""
 
     @property
     def temporal_tls_enabled(self) -> bool:

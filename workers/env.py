@@ -1,7 +1,10 @@
 """Env worker: Docker sandboxes on this host for one or more env pools.
 
 At start it builds (or finds cached) the runtime image and reaps sandboxes left by dead env workers. It polls
-each pool's shared queue for resets and its own host queue for the steps of the sandboxes it holds. A warm pool
+each pool's shared queue for resets and its own host queue for the steps of the sandboxes it holds. Beside the
+Temporal workers, a sweep (`workers/sweep.py`) runs every quarter lease (`TRAJFLOW_SANDBOX_LEASE_S`): it removes
+this worker's sandboxes whose trajectory no longer runs or that sat idle too long, and the orphans of dead env
+workers on this engine. A warm pool
 keeps `sandbox_warm_pool` started sandboxes waiting for each env it has served. A user's `py:` env gets its
 image layer from its package in the object store on first use (`trajflow/envs/user/`,
 `trajflow/sandbox/user_images.py`).
@@ -25,6 +28,7 @@ from trajflow.sandbox.images import ImageResolver
 from trajflow.sandbox.manager import SandboxLimits, SandboxManager
 from trajflow.sandbox.pool import WarmPool
 from workers.common import connect_worker, new_worker_id, run_until_signalled
+from workers.sweep import Sweeper
 
 log = logging.getLogger("trajflow.env")
 
@@ -59,12 +63,9 @@ def build_manager(settings: Settings, worker_id: str) -> SandboxManager:
     import docker
 
     from trajflow.sandbox.images import ensure_runtime_image
-    from trajflow.sandbox.reaper import reap_orphans
+    from trajflow.sandbox.reaper import own_container
 
     client = docker.from_env()
-    reaped = reap_orphans(client, host_name=settings.host_name or "")
-    if reaped:
-        log.info("reaped %d orphaned sandboxes", len(reaped))
     image = ensure_runtime_image(client, settings.cache_dir / "images", progress=log.info)
     limits = SandboxLimits(
         network_disabled=not settings.sandbox_network,
@@ -80,6 +81,7 @@ def build_manager(settings: Settings, worker_id: str) -> SandboxManager:
         limits=limits,
         step_timeout_s=settings.sandbox_step_timeout_s,
         host_name=settings.host_name or "",
+        owner_container=own_container(client),
     )
 
 
@@ -89,6 +91,9 @@ async def serve(settings: Settings, pools: Sequence[str]) -> None:
     client = await connect_worker(settings, "env")
 
     warm = WarmPool(manager, settings.sandbox_warm_pool)  # fills per env on first use
+    sweeper = Sweeper(manager, client, settings.sandbox_lease_s, warm)
+    await sweeper.sweep_logged()  # dead workers' orphans go before this worker starts sandboxes of its own
+    sweeping = asyncio.create_task(sweeper.run_forever())
     store = open_store_from(settings)  # where `py:` envs' packages are (trajflow/envs/user/)
     image_cache = settings.cache_dir / "images"
     images = ImageResolver(
@@ -96,6 +101,7 @@ async def serve(settings: Settings, pools: Sequence[str]) -> None:
     )
 
     async def close_all() -> None:
+        sweeping.cancel()
         await asyncio.to_thread(warm.close)
         await asyncio.to_thread(manager.close_all)
 

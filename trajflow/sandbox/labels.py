@@ -8,6 +8,10 @@ its own namespace; those of another namespace are not its to judge, except those
 own host name (`TRAJFLOW_HOST_NAME`, unique per engine), which an earlier run of the same host (a restarted
 container, a new namespace) left behind. Sandboxes labelled before namespaces were (no namespace label) are
 judged only by a reaper in the initial pid namespace, where every earlier owner ran.
+An env worker that runs in a container on the same engine (an env host of `trajflow up --hosts`) also labels that
+container's id and start time: a reaper in any namespace on the engine can then tell that the owner is gone when
+its container is gone, stopped or restarted since (`trajflow.sandbox.reaper`), which is how one host's sweep
+removes the sandboxes of another host's dead worker.
 Limits: Linux only; a namespace's id can be reused after it is gone (the boot id and start time still guard
 the pid); two live workers must never share a host name on one engine.
 """
@@ -15,7 +19,9 @@ the pid); two live workers must never share a host name on one engine.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 SANDBOX = "trajflow.sandbox"
@@ -25,6 +31,8 @@ OWNER_START = "trajflow.owner_start"
 OWNER_BOOT = "trajflow.owner_boot"
 OWNER_PIDNS = "trajflow.owner_pidns"
 OWNER_HOST = "trajflow.owner_host"
+OWNER_CONTAINER = "trajflow.owner_container"
+OWNER_CONTAINER_STARTED = "trajflow.owner_container_started"
 SANDBOX_ID = "trajflow.sandbox_id"
 INITIAL_PIDNS = "pid:[4026531836]"
 """The kernel's initial pid namespace (PROC_PID_INIT_INO): processes not in any container."""
@@ -57,9 +65,31 @@ def boot_id() -> str:
         return ""
 
 
-def owner_labels(owner_id: str, sandbox_id: str, host_name: str = "") -> dict[str, str]:
-    """The labels a sandbox started by this process carries (`host_name`: the worker's host, when placed)."""
+@dataclass(frozen=True)
+class OwnerContainer:
+    """The container an owner runs in, on the engine its sandboxes run on."""
+
+    id: str
+    started_at: str
+    """Docker's `State.StartedAt`: a restarted container has a new one (and none of the old processes)."""
+
+
+_CONTAINER_DIR = re.compile(r"/containers/([0-9a-f]{64})/")
+
+
+def container_ids_in_mountinfo(mountinfo: str) -> list[str]:
+    """Ids of Docker containers whose files (hostname, hosts, resolv.conf under /var/lib/docker/containers/ID/) are
+    mounted here: inside a container, its own id (and nothing else, unless someone mounted another's files)."""
+    return sorted({m.group(1) for m in _CONTAINER_DIR.finditer(mountinfo)})
+
+
+def owner_labels(
+    owner_id: str, sandbox_id: str, host_name: str = "", container: OwnerContainer | None = None
+) -> dict[str, str]:
+    """The labels a sandbox started by this process carries (`host_name`: the worker's host, when placed;
+    `container`: the container the worker runs in, on the sandbox's engine)."""
     pid = os.getpid()
+    placed = {OWNER_CONTAINER: container.id, OWNER_CONTAINER_STARTED: container.started_at} if container else {}
     return {
         SANDBOX: "1",
         SANDBOX_ID: sandbox_id,
@@ -69,6 +99,7 @@ def owner_labels(owner_id: str, sandbox_id: str, host_name: str = "") -> dict[st
         OWNER_BOOT: boot_id(),
         OWNER_PIDNS: pid_namespace(),
         OWNER_HOST: host_name,
+        **placed,
     }
 
 

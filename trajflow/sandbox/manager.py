@@ -35,6 +35,7 @@ from trajflow.envs.shell import WORK_DIR  # the sandbox's writable work dir (a t
 from trajflow.sandbox import labels
 from trajflow.sandbox.errors import EnvError, SandboxLost, SandboxStartError, SandboxStepTimeout
 from trajflow.sandbox.images import RUNNER_SOCKET_DIR, SANDBOX_UID
+from trajflow.sandbox.leases import LeaseBook
 
 SOCKET_NAME = "env.sock"
 MAX_SOCKET_PATH = 107
@@ -230,6 +231,7 @@ class SandboxManager:
         start_timeout_s: float = 30,
         step_timeout_s: float = 60,
         host_name: str = "",
+        owner_container: labels.OwnerContainer | None = None,
     ) -> None:
         self.client = client
         self.image = image
@@ -237,11 +239,17 @@ class SandboxManager:
         self.owner_id = owner_id
         self.host_name = host_name
         """The env worker's host (`TRAJFLOW_HOST_NAME`), labelled on each sandbox (see `trajflow.sandbox.labels`)."""
+        self.owner_container = owner_container
+        """The container this worker runs in on the same engine, if any (`trajflow.sandbox.reaper.own_container`),
+        labelled so a reaper in another container can tell when this worker is gone."""
         self.limits = limits or SandboxLimits()
         self.start_timeout_s = start_timeout_s
         self.step_timeout_s = step_timeout_s
         self._lock = threading.Lock()
         self._sandboxes: dict[str, Sandbox] = {}
+        self.leases = LeaseBook()
+        """Who holds each sandbox and since when it is idle (`trajflow.sandbox.leases`); renewed by the env
+        activities, read by the env worker's sweep."""
 
     def start(self, env_hint: str = "", image: str | None = None) -> Sandbox:
         """Start a container from `image` (default: the manager's) and return it once its runner answers
@@ -255,7 +263,7 @@ class SandboxManager:
                 image,
                 detach=True,
                 name=f"trajflow-sb-{sandbox_id}",
-                labels=labels.owner_labels(self.owner_id, sandbox_id, self.host_name),
+                labels=labels.owner_labels(self.owner_id, sandbox_id, self.host_name, self.owner_container),
                 volumes={str(host_dir): {"bind": RUNNER_SOCKET_DIR, "mode": "rw"}},
                 environment={"TRAJFLOW_ENV_HINT": env_hint} if env_hint else None,
                 working_dir=WORK_DIR,
@@ -269,6 +277,7 @@ class SandboxManager:
         sandbox = Sandbox(self.client, sandbox_id, container.id, host_dir / SOCKET_NAME, self.step_timeout_s)
         with self._lock:
             self._sandboxes[sandbox_id] = sandbox
+        self.leases.add(sandbox_id)
         try:
             self._wait_ready(sandbox)
         except BaseException:
@@ -325,6 +334,7 @@ class SandboxManager:
         """Remove the sandbox's container and directory; closing an unknown or closed sandbox does nothing."""
         with self._lock:
             sandbox = self._sandboxes.pop(sandbox_id, None)
+        self.leases.drop(sandbox_id)
         if sandbox is not None:
             sandbox.disconnect()
         try:
@@ -335,6 +345,14 @@ class SandboxManager:
             if e.status_code != 409:  # 409: removal already in progress elsewhere
                 raise
         shutil.rmtree(self.runtime_dir / sandbox_id, ignore_errors=True)
+
+    def expire(self, sandbox_id: str, idle_over_s: float) -> bool:
+        """Close the sandbox if it is still idle past `idle_over_s` (the sweep's decision, re-checked atomically
+        against a use that began meanwhile); True when it was closed."""
+        if not self.leases.take_idle(sandbox_id, idle_over_s):
+            return False
+        self.close(sandbox_id)
+        return True
 
     def close_all(self) -> None:
         """Close every sandbox this manager started."""

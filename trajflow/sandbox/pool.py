@@ -92,6 +92,11 @@ class WarmPool:
         with self._cond:
             return len(self._idle.get((image or self.manager.image, env_hint), ()))
 
+    def waiting_ids(self) -> set[str]:
+        """The ids of the sandboxes waiting here (leased to no trajectory: the sweep leaves them alone)."""
+        with self._cond:
+            return {box.id for idle in self._idle.values() for box in idle}
+
     def wait_full(self, env_hint: str = "", image: str | None = None, timeout_s: float = 60) -> bool:
         """Block until `size` sandboxes wait for (`image`, `env_hint`) (True) or the timeout passes (False)."""
         key = (image or self.manager.image, env_hint)

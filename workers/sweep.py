@@ -1,0 +1,132 @@
+"""The env worker's sandbox sweep: removes sandboxes whose lease ran out, and orphans of dead env workers.
+
+Every `interval` (a quarter of the lease) it (1) asks Temporal about the owning run of each of its own sandboxes
+idle past the lease (described by workflow id and run id: a reset workflow leaves the old run terminated; a run
+Temporal does not know counts as closed), (2) removes what `trajflow.sandbox.leases.lease_verdict` says, and
+(3) runs the reaper (`trajflow.sandbox.reaper.reap_orphans`) for the sandboxes of dead owners on this engine (this
+host's earlier runs, another host's dead worker). The first round runs before the worker starts sandboxes.
+
+Errors: a round that fails (Docker or Temporal unreachable, anything else) is logged and the next round tries
+again; the sweep never stops the worker. Limits: one engine (this host's); a sandbox used by no activity for
+`IDLE_CAP_LEASES` leases is removed even while its trajectory runs (it restores by replay).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from trajflow.sandbox.leases import Holder, Lease, RunState, Verdict, cap_for, lease_verdict, needs_run_state
+from trajflow.sandbox.manager import SandboxManager
+from trajflow.sandbox.pool import WarmPool
+from trajflow.sandbox.reaper import reap_orphans
+
+log = logging.getLogger("trajflow.sweep")
+DESCRIBE_TIMEOUT_S = 10.0
+MIN_INTERVAL_S = 0.5
+
+
+@dataclass
+class SweepStats:
+    """What the sweep has removed since the worker started."""
+
+    expired: int = 0
+    idle_cap: int = 0
+    orphans: int = 0
+    failed_rounds: int = 0
+
+
+class Sweeper:
+    """Sweeps one env worker's sandboxes (see the module docstring)."""
+
+    def __init__(
+        self,
+        manager: SandboxManager,
+        client: Client | None,
+        lease_s: float,
+        warm: WarmPool | None = None,
+    ) -> None:
+        if lease_s <= 0:
+            raise ValueError(f"the sandbox lease must be > 0 seconds, got {lease_s}")
+        self.manager = manager
+        self.client = client
+        self.lease_s = lease_s
+        self.cap_s = cap_for(lease_s)
+        self.warm = warm
+        self.interval_s = max(lease_s / 4, MIN_INTERVAL_S)
+        self.stats = SweepStats()
+
+    async def run_forever(self) -> None:
+        """Sweep every `interval_s` until cancelled; a failed round is logged, never raised."""
+        while True:
+            await self.sweep_logged()
+            await asyncio.sleep(self.interval_s)
+
+    async def sweep_logged(self) -> None:
+        try:
+            await self.sweep()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # whatever fails, the worker keeps serving and the next round retries
+            self.stats.failed_rounds += 1
+            log.warning("sandbox sweep failed; trying again in %.1fs", self.interval_s, exc_info=True)
+
+    async def sweep(self) -> None:
+        """One round: own sandboxes by lease, then others' orphans."""
+        waiting = self.warm.waiting_ids() if self.warm is not None else set()
+        leases = self.manager.leases.snapshot()
+        holders = {lease.sandbox_id: _holder(lease, waiting) for lease in leases}
+        asked = [x for x in leases if needs_run_state(x, holders[x.sandbox_id], self.lease_s, self.cap_s)]
+        states = await asyncio.gather(*(self.run_state(x.workflow_id, x.run_id) for x in asked))
+        runs = {x.sandbox_id: state for x, state in zip(asked, states, strict=True)}
+        for lease in leases:
+            run = runs.get(lease.sandbox_id, RunState.UNKNOWN)
+            verdict = lease_verdict(lease, holders[lease.sandbox_id], run, self.lease_s, self.cap_s)
+            if verdict is not Verdict.KEEP:
+                await self._remove(lease, verdict)
+        reaped = await asyncio.to_thread(
+            reap_orphans, self.manager.client, self.manager.runtime_dir, self.manager.host_name
+        )
+        if reaped:
+            self.stats.orphans += len(reaped)
+            log.info("reaped %d orphaned sandboxes of dead env workers", len(reaped))
+
+    async def _remove(self, lease: Lease, verdict: Verdict) -> None:
+        idle_over = self.lease_s if verdict is Verdict.EXPIRED else self.cap_s
+        if not await asyncio.to_thread(self.manager.expire, lease.sandbox_id, idle_over):
+            return  # used again since the snapshot: its lease was renewed
+        if verdict is Verdict.EXPIRED:
+            self.stats.expired += 1
+        else:
+            self.stats.idle_cap += 1
+        owner = f"workflow {lease.workflow_id} run {lease.run_id}" if lease.workflow_id else "no trajectory"
+        log.info("removed sandbox %s (%s, idle %.0fs, %s)", lease.sandbox_id, owner, lease.idle_s, verdict.value)
+
+    async def run_state(self, workflow_id: str, run_id: str) -> RunState:
+        """The owning run's state; UNKNOWN without a client or when Temporal cannot answer."""
+        if self.client is None:
+            return RunState.UNKNOWN
+        handle = self.client.get_workflow_handle(workflow_id, run_id=run_id or None)
+        try:
+            described = await asyncio.wait_for(handle.describe(), DESCRIBE_TIMEOUT_S)
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:
+                return RunState.CLOSED
+            log.warning("cannot describe workflow %s run %s: %s", workflow_id, run_id, e)
+            return RunState.UNKNOWN
+        except TimeoutError:
+            log.warning("describing workflow %s run %s timed out", workflow_id, run_id)
+            return RunState.UNKNOWN
+        if described.status is None:
+            return RunState.UNKNOWN
+        return RunState.RUNNING if described.status == WorkflowExecutionStatus.RUNNING else RunState.CLOSED
+
+
+def _holder(lease: Lease, waiting: set[str]) -> Holder:
+    if lease.workflow_id:
+        return Holder.TRAJECTORY
+    return Holder.POOL if lease.sandbox_id in waiting else Holder.NONE
