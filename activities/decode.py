@@ -1,5 +1,9 @@
 """Decode activity: one LLM turn of one trajectory, batched with every other trajectory's turn by the engine.
 
+Every decode worker (a pool may have several replicas polling its queue) follows the published policy itself: it
+answers a request that needs version v only with weights of v or newer, else the activity fails retryably
+(`ERR_POLICY_BEHIND`) and the turn is tried again, on this worker or another.
+
 Loads the trajectory's token-level context (from this worker's memory, else from the store), appends the new
 observation (chat formatting on our side), generates, stores what this turn added to the context (a delta linked to
 the previous turn's: `activities.contexts`) and returns the text, the delta's URI and the policy version.
@@ -63,8 +67,15 @@ class DecodeActivities:
             raise ApplicationError(str(e), type=names.ERR_BAD_REQUEST, non_retryable=True) from e
         except EngineMisconfigured as e:
             raise ApplicationError(str(e), type=names.ERR_ENGINE_MISCONFIGURED, non_retryable=True) from e
-        _record_completion(completion)
         version = completion.policy_version
+        if version < inp.min_policy_version:
+            # The engine reloads between batches from the store's pointer, so this needs a pointer that went back (a
+            # store restored from a backup); retried like a version not yet published, never served as older weights.
+            raise ApplicationError(
+                f"the engine generated with v{version} of {inp.policy!r}, the request needs v{inp.min_policy_version}",
+                type=names.ERR_POLICY_BEHIND,
+            )
+        _record_completion(completion)
         ctx = append_completion(ctx, completion.token_ids, completion.logprobs, completion.text, version)
         key = context_key(inp.trajectory_id, inp.turn, activity.info().attempt)
         uri = await asyncio.to_thread(self.contexts.save, key, inp.context_uri, before, ctx)

@@ -15,8 +15,11 @@ but TCP:
   same path inside: the sandboxes' directory (a sandbox's runner socket lives there and the engine resolves bind
   mounts on the host) and the image build cache (wheels of the sandbox layers). Both are the env host's own local
   disk, what a cluster's env machine has beside its engine, not a shared store.
+- Decode replicas: a decode pool named on several hosts runs on each of them, all polling its one queue; `up` waits
+  until every one polls.
 - Observability: each host's workers serve `/metrics` on fixed ports of their container (`infra.monitoring`), which
-  the Prometheus started on this machine scrapes at the container's address (labelled `host`); every container
+  the Prometheus started on this machine scrapes at the container's address (labelled `host`, and a decode worker's
+  `replica` with it); every container
   mounts this machine's traces directory, so `trajflow trace` reads the spans of every host.
 The containers are labelled (`trajflow.hosts=<prefix>`, `trajflow.host=<name>`), found by label and stopped
 exactly by `down`; the processes on this machine (dev server, moto, Prometheus) are recorded like the embedded
@@ -102,6 +105,12 @@ def hosts_store(settings: Settings) -> ObjectStore | None:
         s3_region=settings.s3_region,
         s3_credentials=(S3_KEYS["AWS_ACCESS_KEY_ID"], S3_KEYS["AWS_SECRET_ACCESS_KEY"]) if embedded else None,
     )
+
+
+def decode_hosts(config: RunConfig) -> dict[str, int]:
+    """How many hosts serve each decode pool (a pool named on several hosts has that many replicas)."""
+    declared = {kind: list(getattr(config.pools, kind)) for kind in POOL_KINDS}
+    return config.hardware.with_defaults(declared).serving("decode", declared["decode"])
 
 
 def hosts_of(config: RunConfig) -> list[HostConfig]:
@@ -228,6 +237,7 @@ def up(
     settings: Settings, config: RunConfig, config_text: str, image: str, progress: Progress, timeout_s: float = 600
 ) -> Layout:
     """Start the machine side and one container per host; wait until every queue has a poller."""
+    config.pools.check_one_process_per_pool("with hosts")
     store = settings.store_url or ""
     if store and not store.startswith("s3://"):
         raise ValueError(f"--hosts shares no filesystem: TRAJFLOW_STORE_URL must be s3://..., not {store}")
@@ -319,7 +329,7 @@ def _wait_ready(
 
     async def queues() -> None:
         temporal = await wait_until_reachable(settings)
-        await wait_for_pollers(temporal, config, progress, deadline, check_containers, "host")
+        await wait_for_pollers(temporal, config, progress, deadline, check_containers, "host", decode_hosts(config))
 
     asyncio.run(queues())
 

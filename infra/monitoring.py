@@ -1,11 +1,13 @@
 """The stack's Prometheus: a `/metrics` port for each worker (and the Temporal dev server), the scrape targets
 (read back from the process table; with `--hosts`, each host container's address and the fixed ports its workers
-serve on), and the Prometheus process itself, which `trajflow up` starts last and `trajflow down` stops first.
+serve on), and the Prometheus process itself, which `trajflow up` starts last and `trajflow down` stops first. The
+decode replicas of the embedded stack (`decode`, `decode-1`, ...) are one `component="decode"` with a `replica` label.
 `TRAJFLOW_PROMETHEUS_PORT=0` turns all of it off.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 
@@ -37,9 +39,25 @@ def check_can_start(settings: Settings, running: set[str]) -> None:
         )
 
 
+DECODE = "decode"
+
+
+def replica_name(replica: int) -> str:
+    """The process name of the embedded stack's decode worker number `replica`: `decode`, `decode-1`, ..."""
+    return DECODE if replica == 0 else f"{DECODE}-{replica}"
+
+
+def component_of(name: str) -> tuple[str, str]:
+    """(component, replica) of a recorded process name: `decode-1` -> `("decode", "1")`, `decode` -> `("decode",
+    "0")`, anything else -> `(name, "")`."""
+    found = re.fullmatch(rf"{DECODE}(?:-(\d+))?", name)
+    return (DECODE, found.group(1) or "0") if found else (name, "")
+
+
 def worker_env(settings: Settings, name: str) -> dict[str, str]:
-    """The variables giving worker `name` its own `/metrics` port (none when metrics are off)."""
-    if not enabled(settings) or name not in SCRAPED:
+    """The variables giving worker `name` (a decode replica's too) its own `/metrics` port (none when metrics are
+    off)."""
+    if not enabled(settings) or component_of(name)[0] not in SCRAPED:
         return {}
     return {METRICS_PORT_VAR: str(free_port())}
 
@@ -54,9 +72,10 @@ def host_container_env(settings: Settings) -> dict[str, str]:
 
 
 def host_targets(kinds_by_host: dict[str, list[str]], address_of: Callable[[str], str]) -> list[Target]:
-    """The workers of each host (`kinds_by_host`: the worker kinds each runs) at its container's address."""
+    """The workers of each host (`kinds_by_host`: the worker kinds each runs) at its container's address; a decode
+    worker's `replica` is its host (several hosts may serve one decode pool)."""
     return [
-        Target(kind, f"{address_of(host)}:{HOST_PORTS[kind]}", host)
+        Target(kind, f"{address_of(host)}:{HOST_PORTS[kind]}", host, host if kind == DECODE else "")
         for host, kinds in kinds_by_host.items()
         for kind in kinds
         if kind in HOST_PORTS
@@ -77,7 +96,8 @@ def targets(records: list[ProcessRecord]) -> list[Target]:
         if port is None and rec.name == "temporal" and "--metrics-port" in rec.argv:
             port = rec.argv[rec.argv.index("--metrics-port") + 1]
         if port is not None:
-            out.append(Target(rec.name, f"127.0.0.1:{port}"))
+            component, replica = component_of(rec.name)
+            out.append(Target(component, f"127.0.0.1:{port}", replica=replica))
     return out
 
 

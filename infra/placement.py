@@ -9,8 +9,9 @@ small machine (threads spin at barriers). `placement` adds the host's cpuset, ch
 process may use, for a launcher that pins processes itself (the embedded stack: `infra.processes.start_detached`).
 
 Limits: pure and torch-free; it pins nothing itself (the embedded launcher does, Docker's `--cpuset-cpus` does for
-containers). The embedded stack runs one process per worker kind, so a kind whose pools sit on different hosts
-takes the placement of its first pool's host.
+containers). The embedded stack runs one process per worker kind (and `[pools] decode_replicas` decode processes,
+each counted as a torch worker when threads are shared out), so a kind whose pools sit on different hosts takes the
+placement of its first pool's host.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 
 from trajflow.contracts.config import RunConfig
-from trajflow.contracts.hardware import POOL_KINDS, TORCH_KINDS, parse_cpuset
+from trajflow.contracts.hardware import POOL_KINDS, TORCH_KINDS, HostConfig, parse_cpuset
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,20 @@ def worker_env(config: RunConfig, kind: str, pool: str | None = None, cpu_count:
     """The variables for the worker of `kind` (serving `pool`, or the kind's first pool): `TRAJFLOW_DEVICE`,
     and for torch kinds `TRAJFLOW_THREADS` and `OMP_NUM_THREADS`; `CUDA_VISIBLE_DEVICES` where the host sets
     `gpus`. `cpu_count` None: the CPUs this process may use."""
+    host = config.hardware.host_of(kind, pool if pool is not None else _first_pool(config, kind))
+    return worker_env_on(config, host, kind, cpu_count)
+
+
+def worker_env_on(
+    config: RunConfig, host: HostConfig | None, kind: str, cpu_count: int | None = None
+) -> dict[str, str]:
+    """`worker_env` of the worker of `kind` on `host` (None: the defaults): what a host that runs it passes, since a
+    decode pool may run on several hosts, each with its own device and CPUs."""
     hardware = config.hardware
-    host = hardware.host_of(kind, pool if pool is not None else _first_pool(config, kind))
     env = {"TRAJFLOW_DEVICE": host.device if host is not None else "auto"}
     if kind in TORCH_KINDS:
-        threads = hardware.threads_for(host, cpu_count or len(usable_cpus()))
+        replicas = max(config.pools.decode_replicas.values(), default=1)
+        threads = hardware.threads_for(host, cpu_count or len(usable_cpus()), replicas)
         env["TRAJFLOW_THREADS"] = str(threads)
         env["OMP_NUM_THREADS"] = str(threads)
     if host is not None and host.gpus is not None:

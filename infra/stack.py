@@ -1,5 +1,5 @@
-"""The embedded stack on one machine: Temporal dev server + Web UI, reward service, one worker per pool kind,
-and a Prometheus scraping them (`infra.monitoring`).
+"""The embedded stack on one machine: Temporal dev server + Web UI, reward service, one worker per pool kind
+(and per decode replica: `[pools] decode_replicas`), and a Prometheus scraping them (`infra.monitoring`).
 
 `up` starts each as a detached process (logs and a process table under the state dir), placed by the run
 config's hardware section (device, torch threads, GPUs and CPUs: `infra.placement`), and waits until each is
@@ -72,19 +72,32 @@ def components(settings: Settings, config: RunConfig, config_path: Path) -> list
     workers = [
         Component("reward-service", reward_service),
         Component("orchestrator", _trajflow("worker", "orchestrator")),
-        Component("decode", _decode_argv(settings, config, cfg)),
+        *decode_components(settings, config, cfg),
         Component("env", _trajflow("worker", "env", *_pool_args(config.pools.env))),
         Component("reward", _trajflow("worker", "reward", *_pool_args(config.pools.reward))),
         Component("trainer", _trajflow("worker", "trainer", "--config", cfg, *_pool_args(config.pools.trainer))),
     ]
-    placed = [Component(w.name, w.argv, placement(config, w.name)) for w in workers]
+    placed = [Component(w.name, w.argv, placement(config, monitoring.component_of(w.name)[0])) for w in workers]
     metrics = monitoring.temporal_metrics_port(settings)
     server = [Component("temporal", dev_server_command(settings, metrics))] if settings.temporal_embedded else []
     return [*server, *placed]
 
 
-def _decode_argv(settings: Settings, config: RunConfig, cfg: str) -> list[str]:
-    argv = _trajflow("worker", "decode", "--config", cfg, *_pool_args(config.pools.decode))
+def decode_components(settings: Settings, config: RunConfig, cfg: str) -> list[Component]:
+    """The decode workers: `decode` serving every decode pool, and replica `i` (`decode-i`) serving the pools with
+    more than `i` replicas (`[pools] decode_replicas`), each its own process with its own engine."""
+    most = max(config.pools.replicas(p) for p in config.pools.decode)
+    return [
+        Component(
+            monitoring.replica_name(i),
+            _decode_argv(settings, config, cfg, [p for p in config.pools.decode if config.pools.replicas(p) > i]),
+        )
+        for i in range(most)
+    ]
+
+
+def _decode_argv(settings: Settings, config: RunConfig, cfg: str, pools: list[str]) -> list[str]:
+    argv = _trajflow("worker", "decode", "--config", cfg, *_pool_args(pools))
     if config.model.engine != "vllm":
         return argv
     python = settings.resolved_vllm_python
@@ -94,6 +107,13 @@ def _decode_argv(settings: Settings, config: RunConfig, cfg: str) -> list[str]:
             "(or set TRAJFLOW_VLLM_PYTHON)"
         )
     return [str(python), *argv[1:]]
+
+
+def expected_pollers(config: RunConfig, decode_hosts: dict[str, int] | None = None) -> dict[str, int]:
+    """How many workers must poll each decode queue before the stack is ready, where more than one: the pool's
+    replicas (`decode_hosts`: under `--hosts`, the number of hosts serving each decode pool)."""
+    counts = decode_hosts if decode_hosts is not None else {p: config.pools.replicas(p) for p in config.pools.decode}
+    return {names.decode_queue(p): n for p, n in counts.items() if n > 1}
 
 
 def expected_queues(config: RunConfig) -> list[tuple[str, bool]]:
@@ -262,10 +282,18 @@ async def _wait_for_pollers(settings: Settings, config: RunConfig, progress: Pro
 
 
 async def wait_for_pollers(
-    client: Client, config: RunConfig, progress: Progress, deadline: float, check: Callable[[], None], who: str
+    client: Client,
+    config: RunConfig,
+    progress: Progress,
+    deadline: float,
+    check: Callable[[], None],
+    who: str,
+    decode_hosts: dict[str, int] | None = None,
 ) -> None:
-    """Until every queue of `config` has a poller: `wait_for_queues` on `expected_queues(config)`."""
-    await wait_for_queues(client, expected_queues(config), progress, deadline, check, who)
+    """Until every queue of `config` has a poller, and each decode queue one per replica: `wait_for_queues` on
+    `expected_queues(config)` with `expected_pollers`."""
+    counts = expected_pollers(config, decode_hosts)
+    await wait_for_queues(client, expected_queues(config), progress, deadline, check, who, counts)
 
 
 async def wait_for_queues(
@@ -275,17 +303,20 @@ async def wait_for_queues(
     deadline: float,
     check: Callable[[], None],
     who: str,
+    counts: dict[str, int] | None = None,
 ) -> None:
-    """Until every (queue, is-activity-queue) has a poller (each reported once as ready), calling `check` between
-    rounds (it raises when a process or container that should poll has died); a TimeoutError names the queues
-    still without a `who` at the monotonic `deadline`."""
+    """Until every (queue, is-activity-queue) has a poller (`counts`: at least that many for the queues it names;
+    each queue reported once as ready), calling `check` between rounds (it raises when a process or container that
+    should poll has died); a TimeoutError names the queues still without a `who` at the monotonic `deadline`."""
     pending = list(queues)
+    wanted = counts or {}
     while pending:
         check()
         still = []
         for queue, activity in pending:
-            if await pollers(client, queue, activity=activity):
-                progress(f"ready: {queue}")
+            found = await pollers(client, queue, activity=activity)
+            if found >= wanted.get(queue, 1):
+                progress(f"ready: {queue}" + (f" ({found} pollers)" if found > 1 else ""))
             else:
                 still.append((queue, activity))
         pending = still

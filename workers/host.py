@@ -3,7 +3,7 @@
 This is what a container of the worker image runs under `trajflow up --hosts` (`trajflow worker host NAME`): the
 host's entry in `[[hardware.hosts]]` (or, for a config that places nothing, the default layout of one host per
 worker kind, `HardwareConfig.with_defaults`) says which kinds and pools; each child gets its placement variables
-(`infra.placement.worker_env`: device, threads, GPUs). The reward service listens on every address of the host,
+(`infra.placement.worker_env_on`: device, threads, GPUs). The reward service listens on every address of the host,
 on `TRAJFLOW_REWARD_PORT`. When any child exits the others are stopped and the host exits with that child's code,
 so a container platform sees a dead host as dead (and restarts it); SIGTERM stops every child.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.monitoring import HOST_PORTS, METRICS_PORT_VAR
-from infra.placement import worker_env
+from infra.placement import worker_env_on
 from infra.processes import python_module
 from trajflow.contracts.config import RunConfig
 from trajflow.contracts.hardware import POOL_KINDS
@@ -46,6 +46,7 @@ def host_plan(
 ) -> list[Child]:
     """The processes of `host_name`; raises ValueError naming the hosts there are when it is not one of them.
     `metrics`: each worker serves `/metrics` on its fixed port (`infra.monitoring.HOST_PORTS`)."""
+    config.pools.check_one_process_per_pool("on hosts")
     declared = declared_pools(config)
     hardware = config.hardware.with_defaults(declared)
     host = next((h for h in hardware.hosts if h.name == host_name), None)
@@ -67,7 +68,7 @@ def host_plan(
                 continue
             model_cfg = cfg if kind in ("decode", "trainer") else []
             argv = [*trajflow, kind, *model_cfg, *[a for p in pools for a in ("--pool", p)]]
-            children.append(Child(kind, argv, worker_env(placed, kind, pools[0]) | _metrics_env(kind, metrics)))
+            children.append(Child(kind, argv, worker_env_on(placed, host, kind) | _metrics_env(kind, metrics)))
     return children
 
 

@@ -2,8 +2,9 @@
 service) in containers of the worker image, each with its own network namespace, CPU set and memory limit; the
 store on S3 (moto on this machine), Temporal over TCP at the network's gateway. A short training run on the tiny
 policy goes on while the env host is `docker kill`ed and `docker start`ed: the run finishes, and its own records
-(trajflow.lab.chaos.audit) show no trajectory lost or consumed twice. Then a dataset task with its own verifier,
-submitted from this machine, runs on the env host from its package in the S3 store. `status` shows the hosts and `down`
+(trajflow.lab.chaos.audit) show no trajectory lost or consumed twice. Then a user env (`py:`) and a dataset task with
+its own verifier, submitted from this machine with fresh content (packages no cache holds), run on the env host from
+their packages in the S3 store, unpacked there by the worker image's Python. `status` shows the hosts and `down`
 removes exactly them.
 Also: the compose file of the same layout validates with Debian's docker-compose.
 
@@ -19,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import docker
@@ -165,20 +167,41 @@ def test_training_across_four_hosts_survives_a_killed_env_host(hosts_stack, monk
     assert report["killed_sandboxes_reaped"], report
     _metrics_and_traces_of_every_host(env, state_dir, prefix, run)
 
-    # a dataset task with its own verifier, submitted from this machine: the package goes to the S3 store, the env
-    # host builds the task's layer from it and the verifier judges in its sandbox
-    example = ROOT / "examples" / "arithmetic" / "own_verifier.toml"
-    rollout = run("rollout", "-c", str(example), "--seed", "3", "--json", timeout=600)
-    assert rollout.returncode == 0, rollout.stderr[-4000:]
-    done = json.loads(rollout.stdout)
-    assert done["status"] == "completed" and done["reward"] in (1.0, 0.0, -0.1), done
-    assert "s3://" in rollout.stderr and "env-packages/" in rollout.stderr, rollout.stderr[-2000:]
+    # a user env (py:) and a dataset task with its own verifier, submitted from this machine, each from a package no
+    # machine has unpacked before (fresh content: a new name in the store and in every cache): the env host fetches it
+    # from the S3 store, unpacks it with the worker image's Python (Debian's 3.11.2) and builds the task's layer
+    for name, example, source in (
+        ("factoring", ROOT / "examples" / "factoring" / "config.toml", "factor_env.py"),
+        ("arithmetic", ROOT / "examples" / "arithmetic" / "own_verifier.toml", "sum_check.py"),
+    ):
+        fresh = fresh_example(example, source, state_dir / "fresh" / name)
+        rollout = run("rollout", "-c", str(fresh), "--seed", "3", "--json", timeout=600)
+        assert rollout.returncode == 0, rollout.stderr[-4000:]
+        done = json.loads(rollout.stdout)
+        # the verifier's 1 / 0 / -0.1; the factoring env's 1, or -0.1 per malformed answer of its three attempts
+        assert done["status"] == "completed" and -0.31 <= done["reward"] <= 1.0, done
+        assert "s3://" in rollout.stderr and "env-packages/" in rollout.stderr, rollout.stderr[-2000:]
+        digest = rollout.stderr.split("env-packages/")[1].split(".tar")[0]
+        # the env host's image cache is this machine's, mounted (infra.hosts.container_options)
+        unpacked = state_dir / "cache" / "images" / "env-packages" / digest
+        assert (unpacked / ".trajflow-package").read_text() == digest, f"{name}: not unpacked on the env host"
 
     down = run("down", timeout=180)
     assert down.returncode == 0 and "stopped 4 host container(s)" in down.stdout, down.stdout + down.stderr
     assert client.containers.list(all=True, filters={"label": f"trajflow.hosts={prefix}"}) == []
     assert client.networks.list(names=[f"{prefix}-net"]) == []
     print(json.dumps({"up_s": round(up_s, 1), **report}))
+
+
+def fresh_example(config: Path, source: str, into: Path) -> Path:
+    """A copy of an example's directory under `into`, with `source` given a unique last line (so its package has a
+    name no cache holds) and the model swapped for the stack's tiny one; returns the copied config."""
+    shutil.copytree(config.parent, into)
+    with open(into / source, "a") as f:
+        f.write(f"# fresh package {uuid.uuid4().hex}\n")
+    copied = into / config.name
+    copied.write_text(copied.read_text().replace('name_or_path = "smollm2"', 'name_or_path = "tiny"'))
+    return copied
 
 
 def _metrics_and_traces_of_every_host(env: dict[str, str], state_dir: Path, prefix: str, run) -> None:

@@ -41,9 +41,11 @@ def test_bad_hosts_are_rejected_with_the_reason(host: dict, match: str) -> None:
         hw(host)
 
 
-def test_a_pool_runs_on_one_host_only() -> None:
+def test_a_pool_runs_on_one_host_only_but_decode_pools_may_have_replicas() -> None:
     with pytest.raises(ValidationError, match="runs on both"):
-        hw({"name": "a", "runs": ["decode"]}, {"name": "b", "runs": ["decode"]})
+        hw({"name": "a", "runs": ["env"]}, {"name": "b", "runs": ["env"]})
+    replicas = hw({"name": "a", "runs": ["decode"]}, {"name": "b", "runs": ["decode"]})
+    assert [replicas.pools_on(h, "decode", DECLARED["decode"]) for h in replicas.hosts] == [DECLARED["decode"]] * 2
     with pytest.raises(ValidationError, match="unique"):
         hw({"name": "a", "runs": ["decode"]}, {"name": "a", "runs": ["env"]})
 

@@ -142,7 +142,7 @@ def test_with_metrics_each_worker_of_a_host_serves_them_on_its_fixed_port() -> N
         "orchestrator": ["orchestrator"], "decode": ["decode"], "env": ["env"], "trainer": ["reward", "trainer"],
     }  # fmt: skip
     targets = host_targets(kinds, lambda host: f"10.0.0.{len(host)}")
-    assert Target("decode", f"10.0.0.6:{HOST_PORTS['decode']}", "decode") in targets
+    assert Target("decode", f"10.0.0.6:{HOST_PORTS['decode']}", "decode", replica="decode") in targets
     assert Target("reward", f"10.0.0.7:{HOST_PORTS['reward']}", "trainer") in targets
     assert len(targets) == 5
 

@@ -101,7 +101,7 @@ def test_the_targets_are_every_process_that_serves_metrics(tmp_path: Path) -> No
     config = prometheus.write(tmp_path / "prom", targets)
     assert "file_sd_configs" in config.read_text()
     groups = json.loads((tmp_path / "prom" / "targets.json").read_text())
-    assert groups[1] == {"targets": ["127.0.0.1:7002"], "labels": {"component": "decode"}}
+    assert groups[1] == {"targets": ["127.0.0.1:7002"], "labels": {"component": "decode", "replica": "0"}}
     assert monitoring.worker_env(settings, "reward-service") == {}
     assert set(monitoring.worker_env(settings, "decode")) == {monitoring.METRICS_PORT_VAR}
     off = Settings(state_dir=tmp_path, prometheus_port=0)

@@ -93,6 +93,9 @@ class ModelConfig(Contract):
         return self
 
 
+MAX_DECODE_REPLICAS = 64
+
+
 class PoolsConfig(Contract):
     """The named pools of each kind; each becomes one task queue."""
 
@@ -100,6 +103,38 @@ class PoolsConfig(Contract):
     env: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
     reward: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
     trainer: list[str] = Field(default_factory=lambda: ["default"], min_length=1)
+    decode_replicas: dict[str, int] = Field(default_factory=dict)
+    """How many decode worker processes the embedded stack (`trajflow up`) starts for a decode pool, e.g.
+    `{game = 2}`; a pool not named gets 1. Every replica polls the pool's one task queue (Temporal spreads the turns
+    among them), loads the published policy itself and serves any version a request needs; when one dies its turns
+    retry on the others. Under `trajflow up --hosts` (and on a cluster) a replica is a host instead: name the same
+    `decode:POOL` on several `[[hardware.hosts]]`."""
+
+    @model_validator(mode="after")
+    def _replicas_of_declared_pools(self) -> PoolsConfig:
+        unknown = sorted(set(self.decode_replicas) - set(self.decode))
+        if unknown:
+            raise ValueError(f"decode_replicas names {unknown}, but [pools].decode declares only {self.decode}")
+        for pool, n in self.decode_replicas.items():
+            if not 1 <= n <= MAX_DECODE_REPLICAS:
+                raise ValueError(
+                    f"decode_replicas of pool {pool!r} is {n}: a pool runs 1 to {MAX_DECODE_REPLICAS} decode workers"
+                )
+        return self
+
+    def replicas(self, pool: str) -> int:
+        """The number of decode workers of `pool` in the embedded stack."""
+        return self.decode_replicas.get(pool, 1)
+
+    def check_one_process_per_pool(self, where: str) -> None:
+        """A ValueError when `decode_replicas` asks for more than one process: that is the embedded stack's, and
+        `where` (`up --hosts`, one host's worker) a replica is a host."""
+        many = {p: n for p, n in self.decode_replicas.items() if n > 1}
+        if many:
+            raise ValueError(
+                f"[pools] decode_replicas {many} is for the embedded stack (`trajflow up`); {where} each replica is a "
+                f'host: name "decode:{next(iter(many))}" in the runs of several [[hardware.hosts]] instead'
+            )
 
 
 class DemoConfig(Contract):

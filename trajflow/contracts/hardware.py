@@ -14,7 +14,9 @@ memory = "16g"
 
 One entry is one host: with `trajflow up --hosts` a container of the worker image, on a cluster a machine or a
 pod; in the embedded stack (`trajflow up`) the section still sets each worker process's CPUs, threads, device and
-GPUs. A worker kind or pool no host names runs with the defaults (`Placement`). What a host *is* (an address, a
+GPUs. A worker kind or pool no host names runs with the defaults (`Placement`). A decode pool may run on several
+hosts: each is a replica polling the pool's queue (the embedded stack's replicas are `[pools] decode_replicas`);
+everything else runs on one host. What a host *is* (an address, a
 container) is not here: that is deployment, and comes from settings.
 """
 
@@ -27,7 +29,7 @@ from pydantic import Field, field_validator, model_validator
 
 from trajflow.contracts.base import Contract
 
-__all__ = ["WORKER_KINDS", "POOL_KINDS", "TORCH_KINDS", "HostConfig", "HardwareConfig", "parse_cpuset"]
+__all__ = ["WORKER_KINDS", "POOL_KINDS", "TORCH_KINDS", "REPLICATED", "HostConfig", "HardwareConfig", "parse_cpuset"]
 
 POOL_KINDS = ("decode", "env", "reward", "trainer")
 """Worker kinds that serve named pools (one task queue per pool)."""
@@ -35,6 +37,10 @@ WORKER_KINDS = ("orchestrator", "reward-service", *POOL_KINDS)
 """Everything a host can run: the workflow worker, the reward HTTP service and the pool workers."""
 TORCH_KINDS = ("decode", "trainer")
 """Kinds whose processes run torch compute (their threads are what must not oversubscribe the cores)."""
+
+REPLICATED = "decode"
+"""The kind whose pools may run on several hosts at once (replicas polling one queue): every other pool, and the
+orchestrator and reward service, runs on one host."""
 
 WorkerKind = Literal["orchestrator", "reward-service", "decode", "env", "reward", "trainer"]
 
@@ -60,7 +66,8 @@ class HostConfig(Contract):
     """The host's name: the container's name (prefixed `trajflow-`) under `trajflow up --hosts`."""
     runs: Annotated[list[str], Field(min_length=1)]
     """What runs here: `orchestrator`, `reward-service`, a pool kind (`decode`, `env`, `reward`, `trainer`: every
-    pool of that kind no other host names), or `kind:pool` for one pool."""
+    pool of that kind no other host names), or `kind:pool` for one pool. Only `decode` / `decode:pool` may appear on
+    several hosts (replicas of those pools); anything else runs on one host."""
     cpus: str | None = None
     """A cpuset (`"0-3"`, `"0,2"`): the CPUs this host's workers may run on. None: every CPU."""
     threads: Annotated[int, Field(ge=1, le=1024)] | None = None
@@ -125,14 +132,17 @@ class HardwareConfig(Contract):
         seen: dict[str, str] = {}
         for host in self.hosts:
             for entry in host.runs:
-                if entry in seen:
-                    raise ValueError(f"{entry!r} runs on both host {seen[entry]!r} and host {host.name!r}")
+                if entry in seen and not entry.startswith(REPLICATED):
+                    raise ValueError(
+                        f"{entry!r} runs on both host {seen[entry]!r} and host {host.name!r} (only decode pools run on "
+                        "several hosts, as replicas)"
+                    )
                 seen[entry] = host.name
         return self
 
     def host_of(self, kind: str, pool: str | None = None) -> HostConfig | None:
         """The host that runs `kind` (and `pool`, for a pool kind): the one naming `kind:pool`, else the one naming
-        the bare kind, else None (the defaults)."""
+        the bare kind, else None (the defaults). A decode pool on several hosts: the first of them."""
         if pool is not None:
             for host in self.hosts:
                 if f"{kind}:{pool}" in host.runs:
@@ -150,6 +160,11 @@ class HardwareConfig(Contract):
         }
         return host.pools_of(kind, declared, elsewhere)
 
+    def serving(self, kind: str, declared: list[str]) -> dict[str, int]:
+        """How many hosts serve each declared pool of `kind` (more than one: replicas of a decode pool)."""
+        served = [p for h in self.hosts if kind in h.kinds() for p in self.pools_on(h, kind, declared)]
+        return {p: served.count(p) for p in declared}
+
     def unplaced(self, declared: dict[str, list[str]]) -> list[str]:
         """What no host runs: worker kinds, and `kind:pool` for pools of a kind placed only pool by pool."""
         missing = []
@@ -160,11 +175,12 @@ class HardwareConfig(Contract):
                 missing.append(kind)
         return missing
 
-    def threads_for(self, host: HostConfig | None, cpu_count: int) -> int:
+    def threads_for(self, host: HostConfig | None, cpu_count: int, decode_replicas: int = 1) -> int:
         """torch threads of one torch worker on `host` (None: a kind no host names, which runs on every CPU): the
         host's `threads`, else its CPUs divided among every torch worker whose CPUs overlap them (a host without a
         cpuset, or a torch kind no host names, overlaps everything), at least 1. So on 2 cores the embedded
-        decode and trainer workers get one thread each, and two busy ones never oversubscribe."""
+        decode and trainer workers get one thread each, and two busy ones never oversubscribe. `decode_replicas`:
+        the decode workers the embedded stack starts on the decode host's CPUs (each one more sharer there)."""
         if host is not None and host.threads is not None:
             return host.threads
         every = set(range(cpu_count))
@@ -175,6 +191,8 @@ class HardwareConfig(Contract):
         mine = cpus_of(host)
         sharing = sum(1 for k in TORCH_KINDS if self.host_of(k) is None and not self._named_by_pool(k))
         sharing += sum(sum(k in TORCH_KINDS for k in h.kinds()) for h in self.hosts if cpus_of(h) & mine)
+        if cpus_of(self.host_of("decode")) & mine:
+            sharing += decode_replicas - 1
         return max(1, len(mine) // max(1, sharing))
 
     def with_defaults(self, declared: dict[str, list[str]]) -> HardwareConfig:

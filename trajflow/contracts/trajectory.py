@@ -312,6 +312,9 @@ class TurnSummary(Contract):
     policy_version: int
     completion_tokens: int
     decode_pool: str
+    decode_worker: str = ""
+    """The decode worker that generated the action (`host-pid-random`: a pool may have several replicas); empty in
+    records written before it was kept."""
 
     @classmethod
     def of(cls, gen: GenerateResult, step: EnvStepResult) -> TurnSummary:
@@ -322,6 +325,7 @@ class TurnSummary(Contract):
             policy_version=gen.policy_version,
             completion_tokens=gen.completion_tokens,
             decode_pool=gen.pool,
+            decode_worker=gen.worker_id,
         )
 
 

@@ -2,7 +2,8 @@
 targets (one per worker's `/metrics`, and the Temporal dev server's), its command line, and its HTTP API.
 
 Targets come from a file (`file_sd_configs`) that Prometheus re-reads by itself, so `trajflow up` can add a worker
-without restarting it. Each target is labelled with its `component` (decode, env, …, temporal).
+without restarting it. Each target is labelled with its `component` (decode, env, …, temporal), under `--hosts` its
+`host`, and a decode worker with its `replica`, so the series of a pool's decode replicas stay apart.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ class Target:
     """host:port of its `/metrics`."""
     host: str = ""
     """The `trajflow up --hosts` host it runs on (a `host` label); empty on the embedded stack."""
+    replica: str = ""
+    """Which of its pool's decode workers it is (a `replica` label: `0`, `1`, ... on the embedded stack, the host's
+    name under `--hosts`); empty for every other component."""
+
+    def labels(self) -> dict[str, str]:
+        """The labels Prometheus attaches to every series scraped from it."""
+        extra = {"host": self.host, "replica": self.replica}
+        return {"component": self.component, **{k: v for k, v in extra.items() if v}}
 
 
 def binary() -> str:
@@ -57,10 +66,7 @@ def write(directory: Path, targets: list[Target]) -> Path:
     """Write the config and the targets under `directory`; returns the config's path."""
     directory.mkdir(parents=True, exist_ok=True)
     targets_file = directory / "targets.json"
-    groups = [
-        {"targets": [t.address], "labels": {"component": t.component, **({"host": t.host} if t.host else {})}}
-        for t in targets
-    ]
+    groups = [{"targets": [t.address], "labels": t.labels()} for t in targets]
     tmp = targets_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(groups, indent=2))
     os.replace(tmp, targets_file)  # Prometheus never reads half a file
