@@ -268,7 +268,10 @@ def start_up_watch(run_dir: Path, log_dir: Path, progress: Progress) -> Callable
                 raise RuntimeError(f"{name} exited during start-up; the end of {rec.log}:\n{log_tail(rec)}")
             restarts[name] += 1
             progress(f"{name}: exited during start-up, starting it again; the end of {rec.log}:\n{log_tail(rec)}")
-            table[name] = restart(rec, log_dir)
+            try:
+                table[name] = restart(rec, log_dir)
+            except RuntimeError:  # it exited again at once
+                raise RuntimeError(f"{name} exited during start-up; the end of {rec.log}:\n{log_tail(rec)}") from None
             processes.replace(table[name])
             progress(f"{name}: started again (pid {table[name].pid})")
 
