@@ -5,7 +5,7 @@ sandbox from the warm pool (or starts one), and answers with a handle naming thi
 `env.step` and `env.close` run there. Sandbox calls are blocking (docker SDK, a Unix socket) and run in
 threads. Every activity on a sandbox renews its lease (`trajflow.sandbox.leases`): the reset grants it to the
 calling workflow run, and the sandbox counts as busy while a request is in flight, so the env worker's sweep
-(`workers/sweep.py`) never removes a sandbox in use. Failures are classified once: infra (`SandboxLost`, start
+(`workers/sandbox_sweep.py`) never removes a sandbox in use. Failures are classified once: infra (`SandboxLost`, start
 errors) vs the env's own (`EnvError`, which includes an unknown env id and a non-finite reward). Observations are
 cut to `MAX_OBSERVATION_CHARS` with a marker.
 """

@@ -2,10 +2,10 @@
 
 At start it builds (or finds cached) the runtime image and reaps sandboxes left by dead env workers. It polls
 each pool's shared queue for resets and its own host queue for the steps of the sandboxes it holds. Beside the
-Temporal workers, a sweep (`workers/sweep.py`) runs every quarter lease (`TRAJFLOW_SANDBOX_LEASE_S`): it removes
-this worker's sandboxes whose trajectory no longer runs or that sat idle too long, and the orphans of dead env
-workers on this engine. A warm pool
-keeps `sandbox_warm_pool` started sandboxes waiting for each env it has served. A user's `py:` env gets its
+Temporal workers, a sweep (`workers/sandbox_sweep.py`) runs every quarter lease (`TRAJFLOW_SANDBOX_LEASE_S`): it
+removes this worker's sandboxes whose trajectory no longer runs or that sat idle too long, and the orphans of dead
+env workers on this engine. A warm pool keeps `sandbox_warm_pool` started sandboxes waiting for each env it has
+served. A user's `py:` env gets its
 image layer from its package in the object store on first use (`trajflow/envs/user/`,
 `trajflow/sandbox/user_images.py`).
 """
@@ -28,7 +28,7 @@ from trajflow.sandbox.images import ImageResolver
 from trajflow.sandbox.manager import SandboxLimits, SandboxManager
 from trajflow.sandbox.pool import WarmPool
 from workers.common import connect_worker, new_worker_id, run_until_signalled
-from workers.sweep import Sweeper
+from workers.sandbox_sweep import Sweeper
 
 log = logging.getLogger("trajflow.env")
 

@@ -1,8 +1,8 @@
 """Sandbox leases: which trajectory holds a sandbox, when it last used it, and when the sweep may remove it.
 
 Every env activity on a sandbox (reset, step, close) renews its lease: the `SandboxManager` records the owning
-workflow run and the last use. An env worker's sweep (`workers/sweep.py`) asks `lease_verdict` about each of its own
-sandboxes, with the state of the owning run as Temporal reports it:
+workflow run and the last use. An env worker's sweep (`workers/sandbox_sweep.py`) asks `lease_verdict` about each
+of its own sandboxes, with the state of the owning run as Temporal reports it:
 
 - in use right now (a step in flight), or idle for at most `lease_s`: kept;
 - idle past `cap_s` (`IDLE_CAP_LEASES` leases): removed whatever Temporal says. A trajectory that moved to a fresh

@@ -4,7 +4,7 @@ A container is an orphan when its `trajflow.owner_pid` names no running process,
 time differs from `trajflow.owner_start` (the pid was reused), or it was labelled in an earlier boot; or, for an
 owner that ran in a container on this engine (`trajflow.owner_container`), when that container is gone, stopped or
 was restarted since (another host's dead env worker under `trajflow up --hosts`).
-Run by every env worker's periodic sweep (`workers/sweep.py`), the first time before it starts sandboxes of its
+Run by every env worker's periodic sweep (`workers/sandbox_sweep.py`), the first time before it starts sandboxes of its
 own. Containers removed while it lists them (closed by their owners) are skipped, and so is one the engine fails
 to remove (an error or a timeout of a busy engine): it is logged and left for the next round, so reaping never
 keeps an env worker from starting.
