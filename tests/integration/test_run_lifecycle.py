@@ -12,7 +12,7 @@ import asyncio
 import uuid
 
 import pytest
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
 
 from tests.conftest import async_wait_for, running_stack
@@ -48,14 +48,20 @@ async def wait_none_running(client, run_id: str, timeout_s: float = 60) -> None:
     await async_wait_for(none, timeout_s=timeout_s, interval_s=0.5, what=f"no running trajectory of {run_id}")
 
 
+async def started_and_held(st) -> tuple[str, WorkflowHandle]:
+    """A run of 5 steps of B = 2 in groups of 2 at α = 1, once its (α + 1)·B = 4 samples run, held at the gate."""
+    cfg = run_config(st.pools, steps=5, batch_size=2, group_size=2, alpha=1)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+    await wait_running(st.client, run_id, 4)
+    return run_id, handle
+
+
 async def test_a_graceful_stop_trains_the_current_step_then_ends_every_trajectory(
     temporal_env, reward_service, store, sandbox_manager, gated: GatedEngine
 ) -> None:
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, gated) as st:
-        cfg = run_config(st.pools, steps=5, batch_size=2, group_size=2, alpha=1)
-        run_id = f"run-{uuid.uuid4().hex[:8]}"
-        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
-        await wait_running(st.client, run_id, 4)  # (α + 1)·B = 4 samples admitted, all held at the gate
+        run_id, handle = await started_and_held(st)
         await stop_training(run_id, reason="enough for today", client=st.client)
         admitted = (await handle.query(names.QUERY_STATE, result_type=TrainingState)).next_group
         gated.gate.set()
@@ -73,10 +79,7 @@ async def test_stop_now_cancels_what_runs_without_training_more(
     temporal_env, reward_service, store, sandbox_manager, gated: GatedEngine
 ) -> None:
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, gated) as st:
-        cfg = run_config(st.pools, steps=5, batch_size=2, group_size=2, alpha=1)
-        run_id = f"run-{uuid.uuid4().hex[:8]}"
-        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
-        await wait_running(st.client, run_id, 4)
+        run_id, handle = await started_and_held(st)
         await stop_training(run_id, now=True, client=st.client)
         result = await asyncio.wait_for(handle.result(), timeout=120)
         await wait_none_running(st.client, run_id)  # the gate never opened: they were cancelled
@@ -89,10 +92,7 @@ async def test_a_cancelled_run_cancels_its_trajectories(
     temporal_env, reward_service, store, sandbox_manager, gated: GatedEngine
 ) -> None:
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, gated) as st:
-        cfg = run_config(st.pools, steps=5, batch_size=2, group_size=2, alpha=1)
-        run_id = f"run-{uuid.uuid4().hex[:8]}"
-        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
-        await wait_running(st.client, run_id, 4)
+        run_id, handle = await started_and_held(st)
         await handle.cancel()  # what the UI's Request Cancellation and `temporal workflow cancel` send
         with pytest.raises(WorkflowFailureError) as ended:
             await asyncio.wait_for(handle.result(), timeout=60)

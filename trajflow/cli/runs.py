@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
@@ -18,6 +19,8 @@ from trajflow.cli.common import load_config as _config
 from trajflow.cli.common import publish_envs as _publish_envs
 from trajflow.cli.common import published as _published
 from trajflow.cli.common import say as _say
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from trajflow.contracts.config import RunConfig
@@ -167,11 +170,23 @@ def _running(run_id: str) -> bool:
     return asyncio.run(main())
 
 
+def _run_or_exit(main: Callable[[], Coroutine[object, object, T]]) -> T:
+    """`asyncio.run(main())`; an unknown run, or one that ended without a result, exits 1 with its message."""
+    from trajflow.cli.commands.train import RunEnded
+
+    try:
+        return asyncio.run(main())
+    except (LookupError, RunEnded) as e:
+        typer.secho(str(e).strip("'\""), fg="red", err=True)
+        _exit(1)
+        raise  # not reached: _exit leaves the process
+
+
 def _attach(run_id: str, json_summary: Path | None, no_eval: bool) -> None:
     from infra.settings import load_settings
     from infra.temporal import connect
     from trajflow.cli.commands.lifecycle import attach as attach_run
-    from trajflow.cli.commands.train import RunEnded, verdict
+    from trajflow.cli.commands.train import verdict
     from trajflow.contracts.runs import RunSummary
 
     settings = load_settings()
@@ -180,12 +195,7 @@ def _attach(run_id: str, json_summary: Path | None, no_eval: bool) -> None:
     async def main() -> RunSummary:
         return await attach_run(await connect(settings), run_id, run_dir, _say, skip_eval=no_eval)
 
-    try:
-        summary = asyncio.run(main())
-    except (LookupError, RunEnded) as e:
-        typer.secho(str(e).strip("'\""), fg="red", err=True)
-        _exit(1)
-        return
+    summary = _run_or_exit(main)
     if json_summary:
         json_summary.parent.mkdir(parents=True, exist_ok=True)
         json_summary.write_text(summary.model_dump_json(indent=2))
@@ -222,7 +232,6 @@ def stop(
     from infra.temporal import connect
     from trajflow.cli.commands.lifecycle import dumps
     from trajflow.cli.commands.lifecycle import stop as stop_run
-    from trajflow.cli.commands.train import RunEnded
 
     settings = load_settings()
 
@@ -231,12 +240,7 @@ def stop(
         run_dir = settings.state_dir / "runs" / run_id
         return await stop_run(client, run_id, run_dir, _say, now=now, reason=reason, wait=wait)
 
-    try:
-        out = asyncio.run(main())
-    except (LookupError, RunEnded) as e:
-        typer.secho(str(e).strip("'\""), fg="red", err=True)
-        _exit(1)
-        return
+    out = _run_or_exit(main)
     typer.echo(dumps(out) if as_json else f"run {run_id}: {out.get('stopped') or 'stop sent'}")
     _exit(0)
 
