@@ -92,6 +92,15 @@ def test_every_package_says_its_job() -> None:
         assert doc.startswith('"""') and len(doc) > 20, f"{init.relative_to(ROOT)} has no one-line job"
 
 
+def test_every_test_module_has_its_own_name() -> None:
+    """tests/unit and tests/integration are not packages: pytest imports each test module by its file name, so two
+    of the same name (one in each folder) fail the whole run at collection ("import file mismatch")."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
 def test_no_file_holds_merge_conflict_markers() -> None:
     """A merge committed half-resolved (as once happened to scripts/bootstrap.sh) breaks what only CI runs."""
     suffixes = {".py", ".sh", ".md", ".toml", ".yml", ".yaml", ".cfg", ".txt", ".json", ""}
