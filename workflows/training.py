@@ -245,8 +245,9 @@ class TrainingWorkflow:
         if not call.done():
             return False
         done = self.book.finish_step(step, call.result(), workflow.time() - self.s.started_at)
-        for lag in done.staleness:
-            record(workflow.metric_meter(), metrics.SAMPLE_STALENESS, lag, run=self.s.run_id)
+        for lag, count in done.staleness.items():
+            for _ in range(count):  # one observation per sample trained on, as the histogram metric counts them
+                record(workflow.metric_meter(), metrics.SAMPLE_STALENESS, lag, run=self.s.run_id)
         workflow.upsert_search_attributes([SA_VERSION.value_set(self.s.version)])
         return True
 
