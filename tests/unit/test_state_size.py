@@ -5,10 +5,13 @@ list form still (recorded histories, running workflows' continue-as-new inputs).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from trajflow.contracts.training import MAX_CHILDREN_IN_FLIGHT, StepRecord, TrainingStart
-from trajflow.lab.bench.state_size import LIMIT, StateSize, config, history, sizes, table
+from trajflow.lab.bench.state_size import LIMIT, StateSize, config, history, main, sizes, table
 
 TEMPORAL_PAYLOAD_LIMIT = 2 * 1024 * 1024
 """Temporal refuses a payload (an input, a query result) over 2 MB."""
@@ -67,3 +70,17 @@ def test_an_old_step_record_lists_every_lag_and_is_read_as_its_histogram() -> No
     assert again.resume is not None and again.resume.history[0].staleness == {0: 2, 1: 3}
     with pytest.raises(ValueError, match="staleness"):
         StepRecord.model_validate({**old, "staleness": "1,0"})
+
+
+def test_the_bench_prints_its_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--batch", "16", "--group", "4", "--json", str(tmp_path / "sizes.json")])
+    out = capsys.readouterr().out
+    assert out.startswith("| B | n | α | r |") and out.count("\n| 16 | 4 | 1 | 0 |") == 2
+    rows = json.loads((tmp_path / "sizes.json").read_text())
+    assert [r["training"] for r in rows] == [False, True] and all(0 < r["progress"] < r["state"] for r in rows)
+
+
+def test_the_bench_refuses_a_batch_that_is_no_multiple_of_the_group(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--batch", "10", "--group", "4"])
+    assert "batch_size (10) must be a multiple of group_size (4)" in capsys.readouterr().err

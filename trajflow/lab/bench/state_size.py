@@ -80,7 +80,11 @@ def config(batch_size: int, group_size: int, alpha: int, redundancy: int = 0, ch
     shape = {"batch_size": batch_size, "group_size": group_size, "alpha": alpha, "redundancy": redundancy}
     if check:
         return TrainingRunConfig.model_validate({"steps": 2 * HISTORY_KEPT, **shape, "tasks": tasks})
-    return TrainingRunConfig(steps=2 * HISTORY_KEPT, tasks=tasks).model_copy(update=shape)
+    if batch_size < group_size or batch_size % group_size:
+        raise ValueError(f"batch_size ({batch_size}) must be a multiple of group_size ({group_size})")
+    # the same run with one group a step passes every other check; then the batch is widened, unchecked
+    one_group = {"steps": 2 * HISTORY_KEPT, **shape, "batch_size": group_size, "tasks": tasks}
+    return TrainingRunConfig.model_validate(one_group).model_copy(update={"batch_size": batch_size})
 
 
 def history(cfg: TrainingRunConfig, run_id: str = "grpo-countdown-0412") -> TrainingState:
@@ -200,7 +204,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--redundancy", type=int, default=0, help="redundant samples per group r (default 0)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON to this file")
     args = parser.parse_args(argv)
-    rows = [row for b in args.batch for row in sizes(config(b, args.group, args.alpha, args.redundancy, check=False))]
+    try:
+        cfgs = [config(b, args.group, args.alpha, args.redundancy, check=False) for b in args.batch]
+    except ValueError as e:
+        parser.error(str(e))
+    rows = [row for c in cfgs for row in sizes(c)]
     print(table(rows), end="")
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
