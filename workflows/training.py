@@ -54,9 +54,10 @@ with workflow.unsafe.imports_passed_through():
     )
     from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult
     from trajflow.observability.metrics import record
+    from workflows import queries
     from workflows.bookkeeping import Book, ReportOutcome
 
-from workflows import queries, stubs
+from workflows import stubs
 from workflows.inputs import NO_INPUT, decode_input
 
 SA_RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
