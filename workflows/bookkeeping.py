@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from trajflow.contracts.steps import lag_histogram
 from trajflow.contracts.training import (
     GroupState,
     StepRecord,
@@ -224,7 +225,7 @@ class Book:
             reward_mean=sum(r.reward for r in refs) / len(refs),
             trajectories=len(refs),
             stale_dropped_total=s.counters.dropped_stale,
-            staleness=[step.version - r.policy_version for r in refs],
+            staleness=lag_histogram(step.version - r.policy_version for r in refs),
             metrics=res.metrics,
             train_s=res.seconds,
             wins=sum(r.won for r in refs),

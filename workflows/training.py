@@ -42,7 +42,6 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import metrics, names
     from trajflow.contracts.training import (
-        PROGRESS_RECENT_STEPS,
         GroupState,
         StopRequest,
         TrainingProgress,
@@ -55,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult
     from trajflow.observability.metrics import record
+    from workflows import queries
     from workflows.bookkeeping import Book, ReportOutcome
 
 from workflows import stubs
@@ -246,8 +246,9 @@ class TrainingWorkflow:
         if not call.done():
             return False
         done = self.book.finish_step(step, call.result(), workflow.time() - self.s.started_at)
-        for lag in done.staleness:
-            record(workflow.metric_meter(), metrics.SAMPLE_STALENESS, lag, run=self.s.run_id)
+        for lag, count in done.staleness.items():
+            for _ in range(count):  # one observation per sample trained on, as the histogram metric counts them
+                record(workflow.metric_meter(), metrics.SAMPLE_STALENESS, lag, run=self.s.run_id)
         workflow.upsert_search_attributes([SA_VERSION.value_set(self.s.version)])
         return True
 
@@ -321,23 +322,7 @@ class TrainingWorkflow:
 
     @workflow.query(name=names.QUERY_PROGRESS)
     def progress(self) -> TrainingProgress:
-        s = self.s
-        return TrainingProgress(
-            run_id=s.run_id,
-            version=s.version,
-            steps=self.cfg.steps,
-            alpha=self.cfg.alpha,
-            running=sum(len(g.running) for g in s.groups.values()),
-            buffered=sum(len(g.completed) for g in s.groups.values()),
-            counters=s.counters,
-            last=s.history[-1] if s.history else None,
-            recent=s.history[-PROGRESS_RECENT_STEPS:],
-            elapsed_s=workflow.time() - s.started_at,
-            paused=s.paused,
-            tasks=[t.name for t in self.cfg.tasks],
-            by_task=s.by_task,
-            stopping=f"{s.stopping.reason}; ends at v{s.stopping.at_version}" if s.stopping else None,
-        )
+        return queries.progress(self.cfg, self.s, elapsed_s=workflow.time() - self.s.started_at)
 
     @workflow.query(name=names.QUERY_RUN_CONFIG)
     def run_config(self) -> TrainingRunConfig:

@@ -115,7 +115,8 @@ async def test_async_run_respects_admission_and_staleness_bounds(
     c = result.counters
     assert result.version == 3 and len(result.history) == 3
     assert c.consumed == 12 and c.dropped_stale == 0
-    assert all(0 <= lag <= 1 for step in result.history for lag in step.staleness)
+    assert all(0 <= lag <= 1 for step in result.history for lag in step.staleness)  # lag -> samples
+    assert all(sum(step.staleness.values()) == step.trajectories == 4 for step in result.history)
     assert state.next_group >= 6
     assert len(runs) == c.started and c.started >= 6 * 3  # n + r = 3 started per group
     # admission: group k (n = 2 samples) may start only once (k + 1)·n <= (v + α + 1)·B at its start version v

@@ -234,7 +234,7 @@ def test_status_text_of_a_training_run() -> None:
         "progress": {
             "run_id": "run-1", "version": 1, "steps": 4, "alpha": 1, "running": 2, "buffered": 1,
             "counters": {"started": 6, "completed": 3, "infra_failed": 1}, "elapsed_s": 12.5, "paused": None,
-            "last": {"step": 1, "time_s": 10.0, "reward_mean": 0.25, "trajectories": 4, "staleness": [0, 0, 1, 1],
+            "last": {"step": 1, "time_s": 10.0, "reward_mean": 0.25, "trajectories": 4, "staleness": {"0": 2, "1": 2},
                      "train_s": 0.3, "metrics": {"loss": 0.123456}, "stale_dropped_total": 0},
         },
         "query_error": None, "trajectories_query": "q",
@@ -250,6 +250,7 @@ def test_status_text_of_a_training_run() -> None:
     assert "training run-1: training (workflow running)" in text
     assert "version 1/4  alpha 1" in text and "buffer 1 completed" in text and "running 2" in text
     assert "infra_failed 1" in text and "paused: no" in text and "loss=0.1235" in text
+    assert "over 4 trajectories, staleness 0×2 1×2, train 0.30s" in text
     assert "run-1-g000002-0  turn 1/4  sandbox sb-1  host hq  env failures 0" in text
     assert "last observation: At turn 1 ⏎ you guessed 5" in text
     assert "run-1-g000002-1  (no answer: timeout)" in text

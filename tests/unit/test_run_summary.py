@@ -43,17 +43,19 @@ README_KEYS = {
 def a_summary() -> RunSummary:
     history = [
         StepRecord(
-            step=1, time_s=10.04, reward_mean=0.123456, trajectories=8, stale_dropped_total=0, staleness=[0, 1, 1]
+            step=1, time_s=10.04, reward_mean=0.123456, trajectories=8, stale_dropped_total=0, staleness={0: 1, 1: 2}
         ),
-        StepRecord(
-            step=2,
-            time_s=20.0,
-            reward_mean=0.5,
-            trajectories=8,
-            stale_dropped_total=0,
-            staleness=[0],
-            metrics={"loss": math.nan, "clip_frac": 0.1},
-        ),
+        StepRecord.model_validate(  # a record of an older worker: every sample's lag
+            {
+                "step": 2,
+                "time_s": 20.0,
+                "reward_mean": 0.5,
+                "trajectories": 8,
+                "stale_dropped_total": 0,
+                "staleness": [0],
+                "metrics": {"loss": math.nan, "clip_frac": 0.1},
+            }
+        ),  # fmt: skip
     ]
     result = TrainingResult(
         run_id="r", version=2, counters=TrainingCounters(completed=16, consumed=16), history=history, wall_seconds=30.0

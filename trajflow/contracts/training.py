@@ -13,6 +13,9 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, model_validator
 
 from trajflow.contracts.limits import PoolName
+from trajflow.contracts.steps import StepRecord as StepRecord
+from trajflow.contracts.steps import TaskStats as TaskStats
+from trajflow.contracts.steps import TrainRef as TrainRef
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.trainer import LoraConfig as LoraConfig
 from trajflow.contracts.trainer import LossConfig as LossConfig
@@ -118,49 +121,6 @@ class TrainSettings(_Model):
         return derive_seed(self.seed, group_seed, member)
 
 
-class TrainRef(_Model):
-    """One trajectory of a step's batch, as the trainer needs it: where it is, its group and its reward."""
-
-    workflow_id: str
-    trajectory_uri: str
-    group: str
-    reward: float
-    policy_version: int
-    task: str = ""
-    """The task's name (`TaskConfig.name`; a user-started trajectory's own `task`, or "external")."""
-    won: bool = False
-    """Its last env reward was at least 1 (a win, as eval counts them)."""
-
-
-class TaskStats(_Model):
-    """Trajectories of one task trained on: in one step (`StepRecord.by_task`) or so far (`TrainingState.by_task`)."""
-
-    trajectories: int = 0
-    reward_mean: float = 0.0
-    wins: int = 0
-    """Of them, those whose last env reward was at least 1."""
-
-    @classmethod
-    def of(cls, refs: list[TrainRef]) -> dict[str, TaskStats]:
-        """Per task name, the stats of `refs`."""
-        out: dict[str, TaskStats] = {}
-        for name in dict.fromkeys(r.task for r in refs):
-            mine = [r for r in refs if r.task == name]
-            mean = round(sum(r.reward for r in mine) / len(mine), 6)  # short in the history the state carries
-            out[name] = cls(trajectories=len(mine), reward_mean=mean, wins=sum(r.won for r in mine))
-        return out
-
-    def plus(self, other: TaskStats) -> TaskStats:
-        n = self.trajectories + other.trajectories
-        total = self.reward_mean * self.trajectories + other.reward_mean * other.trajectories
-        return TaskStats(trajectories=n, reward_mean=total / n if n else 0.0, wins=self.wins + other.wins)
-
-    @property
-    def success(self) -> float:
-        """Wins over trajectories (0.0 for none)."""
-        return self.wins / self.trajectories if self.trajectories else 0.0
-
-
 class TrainStepInput(_Model):
     run_id: str
     version: int
@@ -241,31 +201,6 @@ class TrainingCounters(_Model):
     max_in_flight: int = 0
     admission_pauses: int = 0
     """Times admission stopped on a run of infra failures (see `pause_after_infra_failures`)."""
-
-
-class StepRecord(_Model):
-    step: int
-    """The version this step produced."""
-    time_s: float
-    """Seconds since the run started (workflow time)."""
-    reward_mean: float
-    trajectories: int
-    stale_dropped_total: int
-    staleness: list[int] = Field(default_factory=list)
-    """v_train - version of every trajectory trained on in this step."""
-    metrics: dict[str, float] = Field(default_factory=dict)
-    train_s: float = 0.0
-    wins: int = 0
-    """Trajectories of the batch whose last env reward was at least 1."""
-    by_task: dict[str, TaskStats] = Field(default_factory=dict)
-    """In a run of several tasks, task name -> its trajectories in this step's batch (absent: none of that task);
-    empty in a one-task run (the step's own figures are that task's), so the history a run carries stays small."""
-
-    def task_stats(self, tasks: list[str]) -> dict[str, TaskStats]:
-        """Task name -> this step's trajectories of it: `by_task`, or in a one-task run the step's own figures."""
-        if self.by_task or len(tasks) != 1:
-            return self.by_task
-        return {tasks[0]: TaskStats(trajectories=self.trajectories, reward_mean=self.reward_mean, wins=self.wins)}
 
 
 class StopRequest(_Model):

@@ -115,6 +115,11 @@ def _trajectory_line(wid: str, answer: dict[str, Any] | None, error: str | None,
     )
 
 
+def _lags(histogram: dict[int, int]) -> str:
+    """A step's staleness histogram as `lag×samples`: "0×6 1×2"."""
+    return " ".join(f"{lag}×{n}" for lag, n in sorted(histogram.items())) or "-"
+
+
 def format_status(s: dict[str, Any], width: int = 100) -> str:
     """The status as text (the `--json` form is `s` itself)."""
     attrs = s["attributes"]
@@ -137,7 +142,7 @@ def format_status(s: dict[str, Any], width: int = 100) -> str:
             metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(last.metrics.items()))
             lines.append(
                 f"last step: v{last.step} at {last.time_s:.1f}s, reward mean {last.reward_mean:.3f} over "
-                f"{last.trajectories} trajectories, staleness {last.staleness}, train {last.train_s:.2f}s"
+                f"{last.trajectories} trajectories, staleness {_lags(last.staleness)}, train {last.train_s:.2f}s"
                 + (f"\n    {metrics}" if metrics else "")
             )
         per_task = task_lines(p)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -252,7 +253,9 @@ def summarise(
     after: EvalResult | None,
 ) -> RunSummary:
     c = result.counters
-    staleness = [lag for step in result.history for lag in step.staleness]
+    staleness: Counter[int] = Counter()
+    for step in result.history:
+        staleness.update(step.staleness)
     return RunSummary(
         run_id=run_id,
         eval_before=before,
@@ -268,7 +271,7 @@ def summarise(
         group_size=run.group_size,
         loss=run.trainer.loss.kind,
         counters=c,
-        staleness_histogram={str(k): staleness.count(k) for k in sorted(set(staleness))},
+        staleness_histogram={str(k): staleness[k] for k in sorted(staleness)},
         reward_by_step=[round(s.reward_mean, 4) for s in result.history],
         time_by_step=[round(s.time_s, 1) for s in result.history],
         last_metrics=result.history[-1].metrics if result.history else {},

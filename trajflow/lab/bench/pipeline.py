@@ -120,7 +120,7 @@ async def _training_run(
     util = st.engine.stats()["utilisation"]  # type: ignore[attr-defined]
     leftovers = await _terminate_leftovers(st, handle.id)
     times = [h.time_s for h in result.history]
-    lags = [lag for h in result.history for lag in h.staleness]
+    lags = [lag for h in result.history for lag, n in h.staleness.items() for _ in range(n)]
     admission, executions = await _admission_spans(st, handle.id, w.batch_size)
     if alpha:
         admission = []  # batches of B children are steps only under the barrier

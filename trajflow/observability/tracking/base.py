@@ -29,12 +29,12 @@ class Tracker(Protocol):
 def step_scalars(record: StepRecord, previous: StepRecord | None) -> dict[str, float]:
     """What one training step logs: the batch's reward and staleness, the trainer's own metrics (loss, KL, clip
     fraction, entropy, ... under `train/`), its seconds, and the throughput since the step before."""
-    lags = record.staleness or [0]
+    lags = record.staleness  # lag -> samples
     values = {
         "rollout/reward_mean": record.reward_mean,
         "rollout/trajectories": float(record.trajectories),
-        "rollout/staleness_mean": sum(lags) / len(lags),
-        "rollout/staleness_max": float(max(lags)),
+        "rollout/staleness_mean": sum(lag * n for lag, n in lags.items()) / (sum(lags.values()) or 1),
+        "rollout/staleness_max": float(max(lags, default=0)),
         "rollout/stale_dropped_total": float(record.stale_dropped_total),
         "train/step_seconds": record.train_s,
         "time/minutes": record.time_s / 60,
