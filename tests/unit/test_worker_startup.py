@@ -101,8 +101,10 @@ def test_the_fake_owner_pid_is_not_running() -> None:
 
 
 def _started(tmp_path: Path, name: str, script: str) -> None:
-    """A process of `up`'s table: a shell script started detached, recorded under tmp_path/run."""
-    rec = start_detached(name, ["sh", "-c", script], tmp_path / "logs")
+    """A process of `up`'s table: a shell script started detached, recorded under tmp_path/run. It lives half a
+    second before the script runs, as a worker does while it starts: `start_detached` refuses to record a process
+    that is gone before it reads its start time."""
+    rec = start_detached(name, ["sh", "-c", f"sleep 0.5; {script}"], tmp_path / "logs")
     ProcessTable(tmp_path / "run").add(rec)
 
 
