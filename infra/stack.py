@@ -260,18 +260,21 @@ def start_up_watch(run_dir: Path, log_dir: Path, progress: Progress) -> Callable
     table = {r.name: r for r in processes.load()}
     restarts = dict.fromkeys(table, 0)
 
+    def exited(rec: ProcessRecord) -> RuntimeError:
+        return RuntimeError(f"{rec.name} exited during start-up; the end of {rec.log}:\n{log_tail(rec)}")
+
     def check() -> None:
         for name, rec in table.items():
             if is_alive(rec):
                 continue
             if name == "temporal" or restarts[name] >= START_RESTARTS:
-                raise RuntimeError(f"{name} exited during start-up; the end of {rec.log}:\n{log_tail(rec)}")
+                raise exited(rec)
             restarts[name] += 1
             progress(f"{name}: exited during start-up, starting it again; the end of {rec.log}:\n{log_tail(rec)}")
             try:
                 table[name] = restart(rec, log_dir)
             except RuntimeError:  # it exited again at once
-                raise RuntimeError(f"{name} exited during start-up; the end of {rec.log}:\n{log_tail(rec)}") from None
+                raise exited(rec) from None
             processes.replace(table[name])
             progress(f"{name}: started again (pid {table[name].pid})")
 

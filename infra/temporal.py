@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from temporalio.client import Client, Plugin
+from temporalio.client import Client, Plugin, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from infra.connection import TemporalConnectionError, connect_options, explain_failure
 from infra.settings import Settings
@@ -195,6 +195,19 @@ async def wait_until_reachable(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{failure} (still failing after {timeout_s:.0f}s)") from e
             await asyncio.sleep(0.25)
+
+
+async def execution_status(
+    client: Client, workflow_id: str, run_id: str | None = None
+) -> WorkflowExecutionStatus | None:
+    """The status of a workflow's execution (`run_id` None: its newest); None when Temporal knows no such
+    workflow. Other RPC errors are raised."""
+    try:
+        return (await client.get_workflow_handle(workflow_id, run_id=run_id).describe()).status
+    except RPCError as e:
+        if e.status is RPCStatusCode.NOT_FOUND:
+            return None
+        raise
 
 
 async def pollers(client: Client, task_queue: str, *, activity: bool) -> int:

@@ -22,6 +22,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 
+from infra.temporal import execution_status
 from trajflow.contracts import names
 
 log = logging.getLogger("trajflow.run_sweep")
@@ -53,21 +54,11 @@ async def running_by_run(client: Client, page: int = 1000) -> dict[str, list[str
     return dict(out)
 
 
-async def run_status(client: Client, run_id: str) -> WorkflowExecutionStatus | None:
-    """The status of the training run's newest execution; None when no workflow has that id."""
-    try:
-        return (await client.get_workflow_handle(run_id).describe()).status
-    except RPCError as e:
-        if e.status is RPCStatusCode.NOT_FOUND:
-            return None
-        raise
-
-
 async def sweep_once(client: Client, page: int = 1000) -> dict[str, int]:
     """One round: run id -> trajectories cancelled, for the runs that ended early."""
     cancelled: dict[str, int] = {}
     for run, workflow_ids in (await running_by_run(client, page)).items():
-        status = await run_status(client, run)
+        status = await execution_status(client, run)  # None: no training workflow of that id
         if status not in ENDED_EARLY:
             continue
         for wid in workflow_ids:

@@ -18,8 +18,9 @@ import logging
 from dataclasses import dataclass
 
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
+from infra.temporal import execution_status
 from trajflow.sandbox.leases import Holder, Lease, RunState, Verdict, cap_for, lease_verdict, needs_run_state
 from trajflow.sandbox.manager import SandboxManager
 from trajflow.sandbox.pool import WarmPool
@@ -110,20 +111,19 @@ class Sweeper:
         """The owning run's state; UNKNOWN without a client or when Temporal cannot answer."""
         if self.client is None:
             return RunState.UNKNOWN
-        handle = self.client.get_workflow_handle(workflow_id, run_id=run_id or None)
         try:
-            described = await asyncio.wait_for(handle.describe(), DESCRIBE_TIMEOUT_S)
+            status = await asyncio.wait_for(
+                execution_status(self.client, workflow_id, run_id or None), DESCRIBE_TIMEOUT_S
+            )
         except RPCError as e:
-            if e.status == RPCStatusCode.NOT_FOUND:
-                return RunState.CLOSED
             log.warning("cannot describe workflow %s run %s: %s", workflow_id, run_id, e)
             return RunState.UNKNOWN
         except TimeoutError:
             log.warning("describing workflow %s run %s timed out", workflow_id, run_id)
             return RunState.UNKNOWN
-        if described.status is None:
-            return RunState.UNKNOWN
-        return RunState.RUNNING if described.status == WorkflowExecutionStatus.RUNNING else RunState.CLOSED
+        if status is None:  # Temporal knows no such run: gone
+            return RunState.CLOSED
+        return RunState.RUNNING if status == WorkflowExecutionStatus.RUNNING else RunState.CLOSED
 
 
 def _holder(lease: Lease, waiting: set[str]) -> Holder:

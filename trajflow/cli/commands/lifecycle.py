@@ -13,6 +13,7 @@ from pathlib import Path
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from infra.temporal import execution_status
 from trajflow.cli.commands.evaluate import Say
 from trajflow.cli.commands.train import EVAL_BEFORE, finish, follow_run
 from trajflow.client import attach_training, stop_training
@@ -24,11 +25,7 @@ from trajflow.observability.tracking.base import Fanout
 
 async def is_running(client: Client, run_id: str) -> bool:
     """True when a training run of that id is running now."""
-    try:
-        handle = await attach_training(run_id, client=client)
-    except LookupError:
-        return False
-    return (await handle.describe()).status is WorkflowExecutionStatus.RUNNING
+    return await execution_status(client, run_id) is WorkflowExecutionStatus.RUNNING
 
 
 def eval_before(run_dir: Path) -> EvalResult | None:
