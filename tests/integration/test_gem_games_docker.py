@@ -108,7 +108,7 @@ def games_sandboxes(sandbox_manager: SandboxManager) -> Iterator[list[Sandbox]]:
 
 @pytest.fixture()
 def games_box(games_sandboxes: list[Sandbox], sandbox_manager: SandboxManager) -> Sandbox:
-    """The module's `game:` sandbox, replaced once one game lost it (so a failure is that game's, not every later one's)."""
+    """The module's `game:` sandbox, replaced once a game lost it (a failure is that game's, not every later one's)."""
     try:
         games_sandboxes[-1].request({"op": "ping"}, timeout_s=30)
     except (SandboxLost, EnvError):
