@@ -13,6 +13,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, model_validator
 
 from trajflow.contracts.limits import PoolName
+from trajflow.contracts.shards import BatchStats, ShardedState
 from trajflow.contracts.steps import StepRecord as StepRecord
 from trajflow.contracts.steps import TaskStats as TaskStats
 from trajflow.contracts.steps import TrainRef as TrainRef
@@ -34,9 +35,16 @@ class EvalConfig(_Model):
 
 
 MAX_CHILDREN_IN_FLIGHT = 2_000
-"""Temporal's limit on the pending child workflows of one execution (`limit.numPendingChildExecutions.error`): every
-trajectory of a run is a child of its training workflow, so a config whose trajectories in flight could pass it
-is refused (docs/training.md)."""
+"""Temporal's limit on the pending child workflows of one execution (`limit.numPendingChildExecutions.error`): in a
+direct run every trajectory is a child of its training workflow, in a sharded run of its shard, so a config whose
+children in flight could pass it is refused (docs/capacity.md)."""
+MAX_SIGNALS_PER_RUN = 10_000
+"""Temporal's limit on the signals one workflow run receives (`limit.maxSignalsPerExecution`)."""
+SHARD_EVENTS_PER_MEMBER = 6
+"""History events a shard spends on one trajectory: its start (initiated, started), its close, its report signal, and
+the workflow tasks around them (an upper bound used to refuse shards too large for one history)."""
+MAX_HISTORY_EVENTS = 51_200
+"""Temporal's limit on the events of one workflow history (`limit.historyCount.error`)."""
 
 
 class TrainSettings(_Model):
@@ -78,6 +86,11 @@ class TrainSettings(_Model):
     trajectory resumes admission, as does the `resume_admission` signal."""
     history_events_before_continue: Annotated[int, Field(ge=50, le=40_000)] = 10_000
     """The workflow continues as new once its history holds this many events (Temporal's limit is 51,200)."""
+    groups_per_shard: Annotated[int, Field(ge=0, le=2_000)] = 0
+    """0: every trajectory is a child of the training workflow and reports to it (fine up to about 2,000
+    trajectories in flight). N > 0: a sharded run (docs/capacity.md): the training workflow starts shard workflows
+    of up to N groups, each the parent of its groups' trajectories, which report one message per group, so the
+    training workflow's state holds group ranges and counters, independent of the batch."""
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainSettings:
@@ -94,13 +107,8 @@ class TrainSettings(_Model):
                 f"trainer.seed ({self.trainer.seed}) differs from the run's seed ({self.seed}); set [train] seed "
                 "alone: every step's trainer seed follows it"
             )
-        if self.max_in_flight() > MAX_CHILDREN_IN_FLIGHT:
-            raise ValueError(
-                f"up to {self.max_in_flight()} trajectories in flight ((alpha + 1) * batch_size / group_size groups "
-                f"of group_size + redundancy), over Temporal's limit of {MAX_CHILDREN_IN_FLIGHT} pending children of "
-                "one workflow: every trajectory is a child of the training workflow. Lower batch_size, alpha or "
-                "redundancy"
-            )
+        for problem in self.limit_problems():
+            raise ValueError(problem)
         groups_needed = (
             (self.steps + self.alpha + 1) * self.batch_size // self.group_size * (1 + self.max_group_restarts)
         )
@@ -115,6 +123,56 @@ class TrainSettings(_Model):
         """The most trajectories admission keeps running at once: (α + 1)·B/n groups of n + r."""
         return (self.alpha + 1) * (self.batch_size // self.group_size) * (self.group_size + self.redundancy)
 
+    def max_groups_in_flight(self) -> int:
+        """(α + 1)·B/n: the groups admission keeps open or waiting to be trained on."""
+        return (self.alpha + 1) * (self.batch_size // self.group_size)
+
+    def shard_size(self) -> int:
+        """The groups of a full shard: `groups_per_shard`, or the whole pipeline when that is smaller. Admission starts
+        full shards only, but at the end of a run, for a probe and in sync mode (docs/capacity.md)."""
+        return min(self.groups_per_shard, self.max_groups_in_flight())
+
+    def max_shards_in_flight(self) -> int:
+        """Full shards to hold every group in flight, one partial shard and a probe's."""
+        return -(-self.max_groups_in_flight() // max(1, self.shard_size())) + 2
+
+    def limit_problems(self) -> list[str]:
+        """Why this config would pass one of Temporal's limits on one workflow execution (empty when it fits)."""
+        if not self.groups_per_shard:
+            if self.max_in_flight() <= MAX_CHILDREN_IN_FLIGHT:
+                return []
+            return [
+                f"up to {self.max_in_flight()} trajectories in flight ((alpha + 1) * batch_size / group_size groups "
+                f"of group_size + redundancy), over Temporal's limit of {MAX_CHILDREN_IN_FLIGHT} pending children "
+                "of one workflow: every trajectory is a child of the training workflow. Set groups_per_shard (e.g. "
+                "64: shard workflows of 64 groups each are the trajectories' parents), or lower batch_size, alpha "
+                "or redundancy"
+            ]
+        problems = []
+        if self.max_shards_in_flight() > MAX_CHILDREN_IN_FLIGHT:
+            problems.append(
+                f"up to {self.max_shards_in_flight()} shard workflows in flight ((alpha + 1) * batch_size / group_size "
+                f"= {self.max_groups_in_flight()} groups in shards of {self.shard_size()}), over Temporal's limit of "
+                f"{MAX_CHILDREN_IN_FLIGHT} pending children of the training workflow. Raise groups_per_shard"
+            )
+        running = self.groups_per_shard * (self.group_size + self.redundancy)
+        if running > MAX_CHILDREN_IN_FLIGHT:
+            problems.append(
+                f"a shard of {self.groups_per_shard} groups runs up to {running} trajectories at once "
+                f"(groups_per_shard * (group_size + redundancy)), over Temporal's limit of {MAX_CHILDREN_IN_FLIGHT} "
+                "pending children of one workflow. Lower groups_per_shard"
+            )
+        # in its life a shard also starts its groups' replacements; it never continues as new
+        members = self.groups_per_shard * (self.group_size + self.redundancy + self.max_group_restarts)
+        if members > MAX_SIGNALS_PER_RUN or members * SHARD_EVENTS_PER_MEMBER > MAX_HISTORY_EVENTS:
+            problems.append(
+                f"a shard of {self.groups_per_shard} groups may start {members} trajectories in its life "
+                "(groups_per_shard * (group_size + redundancy + max_group_restarts)): about "
+                f"{members * SHARD_EVENTS_PER_MEMBER} history events and {members} signals, over Temporal's limits of "
+                f"{MAX_HISTORY_EVENTS} events and {MAX_SIGNALS_PER_RUN} signals. Lower groups_per_shard"
+            )
+        return problems
+
     def member_seed(self, group_seed: int, member: int) -> int:
         """The sampling seed of the `member`-th trajectory started for the group of env seed `group_seed`: fixed
         by the run's seed whatever the timing, and different for each member of a group."""
@@ -127,6 +185,9 @@ class TrainStepInput(_Model):
     """The trainer's version before this step; the step publishes version + 1."""
     refs: list[TrainRef]
     trainer: TrainerConfig
+    groups: list[tuple[int, int]] = Field(default_factory=list)
+    """A sharded run's groups of this step, as ranges `[start, end)` of group indices: the trainer reads each
+    group's `GroupManifest` from the store (after `refs`, which then holds user-started trajectories only)."""
 
 
 class TrainStepResult(_Model):
@@ -138,6 +199,9 @@ class TrainStepResult(_Model):
     seconds: float = 0.0
     resumed: bool = False
     """True when this step's result was found already published (a retried step is not trained twice)."""
+    batch: BatchStats | None = None
+    """The figures of the samples trained on (reward, wins, staleness, per task), from the trainer: what a sharded
+    run's step record is made of. None from a trainer older than it."""
 
 
 class TrainingRunConfig(TrainSettings):
@@ -256,6 +320,8 @@ class TrainingState(_Model):
     answers a step it already took, or is taking, with that step's result)."""
     stopping: StopRequest | None = None
     """A stop asked for (the `stop` signal), with the version the run ends at; None while the run goes on."""
+    sharded: ShardedState | None = None
+    """A sharded run's groups and shards (`groups_per_shard` > 0; user-started trajectories stay in `groups`)."""
 
 
 class TrainingStart(_Model):
