@@ -1,5 +1,5 @@
-"""The fan-in tree of a sharded training run (`[train] groups_per_shard`, docs/capacity.md): what a shard workflow
-starts with, the one message a group sends up when it ends, the manifest of a group's samples in the store, the
+"""The fan-in tree of a sharded training run (`[train] groups_per_shard`, docs/capacity.md): the groups a shard
+workflow runs, the one message a group sends up when it ends, the manifest of a group's samples in the store, the
 compact sets of group indices the training workflow holds, and a step's batch figures the trainer returns.
 
 A sharded run's training workflow starts `ShardWorkflow`s of up to `groups_per_shard` groups each; a shard starts
@@ -102,20 +102,6 @@ class GroupSpec(_Model):
     task: Annotated[int, Field(ge=0)]
 
 
-class ShardStart(_Model):
-    """What starts a `ShardWorkflow` (its workflow id: `shard_id(run_id, first group)`)."""
-
-    run_id: WorkflowIdRef
-    """The training run: its trajectories' run and policy."""
-    report_to: WorkflowIdRef
-    """The training workflow the shard's `GroupReport`s go to."""
-    groups: list[GroupSpec] = Field(min_length=1)
-    min_policy_version: Annotated[int, Field(ge=0)] = 0
-    """The trainer's version when the shard was admitted: its trajectories sample from it or newer."""
-    probe: bool = False
-    """A paused run's probe shard (one group)."""
-
-
 class GroupCounts(_Model):
     """What one group's members added to the run's counters (`TrainingCounters` of the same names)."""
 
@@ -144,6 +130,15 @@ class GroupReport(_Model):
     counts: GroupCounts = Field(default_factory=GroupCounts)
     last_error: str | None = None
     """The last infra failure of a member, if any (named when admission pauses)."""
+
+
+class ShardDone(_Model):
+    """A shard's last message (the `shard_finished` signal): every group of it reported and every member closed;
+    `counts` is what its members added since its last `GroupReport` (late reports of cancelled redundant samples)."""
+
+    shard: WorkflowIdRef
+    first: Annotated[int, Field(ge=0)]
+    counts: GroupCounts = Field(default_factory=GroupCounts)
 
 
 class GroupManifest(_Model):

@@ -13,7 +13,8 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, model_validator
 
 from trajflow.contracts.limits import PoolName
-from trajflow.contracts.shards import BatchStats, ShardedState
+from trajflow.contracts.limits import WorkflowIdRef
+from trajflow.contracts.shards import BatchStats, GroupSpec, ShardedState
 from trajflow.contracts.steps import StepRecord as StepRecord
 from trajflow.contracts.steps import TaskStats as TaskStats
 from trajflow.contracts.steps import TrainRef as TrainRef
@@ -373,6 +374,17 @@ class TrainingProgress(_Model):
     """Task name -> every trajectory of it trained on so far (the last step's are in `last.by_task`)."""
     stopping: str | None = None
     """While a stop is under way: its reason and the version the run ends at."""
+
+
+class ShardStart(_Model):
+    """What starts a `ShardWorkflow` of a sharded run (its workflow id: `trajflow.contracts.shards.shard_id`)."""
+
+    run: TrainingRunConfig
+    run_id: WorkflowIdRef
+    """The training run: its trajectories' run and policy, and where the shard's reports go."""
+    groups: list[GroupSpec] = Field(min_length=1)
+    min_policy_version: Annotated[int, Field(ge=0)] = 0
+    """The trainer's version when the shard was admitted: its trajectories sample from it or newer."""
 
 
 class WatchChildrenInput(_Model):
