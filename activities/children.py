@@ -29,14 +29,14 @@ class ChildWatchActivities:
     @activity.defn(name=names.WATCH_CHILDREN)
     async def watch_children(self, inp: WatchChildrenInput) -> WatchChildrenResult:
         while True:
-            closed = [o for wid in inp.workflow_ids if (o := await self._outcome(wid)) is not None]
+            closed = [o for wid in inp.workflow_ids if (o := await self._outcome(wid, inp.results)) is not None]
             if closed:
                 return WatchChildrenResult(closed=closed)
             activity.heartbeat(f"{len(inp.workflow_ids)} running")
             await asyncio.sleep(inp.poll_s)
 
-    async def _outcome(self, workflow_id: str) -> ChildOutcome | None:
-        """The child's outcome once closed, None while it runs."""
+    async def _outcome(self, workflow_id: str, results: bool = True) -> ChildOutcome | None:
+        """The child's outcome once closed (with a completed child's result if `results`), None while it runs."""
         handle = self.client.get_workflow_handle(workflow_id, result_type=TrajectoryResult)
         try:
             status = (await handle.describe()).status
@@ -46,5 +46,5 @@ class ChildWatchActivities:
             raise
         if status is None or status is WorkflowExecutionStatus.RUNNING:
             return None
-        result = await handle.result() if status is WorkflowExecutionStatus.COMPLETED else None
+        result = await handle.result() if results and status is WorkflowExecutionStatus.COMPLETED else None
         return ChildOutcome(workflow_id=workflow_id, status=status.name, result=result)

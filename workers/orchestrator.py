@@ -15,10 +15,11 @@ from trajflow.contracts import names
 from workers.common import connect_worker, run_until_signalled
 from workers.run_sweep import sweep_forever
 from workflows.replay_env import ReplayEnvWorkflow
+from workflows.shard import ShardWorkflow
 from workflows.training import TrainingWorkflow
 from workflows.trajectory import TrajectoryWorkflow
 
-WORKFLOWS = [TrajectoryWorkflow, TrainingWorkflow, ReplayEnvWorkflow]
+WORKFLOWS = [TrajectoryWorkflow, TrainingWorkflow, ShardWorkflow, ReplayEnvWorkflow]
 
 
 def orchestrator_workers(client: Client, task_queue: str = names.WORKFLOW_QUEUE) -> list[Worker]:

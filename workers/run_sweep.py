@@ -2,10 +2,10 @@
 
 A cancelled training run cancels its trajectories itself, but a terminated one runs no code, and trajectories
 are abandoned children (they outlive continue-as-new). So every `run_sweep_s` seconds the orchestrator lists the
-running trajectories that carry a run id (`TrajflowRun`), asks Temporal how each run's training workflow is, and
-cancels the trajectories of a run that ended early: terminated, cancelled, failed or timed out. Trajectories of a
-running or completed run are left alone, and so are those whose run id names no training workflow (rollouts a
-user grouped under an id).
+running trajectories (and a sharded run's shard workflows, `workflows/shard.py`) that carry a run id
+(`TrajflowRun`), asks Temporal how each run's training workflow is, and cancels the trajectories of a run that
+ended early: terminated, cancelled, failed or timed out. Trajectories of a running or completed run are left alone,
+and so are those whose run id names no training workflow (rollouts a user grouped under an id).
 
 Idempotent, so several orchestrator workers may sweep at once. Limits: at most `page` trajectories a round (the
 rest in the next rounds); visibility is eventually consistent, so a trajectory started as the run ended may need
@@ -40,8 +40,10 @@ ENDED_EARLY = frozenset(
 _RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
 
 RUNNING_TRAJECTORIES = (
-    f"WorkflowType = '{names.TRAJECTORY_WORKFLOW}' AND ExecutionStatus = 'Running' AND {names.SA_RUN} IS NOT NULL"
+    f"WorkflowType IN ('{names.TRAJECTORY_WORKFLOW}', '{names.SHARD_WORKFLOW}') AND ExecutionStatus = 'Running' "
+    f"AND {names.SA_RUN} IS NOT NULL"
 )
+"""Trajectories, and the shard workflows of sharded runs (their parents), that carry a run id."""
 
 
 async def running_by_run(client: Client, page: int = 1000) -> dict[str, list[str]]:

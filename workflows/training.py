@@ -41,6 +41,7 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import metrics, names
+    from trajflow.contracts.shards import GroupReport, ShardDone
     from trajflow.contracts.training import (
         GroupState,
         StopRequest,
@@ -56,8 +57,9 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.observability.metrics import record
     from workflows import queries
     from workflows.bookkeeping import Book, ReportOutcome
+    from workflows.fanin import ShardBook
 
-from workflows import stubs
+from workflows import sharding, stubs
 from workflows.inputs import NO_INPUT, decode_input
 
 SA_RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
@@ -85,6 +87,11 @@ class TrainingWorkflow:
         )
         self.book = Book(self.cfg, self.s)
         """The loop's rules (pure, workflows/bookkeeping.py); this class does their side effects."""
+        self.shards: ShardBook | None = ShardBook(self.cfg, self.s) if self.cfg.groups_per_shard else None
+        """A sharded run's rules (workflows/fanin.py): admission in shards, group reports, batches of group ranges.
+        None in a direct run."""
+        self.rules: Book | ShardBook = self.shards or self.book
+        """The rules the loop asks about batches, steps and stopping: the shard book in a sharded run."""
         self.pause_admission = False
         """Set while the workflow continues as new."""
         self.admitting = False
@@ -105,7 +112,9 @@ class TrainingWorkflow:
         inherited = self.book.running_members()
         if inherited:
             asyncio.create_task(self._watch_inherited(inherited))
-        book = self.book
+        if self.shards is not None and (live := self.shards.live_shards()):
+            asyncio.create_task(sharding.watch_inherited(self.shards, live))
+        book = self.rules
         try:
             while self.s.version < cfg.steps and not book.stop_due():
                 # a step in flight when the previous run continued as new is issued again
@@ -147,10 +156,14 @@ class TrainingWorkflow:
         """Start groups whenever the staleness budget allows, and cancel redundant samples no longer needed."""
         book = self.book
         while True:
-            await workflow.wait_condition(lambda: book.has_work(self.pause_admission))
+            await workflow.wait_condition(lambda: self.rules.has_work(self.pause_admission))
             self.admitting = True
             try:
                 await self._send_cancels()
+                if self.shards is not None:
+                    while (start := self.shards.next_shard(self.pause_admission)) is not None:
+                        await sharding.start_shard(self.shards, start)
+                    continue
                 while (replacement := book.next_replacement(self.pause_admission)) is not None:
                     group, missing = replacement
                     await asyncio.gather(*(self._start_member(group) for _ in range(missing)))
@@ -228,14 +241,18 @@ class TrainingWorkflow:
     async def _wait_for_batch(self) -> TrainStepInput | None:
         """Wait until B/n complete, fresh groups are ready; drop stale ones on the way (hard bound). None when
         the workflow should continue as new first, or a stop leaves no step to train."""
+        rules = self.rules
         while True:
-            for g in self.book.drop_stale():
-                workflow.logger.info("dropping stale group %s (trainer v%d)", g.group, self.s.version)
-            step = self.book.take_batch()
-            if step is not None or self._should_continue() or self.book.stop_due():
+            dropped = [g.group for g in rules.drop_stale()] if isinstance(rules, Book) else rules.drop_stale()
+            if dropped:
+                workflow.logger.info(
+                    "dropping %d stale groups (trainer v%d): %s", len(dropped), self.s.version, ", ".join(dropped[:8])
+                )
+            step = rules.take_batch()
+            if step is not None or self._should_continue() or rules.stop_due():
                 return step
             await workflow.wait_condition(
-                lambda: self.book.batch_may_be_ready() or self._should_continue() or self.book.stop_due()
+                lambda: rules.batch_may_be_ready() or self._should_continue() or rules.stop_due()
             )
 
     async def _train(self, step: TrainStepInput) -> bool:
@@ -245,7 +262,7 @@ class TrainingWorkflow:
         await workflow.wait_condition(lambda: call.done() or self._should_continue())
         if not call.done():
             return False
-        done = self.book.finish_step(step, call.result(), workflow.time() - self.s.started_at)
+        done = self.rules.finish_step(step, call.result(), workflow.time() - self.s.started_at)
         for lag, count in done.staleness.items():
             for _ in range(count):  # one observation per sample trained on, as the histogram metric counts them
                 record(workflow.metric_meter(), metrics.SAMPLE_STALENESS, lag, run=self.s.run_id)
@@ -258,7 +275,24 @@ class TrainingWorkflow:
     def trajectory_finished(self, report: TrajectoryReport) -> None:
         self._after(report, self.book.report(report))
 
-    def _after(self, report: TrajectoryReport, outcome: ReportOutcome) -> None:
+    @workflow.signal(name=names.SIGNAL_GROUP_FINISHED)
+    def group_finished(self, report: GroupReport) -> None:
+        """A shard's report of one of its groups (a sharded run)."""
+        if self.shards is None:
+            workflow.logger.warning("group report from %s ignored: run %s is not sharded", report.shard, self.s.run_id)
+            return
+        outcome = self.shards.group_report(report)
+        if not report.ready and outcome.counted:
+            workflow.logger.warning("abandoning group g%06d of %s: its members failed", report.k, report.shard)
+        self._after(None, outcome)
+
+    @workflow.signal(name=names.SIGNAL_SHARD_FINISHED)
+    def shard_finished(self, done: ShardDone) -> None:
+        """A shard's last message: every group of it reported."""
+        if self.shards is not None:
+            self.shards.shard_done(done)
+
+    def _after(self, report: TrajectoryReport | None, outcome: ReportOutcome) -> None:
         """Log and publish what a report changed (the bookkeeping already did it in the state)."""
         s = self.s
         if outcome.resumed:
@@ -295,7 +329,7 @@ class TrainingWorkflow:
     @workflow.signal(name=names.SIGNAL_STOP)
     def stop(self, request: StopRequest) -> None:
         """End the run early (`StopRequest`): graceful, or `now`."""
-        if self.book.stop(request):
+        if self.rules.stop(request):
             stopping = self.s.stopping
             assert stopping is not None
             workflow.logger.warning(
@@ -358,7 +392,7 @@ class TrainingWorkflow:
         workflow.continue_as_new(TrainingStart(run=self.cfg, resume=self.s))
 
     async def _cancel_leftovers(self) -> None:
-        self.book.cancel_leftovers()
+        self.rules.cancel_leftovers()
         await self._send_cancels()
 
     def _upsert_status(self, status: str) -> None:

@@ -16,9 +16,9 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field
 
+from trajflow.contracts.limits import WorkflowIdRef
 from trajflow.contracts.steps import TaskStats, TrainRef
 from trajflow.contracts.trainer import NanSafeContract
-from trajflow.contracts.limits import WorkflowIdRef
 
 _Model = NanSafeContract
 

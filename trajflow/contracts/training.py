@@ -12,8 +12,9 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, model_validator
 
-from trajflow.contracts.limits import PoolName
-from trajflow.contracts.limits import WorkflowIdRef
+from trajflow.contracts import capacity
+from trajflow.contracts.capacity import MAX_CHILDREN_IN_FLIGHT as MAX_CHILDREN_IN_FLIGHT
+from trajflow.contracts.limits import PoolName, WorkflowIdRef
 from trajflow.contracts.shards import BatchStats, GroupSpec, ShardedState
 from trajflow.contracts.steps import StepRecord as StepRecord
 from trajflow.contracts.steps import TaskStats as TaskStats
@@ -33,19 +34,6 @@ class EvalConfig(_Model):
     """Held-out episodes evaluated greedily before and after training by `trajflow train` (0: no eval)."""
     first_seed: int = 1_000_000
     """Held-out seeds are first_seed, first_seed+1, ...; training seeds must not reach them."""
-
-
-MAX_CHILDREN_IN_FLIGHT = 2_000
-"""Temporal's limit on the pending child workflows of one execution (`limit.numPendingChildExecutions.error`): in a
-direct run every trajectory is a child of its training workflow, in a sharded run of its shard, so a config whose
-children in flight could pass it is refused (docs/capacity.md)."""
-MAX_SIGNALS_PER_RUN = 10_000
-"""Temporal's limit on the signals one workflow run receives (`limit.maxSignalsPerExecution`)."""
-SHARD_EVENTS_PER_MEMBER = 6
-"""History events a shard spends on one trajectory: its start (initiated, started), its close, its report signal, and
-the workflow tasks around them (an upper bound used to refuse shards too large for one history)."""
-MAX_HISTORY_EVENTS = 51_200
-"""Temporal's limit on the events of one workflow history (`limit.historyCount.error`)."""
 
 
 class TrainSettings(_Model):
@@ -126,53 +114,26 @@ class TrainSettings(_Model):
 
     def max_groups_in_flight(self) -> int:
         """(α + 1)·B/n: the groups admission keeps open or waiting to be trained on."""
-        return (self.alpha + 1) * (self.batch_size // self.group_size)
+        return capacity.groups_in_flight(self.alpha, self.batch_size, self.group_size)
 
     def shard_size(self) -> int:
-        """The groups of a full shard: `groups_per_shard`, or the whole pipeline when that is smaller. Admission starts
-        full shards only, but at the end of a run, for a probe and in sync mode (docs/capacity.md)."""
-        return min(self.groups_per_shard, self.max_groups_in_flight())
+        """The groups of a full shard (`trajflow.contracts.capacity.shard_size`)."""
+        return capacity.shard_size(self.groups_per_shard, self.max_groups_in_flight())
 
     def max_shards_in_flight(self) -> int:
         """Full shards to hold every group in flight, one partial shard and a probe's."""
-        return -(-self.max_groups_in_flight() // max(1, self.shard_size())) + 2
+        return capacity.shards_in_flight(self.max_groups_in_flight(), self.shard_size())
 
     def limit_problems(self) -> list[str]:
         """Why this config would pass one of Temporal's limits on one workflow execution (empty when it fits)."""
-        if not self.groups_per_shard:
-            if self.max_in_flight() <= MAX_CHILDREN_IN_FLIGHT:
-                return []
-            return [
-                f"up to {self.max_in_flight()} trajectories in flight ((alpha + 1) * batch_size / group_size groups "
-                f"of group_size + redundancy), over Temporal's limit of {MAX_CHILDREN_IN_FLIGHT} pending children "
-                "of one workflow: every trajectory is a child of the training workflow. Set groups_per_shard (e.g. "
-                "64: shard workflows of 64 groups each are the trajectories' parents), or lower batch_size, alpha "
-                "or redundancy"
-            ]
-        problems = []
-        if self.max_shards_in_flight() > MAX_CHILDREN_IN_FLIGHT:
-            problems.append(
-                f"up to {self.max_shards_in_flight()} shard workflows in flight ((alpha + 1) * batch_size / group_size "
-                f"= {self.max_groups_in_flight()} groups in shards of {self.shard_size()}), over Temporal's limit of "
-                f"{MAX_CHILDREN_IN_FLIGHT} pending children of the training workflow. Raise groups_per_shard"
-            )
-        running = self.groups_per_shard * (self.group_size + self.redundancy)
-        if running > MAX_CHILDREN_IN_FLIGHT:
-            problems.append(
-                f"a shard of {self.groups_per_shard} groups runs up to {running} trajectories at once "
-                f"(groups_per_shard * (group_size + redundancy)), over Temporal's limit of {MAX_CHILDREN_IN_FLIGHT} "
-                "pending children of one workflow. Lower groups_per_shard"
-            )
-        # in its life a shard also starts its groups' replacements; it never continues as new
-        members = self.groups_per_shard * (self.group_size + self.redundancy + self.max_group_restarts)
-        if members > MAX_SIGNALS_PER_RUN or members * SHARD_EVENTS_PER_MEMBER > MAX_HISTORY_EVENTS:
-            problems.append(
-                f"a shard of {self.groups_per_shard} groups may start {members} trajectories in its life "
-                "(groups_per_shard * (group_size + redundancy + max_group_restarts)): about "
-                f"{members * SHARD_EVENTS_PER_MEMBER} history events and {members} signals, over Temporal's limits of "
-                f"{MAX_HISTORY_EVENTS} events and {MAX_SIGNALS_PER_RUN} signals. Lower groups_per_shard"
-            )
-        return problems
+        return capacity.limit_problems(
+            alpha=self.alpha,
+            batch_size=self.batch_size,
+            group_size=self.group_size,
+            redundancy=self.redundancy,
+            max_group_restarts=self.max_group_restarts,
+            groups_per_shard=self.groups_per_shard,
+        )
 
     def member_seed(self, group_seed: int, member: int) -> int:
         """The sampling seed of the `member`-th trajectory started for the group of env seed `group_seed`: fixed
@@ -393,6 +354,9 @@ class WatchChildrenInput(_Model):
     workflow_ids: list[str] = Field(min_length=1)
     poll_s: Annotated[float, Field(gt=0, le=60)] = 2.0
     """How often their status is read."""
+    results: bool = True
+    """Read a completed child's result (a trajectory's `TrajectoryResult`); False for children whose result is not
+    wanted (a sharded run's shards)."""
 
 
 class ChildOutcome(_Model):

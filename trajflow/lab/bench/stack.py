@@ -147,6 +147,7 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
     from trajflow.rewards.client import RewardClient
     from workers.decode import decode_workers
     from workers.reward import reward_workers
+    from workflows.shard import ShardWorkflow
     from workflows.training import TrainingWorkflow
     from workflows.trajectory import TrajectoryWorkflow
 
@@ -195,7 +196,7 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
             Worker(
                 client,
                 task_queue=queue,
-                workflows=[TrajectoryWorkflow, TrainingWorkflow, BatchRolloutWorkflow],
+                workflows=[TrajectoryWorkflow, TrainingWorkflow, ShardWorkflow, BatchRolloutWorkflow],
                 activities=[watcher.watch_children],
             )
         )

@@ -1,0 +1,79 @@
+"""Temporal's limits on one workflow execution, and whether a training run's numbers fit them (docs/capacity.md).
+
+A direct run (`groups_per_shard = 0`) is the parent of every trajectory it starts; a sharded run is the parent of
+shard workflows, each the parent of its groups' trajectories. `limit_problems` says, for either, which limit a
+config could pass and what to change; `TrainSettings` refuses such a config at load with that reason.
+"""
+
+from __future__ import annotations
+
+MAX_CHILDREN_IN_FLIGHT = 2_000
+"""Temporal's limit on the pending child workflows of one execution (`limit.numPendingChildExecutions.error`): in a
+direct run every trajectory is a child of its training workflow, in a sharded run of its shard, so a config whose
+children in flight could pass it is refused (docs/capacity.md)."""
+MAX_SIGNALS_PER_RUN = 10_000
+"""Temporal's limit on the signals one workflow run receives (`limit.maxSignalsPerExecution`)."""
+SHARD_EVENTS_PER_MEMBER = 6
+"""History events a shard spends on one trajectory: its start (initiated, started), its close, its report signal, and
+the workflow tasks around them (an upper bound used to refuse shards too large for one history)."""
+MAX_HISTORY_EVENTS = 51_200
+"""Temporal's limit on the events of one workflow history (`limit.historyCount.error`)."""
+
+
+def groups_in_flight(alpha: int, batch_size: int, group_size: int) -> int:
+    """(α + 1)·B/n: the groups admission keeps open or waiting to be trained on."""
+    return (alpha + 1) * (batch_size // group_size)
+
+
+def shard_size(groups_per_shard: int, groups: int) -> int:
+    """The groups of a full shard: `groups_per_shard`, or all `groups` in flight when that is smaller. Admission starts
+    full shards only, but at the end of a run, for a probe and in sync mode (`workflows.fanin.ShardBook.shard_due`)."""
+    return min(groups_per_shard, groups)
+
+
+def shards_in_flight(groups: int, size: int) -> int:
+    """Full shards of `size` to hold `groups` in flight, one partial shard and a probe's."""
+    return -(-groups // max(1, size)) + 2
+
+
+def limit_problems(
+    *, alpha: int, batch_size: int, group_size: int, redundancy: int, max_group_restarts: int, groups_per_shard: int
+) -> list[str]:
+    """Why a run of these numbers would pass one of Temporal's limits on one workflow execution (empty: it fits)."""
+    groups = groups_in_flight(alpha, batch_size, group_size)
+    if not groups_per_shard:
+        in_flight = groups * (group_size + redundancy)
+        if in_flight <= MAX_CHILDREN_IN_FLIGHT:
+            return []
+        return [
+            f"up to {in_flight} trajectories in flight ((alpha + 1) * batch_size / group_size groups of group_size "
+            f"+ redundancy), over Temporal's limit of {MAX_CHILDREN_IN_FLIGHT} pending children of one workflow: "
+            "every trajectory is a child of the training workflow. Set groups_per_shard (e.g. 64: shard workflows "
+            "of 64 groups each are the trajectories' parents), or lower batch_size, alpha or redundancy"
+        ]
+    problems = []
+    size = shard_size(groups_per_shard, groups)
+    shards = shards_in_flight(groups, size)
+    if shards > MAX_CHILDREN_IN_FLIGHT:
+        problems.append(
+            f"up to {shards} shard workflows in flight ((alpha + 1) * batch_size / group_size = {groups} groups in "
+            f"shards of {size}), over Temporal's limit of {MAX_CHILDREN_IN_FLIGHT} pending children of the training "
+            "workflow. Raise groups_per_shard"
+        )
+    running = groups_per_shard * (group_size + redundancy)
+    if running > MAX_CHILDREN_IN_FLIGHT:
+        problems.append(
+            f"a shard of {groups_per_shard} groups runs up to {running} trajectories at once (groups_per_shard * "
+            f"(group_size + redundancy)), over Temporal's limit of {MAX_CHILDREN_IN_FLIGHT} pending children of one "
+            "workflow. Lower groups_per_shard"
+        )
+    # in its life a shard also starts its groups' replacements; it never continues as new
+    members = groups_per_shard * (group_size + redundancy + max_group_restarts)
+    if members > MAX_SIGNALS_PER_RUN or members * SHARD_EVENTS_PER_MEMBER > MAX_HISTORY_EVENTS:
+        problems.append(
+            f"a shard of {groups_per_shard} groups may start {members} trajectories in its life (groups_per_shard * "
+            f"(group_size + redundancy + max_group_restarts)): about {members * SHARD_EVENTS_PER_MEMBER} history "
+            f"events and {members} signals, over Temporal's limits of {MAX_HISTORY_EVENTS} events and "
+            f"{MAX_SIGNALS_PER_RUN} signals. Lower groups_per_shard"
+        )
+    return problems

@@ -1,0 +1,195 @@
+"""ShardWorkflow: one level of a sharded training run's fan-in tree (`[train] groups_per_shard`, docs/capacity.md).
+
+A sharded run's TrainingWorkflow starts shards of up to `groups_per_shard` groups. A shard starts its groups'
+trajectories as its children (they report to it, not to the training workflow) and applies the group rules of
+`workflows.bookkeeping.Book` to them: redundant samples cancelled once n completed, replacements for failed members
+within `max_group_restarts`, the group abandoned past it. When a group is complete the shard writes its samples in
+member order to the store (`GroupManifest`, `training.save_group` on the group's reward pool) and signals one
+`GroupReport` to the training workflow; an abandoned group is reported too. Once every group reported and every
+member closed, it sends `ShardDone` (the counts of late reports since) and ends.
+
+The shard never trains and never pauses admission (the training workflow does, on the group reports), and never
+continues as new: its groups bound its history (`TrainSettings.limit_problems`). Cancelled (a stop `now`, the run's
+end, the run cancelled), it cancels its running members first. Its children are abandoned on close, like a direct
+run's, so a member outlives a shard that was terminated; the training workflow writes off such a shard's groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import workflow
+from temporalio.common import RawValue
+from temporalio.exceptions import ApplicationError, ChildWorkflowError
+from temporalio.workflow import ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from trajflow.contracts import names
+    from trajflow.contracts.shards import GroupCounts, GroupManifest, GroupReport, ShardDone, group_name
+    from trajflow.contracts.training import GroupState, ShardStart, TrainingCounters, TrainingState
+    from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
+    from workflows.bookkeeping import Book, _member_order
+
+from workflows import stubs
+from workflows.inputs import NO_INPUT, decode_input
+
+
+@workflow.defn(name=names.SHARD_WORKFLOW)
+class ShardWorkflow:
+    @workflow.init
+    def __init__(self, raw: RawValue = NO_INPUT) -> None:
+        self.start = decode_input(raw, ShardStart)
+        # the shard's own pause never triggers: pausing admission is the training workflow's (on group reports)
+        cfg = self.start.run.model_copy(update={"pause_after_infra_failures": 100_000})
+        self.cfg = cfg
+        self.s = TrainingState(run_id=self.start.run_id, version=self.start.min_policy_version)
+        self.book = Book(cfg, self.s)
+        self.sent = TrainingCounters()
+        """The counters as of the last message up (each message carries what was added since)."""
+        self.last_error: str | None = None
+        self.abandoned: list[int] = []
+        """Groups abandoned (members failed past the restart budget) whose report has not gone up yet."""
+        self.watchers = 0
+        """Members started and not yet closed (the shard ends only once every one closed)."""
+
+    @workflow.run
+    async def run(self, raw: RawValue = NO_INPUT) -> None:
+        book, start = self.book, self.start
+        for spec in start.groups:
+            group = GroupState(
+                group=group_name(spec.k), seed=spec.seed, task=spec.task, started_version=start.min_policy_version
+            )
+            self.s.groups[group.group] = group
+        try:
+            n = self.cfg.group_size + self.cfg.redundancy
+            for group in list(self.s.groups.values()):
+                await asyncio.gather(*(self._start_member(group) for _ in range(n)))
+            while self.s.groups or self.watchers or self.abandoned:
+                await workflow.wait_condition(lambda: self._has_work() or not (self.s.groups or self.watchers))
+                if True:
+                    await self._send_cancels()
+                    while (replacement := book.next_replacement()) is not None:
+                        group, missing = replacement
+                        await asyncio.gather(*(self._start_member(group) for _ in range(missing)))
+                    for group in [g for g in self.s.groups.values() if len(g.completed) >= self.cfg.group_size]:
+                        await self._complete(group)
+                    while self.abandoned:
+                        k = self.abandoned[0]
+                        await self._report_group(GroupReport(shard=workflow.info().workflow_id, k=k, ready=False))
+                        self.abandoned.pop(0)
+                    await self._send_cancels()
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            await self._up(
+                names.SIGNAL_SHARD_FINISHED,
+                ShardDone(shard=workflow.info().workflow_id, first=start.groups[0].k, counts=self._counts()),
+            )
+        except asyncio.CancelledError:
+            book.cancel_leftovers()
+            await self._send_cancels()
+            raise
+
+    def _has_work(self) -> bool:
+        n = self.cfg.group_size
+        return (
+            bool(self.book.to_cancel)
+            or bool(self.book.replacements)
+            or bool(self.abandoned)
+            or any(len(g.completed) >= n for g in self.s.groups.values())
+        )
+
+    async def _start_member(self, group: GroupState) -> None:
+        cfg, task = self.cfg, self.cfg.tasks[group.task]
+        wid = self.book.new_member(group)
+        seed = cfg.member_seed(group.seed, group.members_started - 1)
+        req = task.request(
+            group.seed,
+            sampling=task.sampling.model_copy(update={"seed": seed}),
+            run_id=self.start.run_id,
+            policy=self.start.run_id,
+            group=group.group,
+            min_policy_version=self.start.min_policy_version,
+            report_to=workflow.info().workflow_id,
+        )
+        try:
+            handle = await workflow.start_child_workflow(
+                names.TRAJECTORY_WORKFLOW,
+                req,
+                id=wid,
+                task_queue=workflow.info().task_queue,
+                parent_close_policy=ParentClosePolicy.ABANDON,
+                result_type=TrajectoryResult,
+            )
+        except BaseException:
+            self.book.member_not_started(group, wid)
+            raise
+        self.book.member_started()
+        self.watchers += 1
+        asyncio.create_task(self._watch(handle, wid))
+
+    async def _watch(self, handle: workflow.ChildWorkflowHandle, wid: str) -> None:
+        try:
+            try:
+                result: TrajectoryResult | None = await handle
+                self._ended(wid, result, "completed")
+            except ChildWorkflowError as e:
+                self._ended(wid, None, str(e))
+        finally:
+            self.watchers -= 1
+
+    def _ended(self, wid: str, result: TrajectoryResult | None, how: str) -> None:
+        report = self.book.ended_unreported(wid, result)
+        if report is not None:
+            workflow.logger.warning("trajectory %s closed (%s) without its report arriving", wid, how)
+            self.trajectory_finished(report)
+
+    @workflow.signal(name=names.SIGNAL_TRAJECTORY_FINISHED)
+    def trajectory_finished(self, report: TrajectoryReport) -> None:
+        if report.status is TrajectoryStatus.INFRA_FAILED:
+            self.last_error = report.error or self.last_error
+        outcome = self.book.report(report)
+        if outcome.abandoned is not None:
+            g = outcome.abandoned
+            workflow.logger.warning("abandoning group %s: %d members failed", g.group, g.failed)
+            self.abandoned.append(int(g.group[1:]))
+
+    async def _complete(self, group: GroupState) -> None:
+        """Write a complete group's manifest, report it up, close it (its redundant members are cancelled)."""
+        n, k = self.cfg.group_size, int(group.group[1:])
+        refs = sorted(group.completed[:n], key=_member_order)
+        manifest = GroupManifest(run_id=self.start.run_id, k=k, refs=refs)
+        uri = await stubs.group_save(self.cfg.tasks[group.task].pools.reward, manifest)
+        if group.group not in self.s.groups:
+            return  # closed meanwhile (cancelled)
+        self.book.close_group(group)
+        oldest = min(r.policy_version for r in refs)
+        await self._report_group(
+            GroupReport(shard=workflow.info().workflow_id, k=k, ready=True, oldest_version=oldest, manifest_uri=uri)
+        )
+
+    async def _report_group(self, report: GroupReport) -> None:
+        await self._up(
+            names.SIGNAL_GROUP_FINISHED,
+            report.model_copy(update={"counts": self._counts(), "last_error": self.last_error}),
+        )
+
+    def _counts(self) -> GroupCounts:
+        """What the counters gained since the last message up (and now counted as sent)."""
+        now, before = self.s.counters, self.sent
+        delta = GroupCounts(**{f: getattr(now, f) - getattr(before, f) for f in GroupCounts.model_fields})
+        self.sent = now.model_copy()
+        return delta
+
+    async def _up(self, signal: str, message: GroupReport | ShardDone) -> None:
+        try:
+            await workflow.get_external_workflow_handle(self.start.run_id).signal(signal, message)
+        except ApplicationError as e:  # the training run is gone: nothing will train on this shard's groups
+            workflow.logger.warning("could not report to %s: %s", self.start.run_id, e)
+
+    async def _send_cancels(self) -> None:
+        while self.book.to_cancel:
+            wid = self.book.to_cancel[-1]
+            try:
+                await workflow.get_external_workflow_handle(wid).cancel()
+            except Exception as e:  # already ended: nothing to cancel
+                workflow.logger.info("cancel %s: %s", wid, e)
+            self.book.to_cancel.remove(wid)
