@@ -7,9 +7,10 @@ this worker still trains it (its workflow continued as new mid-step and issued i
 writes, in this order: the trainer checkpoint (model + optimizer + version) of version v+1, the step record, then the
 policy weights of v+1 and the `latest` pointer decode workers follow. Old checkpoints and versions are pruned.
 
-The step loads the referenced trajectory records (`RECORD_READS` at a time) and turns them into training samples with
-`trajflow.rl.samples.samples_from_records` (advantages from the groups and rewards the workflow recorded in the refs);
-a batch holding an unscored or token-less trajectory fails without retry (`ERR_BAD_REQUEST`).
+The step loads the referenced trajectory records (`activities.batches`: `RECORD_READS` at a time) and turns them
+into training samples with `trajflow.rl.samples.samples_from_records` (advantages from the groups and rewards the
+workflow recorded in the refs); a batch holding an unscored or token-less trajectory fails without retry
+(`ERR_BAD_REQUEST`).
 
 Under `accelerate launch` this activity runs on rank 0 only: each step goes to every rank as an
 `trajflow.rl.distributed.StepOrder` and is trained by all of them (`TrainerRanks.lead`); rank 0 alone writes to the
@@ -31,13 +32,13 @@ from typing import TYPE_CHECKING
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.batches import load_records
 from activities.heartbeats import with_heartbeats
 from infra.layout import checkpoint_prefix, manifest_key, policy_version_prefix, step_key
 from infra.policies import PolicyStore, delete_prefix, get_dir, put_dir
 from infra.policies import safe_name as _safe
 from infra.store import ObjectNotFound, ObjectStore
 from trajflow.contracts import metrics, names
-from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.training import TrainStepInput, TrainStepResult
 from trajflow.observability.metrics import record
 
@@ -47,18 +48,7 @@ if TYPE_CHECKING:
 HEARTBEAT_EVERY_S = 5.0
 """Below a fifth of the heartbeat timeout in workflows/stubs.py."""
 CHECKPOINTS_KEPT = 2
-RECORD_READS = 8
-"""Trajectory records a step reads from the store at once (below boto3's default pool of 10 connections)."""
 log = logging.getLogger("trajflow.trainer")
-
-
-def load_records(store: ObjectStore, uris: list[str], concurrency: int = RECORD_READS) -> list[TrajectoryRecord]:
-    """The records at `uris`, in that order, read `concurrency` at a time (one at a time, a step of thousands spent
-    most of its time waiting on the store); the first failed read raises."""
-    if len(uris) <= 1 or concurrency <= 1:
-        return [TrajectoryRecord.model_validate(store.get_json(u)) for u in uris]
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="records") as pool:
-        return list(pool.map(lambda u: TrajectoryRecord.model_validate(store.get_json(u)), uris))
 
 
 class TrainerActivities:
