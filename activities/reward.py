@@ -1,9 +1,12 @@
-"""Stateless activities of the reward pool: score through the reward service, and save finished trajectories.
+"""Stateless activities of the reward pool: score through the reward service, save finished trajectories, and save
+a sharded run's complete groups (the `GroupManifest` a shard writes before it reports the group).
 
 Scoring is an HTTP call to the (serverless) reward service; its errors are classified once here: a rejected or
 garbled answer is final, and so is a verifier that timed out on this answer (`VerifierTimedOut`: the trajectory ends
 `failed`, never scored); an unreachable service is retried by Temporal. Saving assembles the trajectory record
 from the turns' context deltas (`activities.contexts`) and the workflow's summary and writes it to the store.
+A group's manifest goes to the key its run and index name (`infra.layout.group_manifest_key`), whole: a retry writes
+the same bytes.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from temporalio.exceptions import ApplicationError
 
 from activities.contexts import ContextStore
 from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
-from infra.layout import trajectory_record_key
-from infra.store import ObjectStore
+from infra.layout import group_manifest_key, trajectory_record_key
+from infra.store import ObjectStore, check_key
 from trajflow.contracts import metrics, names
 from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.shards import GroupManifest
 from trajflow.contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult, ScoreInput, ScoreResult
 from trajflow.observability.metrics import record
 from trajflow.rewards.client import (
@@ -90,3 +94,13 @@ class RewardActivities:
         key = trajectory_record_key(info.workflow_id, info.workflow_run_id)
         uri = await asyncio.to_thread(self.store.put_json, key, record)
         return SaveTrajectoryResult(trajectory_uri=uri)
+
+    @activity.defn(name=names.GROUP_SAVE)
+    async def save_group(self, manifest: GroupManifest) -> str:
+        """Write a complete group's manifest where the trainer reads it; returns its URI."""
+        key = group_manifest_key(manifest.run_id, manifest.k)
+        try:
+            check_key(key)
+        except ValueError as e:  # a run id no key can hold: retrying cannot fix it
+            raise ApplicationError(f"{names.GROUP_SAVE}: {e}", type=names.ERR_BAD_REQUEST, non_retryable=True) from e
+        return await with_heartbeats(asyncio.to_thread(self.store.put_json, key, manifest), "saving", QUICK_EVERY_S)

@@ -7,9 +7,12 @@ this worker still trains it (its workflow continued as new mid-step and issued i
 writes, in this order: the trainer checkpoint (model + optimizer + version) of version v+1, the step record, then the
 policy weights of v+1 and the `latest` pointer decode workers follow. Old checkpoints and versions are pruned.
 
-The step loads the referenced trajectory records (`RECORD_READS` at a time) and turns them into training samples with
-`trajflow.rl.samples.samples_from_records` (advantages from the groups and rewards the workflow recorded in the refs);
-a batch holding an unscored or token-less trajectory fails without retry (`ERR_BAD_REQUEST`).
+The step trains on its refs (`activities.batches.step_refs`: those of the input, then those of a sharded run's group
+manifests in the store, a missing one failing the step without retry), loads their trajectory records
+(`RECORD_READS` at a time) and turns them into training samples with `trajflow.rl.samples.samples_from_records`
+(advantages from the groups and rewards the workflow recorded in the refs); a batch holding an unscored or token-less
+trajectory fails without retry (`ERR_BAD_REQUEST`). Its result carries the batch's figures (`BatchStats.of`), and so
+does the record a retried step reads back.
 
 Under `accelerate launch` this activity runs on rank 0 only: each step goes to every rank as an
 `trajflow.rl.distributed.StepOrder` and is trained by all of them (`TrainerRanks.lead`); rank 0 alone writes to the
@@ -31,13 +34,14 @@ from typing import TYPE_CHECKING
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.batches import load_records, step_refs
 from activities.heartbeats import with_heartbeats
 from infra.layout import checkpoint_prefix, manifest_key, policy_version_prefix, step_key
 from infra.policies import PolicyStore, delete_prefix, get_dir, put_dir
 from infra.policies import safe_name as _safe
 from infra.store import ObjectNotFound, ObjectStore
 from trajflow.contracts import metrics, names
-from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.shards import BatchStats
 from trajflow.contracts.training import TrainStepInput, TrainStepResult
 from trajflow.observability.metrics import record
 
@@ -47,18 +51,7 @@ if TYPE_CHECKING:
 HEARTBEAT_EVERY_S = 5.0
 """Below a fifth of the heartbeat timeout in workflows/stubs.py."""
 CHECKPOINTS_KEPT = 2
-RECORD_READS = 8
-"""Trajectory records a step reads from the store at once (below boto3's default pool of 10 connections)."""
 log = logging.getLogger("trajflow.trainer")
-
-
-def load_records(store: ObjectStore, uris: list[str], concurrency: int = RECORD_READS) -> list[TrajectoryRecord]:
-    """The records at `uris`, in that order, read `concurrency` at a time (one at a time, a step of thousands spent
-    most of its time waiting on the store); the first failed read raises."""
-    if len(uris) <= 1 or concurrency <= 1:
-        return [TrajectoryRecord.model_validate(store.get_json(u)) for u in uris]
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="records") as pool:
-        return list(pool.map(lambda u: TrajectoryRecord.model_validate(store.get_json(u)), uris))
 
 
 class TrainerActivities:
@@ -111,7 +104,7 @@ class TrainerActivities:
         done = await asyncio.to_thread(self._recorded, inp.run_id, inp.version + 1)
         if done is not None:
             return done.model_copy(update={"resumed": True})
-        if not inp.refs:
+        if not inp.refs and not inp.groups:
             raise ApplicationError("a train step needs at least one trajectory", type=names.ERR_BAD_REQUEST)
         from trajflow.rl.distributed import RankGroupBroken
 
@@ -173,9 +166,10 @@ class TrainerActivities:
         from trajflow.rl.samples import samples_from_records
 
         started = time.monotonic()
-        records = load_records(self.store, [r.trajectory_uri for r in inp.refs])
+        refs = step_refs(self.store, inp)
+        records = load_records(self.store, [r.trajectory_uri for r in refs])
         try:
-            samples = samples_from_records(records, normalize_std=inp.trainer.normalize_adv_std, refs=inp.refs)
+            samples = samples_from_records(records, normalize_std=inp.trainer.normalize_adv_std, refs=refs)
         except ValueError as e:  # an unscored or token-less trajectory: retrying cannot fix the batch
             raise ApplicationError(str(e), type=names.ERR_BAD_REQUEST, non_retryable=True) from e
         ranks = self.ranks
@@ -208,6 +202,7 @@ class TrainerActivities:
             weights_uri=self.store.uri_for(manifest_key(policy_version_prefix(inp.run_id, version))),
             metrics={k: float(v) for k, v in metrics.items()},
             seconds=time.monotonic() - started,
+            batch=BatchStats.of(refs, inp.version),
         )
         self._publish(inp.run_id, result, order.export_dir)
         self._cleanup(inp.run_id, version)

@@ -3,6 +3,7 @@
     trajectories/<workflow id>/<run id>/trajectory.json           a finished trajectory's record (reward pool)
     trajectories/<workflow id>/<run id>/context-turn007.json      what turn 7 added to the decode context (decode pool)
     runs/<run>/steps/v000003.json                                 the result of the step that made version 3
+    runs/<run>/groups/g000042.json                                a sharded run's group 42: its samples' manifest
     runs/<run>/trainer/v000003/<files>, .../manifest.json         the trainer checkpoint (model + optimizer) of v3
     runs/<run>/policy/v000003/<files>, .../manifest.json          the policy weights published as v3
     runs/<run>/policy/latest.json                                 the pointer decode workers follow
@@ -51,6 +52,12 @@ def _version(version: int) -> str:
 def step_key(run_id: str, version: int) -> str:
     """The recorded result (`TrainStepResult`) of the step that made `version`."""
     return f"{RUNS}/{run_id}/steps/{_version(version)}.json"
+
+
+def group_manifest_key(run_id: str, k: int) -> str:
+    """The `GroupManifest` (the samples of a complete group, `trajflow.contracts.shards`) of a sharded run's group of
+    index `k`, named as the group is (`g{k:06d}`)."""
+    return f"{RUNS}/{run_id}/groups/g{k:06d}.json"
 
 
 def checkpoint_prefix(run_id: str, version: int) -> str:

@@ -1,4 +1,5 @@
-"""Reward worker: the stateless pool that scores trajectories through the reward service and saves them."""
+"""Reward worker: the stateless pool that scores trajectories through the reward service and saves them (and a sharded
+run's group manifests)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def reward_workers(
         Worker(
             client,
             task_queue=names.reward_queue(pool),
-            activities=[acts.score, acts.save],
+            activities=[acts.score, acts.save, acts.save_group],
             max_concurrent_activities=64,
         )
         for pool in pools

@@ -62,8 +62,8 @@ class ShardWorkflow:
             self.s.groups[group.group] = group
         try:
             n = self.cfg.group_size + self.cfg.redundancy
-            for group in list(self.s.groups.values()):
-                await asyncio.gather(*(self._start_member(group) for _ in range(n)))
+            # every start goes out in one workflow activation, not one round trip a group
+            await asyncio.gather(*(self._start_member(g) for g in list(self.s.groups.values()) for _ in range(n)))
             while self.s.groups or self.watchers or self.abandoned:
                 await workflow.wait_condition(lambda: self._has_work() or not (self.s.groups or self.watchers))
                 if True:
@@ -155,6 +155,8 @@ class ShardWorkflow:
     async def _complete(self, group: GroupState) -> None:
         """Write a complete group's manifest, report it up, close it (its redundant members are cancelled)."""
         n, k = self.cfg.group_size, int(group.group[1:])
+        if group.group not in self.s.groups:
+            return  # closed by an earlier pass
         refs = sorted(group.completed[:n], key=_member_order)
         manifest = GroupManifest(run_id=self.start.run_id, k=k, refs=refs)
         uri = await stubs.group_save(self.cfg.tasks[group.task].pools.reward, manifest)

@@ -21,6 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError,
 with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import names
     from trajflow.contracts.limits import MAX_PAYLOAD_BYTES
+    from trajflow.contracts.shards import GroupManifest
     from trajflow.contracts.training import TrainStepInput, TrainStepResult, WatchChildrenInput, WatchChildrenResult
     from trajflow.contracts.trajectory import (
         EnvCloseInput,
@@ -164,6 +165,19 @@ async def trajectory_save(pool: str, inp: SaveTrajectoryInput) -> SaveTrajectory
         names.TRAJECTORY_SAVE,
         _fits(names.TRAJECTORY_SAVE, inp),
         result_type=SaveTrajectoryResult,
+        task_queue=names.reward_queue(pool),
+        start_to_close_timeout=timedelta(seconds=60),
+        heartbeat_timeout=QUICK_HEARTBEAT,
+        retry_policy=RetryPolicy(maximum_attempts=10, non_retryable_error_types=FATAL),
+    )
+
+
+async def group_save(pool: str, manifest: GroupManifest) -> str:
+    """Write a complete group's manifest to the store (a sharded run's shard, before it reports the group); its URI."""
+    return await workflow.execute_activity(
+        names.GROUP_SAVE,
+        _fits(names.GROUP_SAVE, manifest),
+        result_type=str,
         task_queue=names.reward_queue(pool),
         start_to_close_timeout=timedelta(seconds=60),
         heartbeat_timeout=QUICK_HEARTBEAT,

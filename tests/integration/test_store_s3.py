@@ -190,7 +190,7 @@ async def test_a_trajectory_stores_its_data_in_s3(
 def test_a_step_reads_its_records_concurrently_in_order(store: S3Store) -> None:
     """The trainer's `load_records` over the S3 protocol: every record, in the order asked, several reads at once;
     a missing record fails the read as ObjectNotFound."""
-    from activities.trainer import load_records
+    from activities.batches import load_records
     from tests.unit.test_rl_samples import record
 
     uris = [store.put_json(f"records/{i:04d}.json", record(f"wf-{i}", float(i))) for i in range(64)]

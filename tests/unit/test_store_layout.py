@@ -26,6 +26,8 @@ def test_trajectory_ids_are_made_safe() -> None:
 
 def test_run_keys_are_stable() -> None:
     assert layout.step_key("r1", 3) == "runs/r1/steps/v000003.json"
+    assert layout.group_manifest_key("r1", 42) == "runs/r1/groups/g000042.json"
+    assert layout.group_manifest_key("r1", 1_234_567) == "runs/r1/groups/g1234567.json"
     assert layout.checkpoint_prefix("r1", 3) == "runs/r1/trainer/v000003"
     assert layout.policy_prefix("r1") == "runs/r1/policy"
     assert layout.policy_version_prefix("r1", 12) == "runs/r1/policy/v000012"

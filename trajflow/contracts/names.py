@@ -20,6 +20,8 @@ ENV_CLOSE = "env.close"
 LLM_GENERATE = "llm.generate"
 REWARD_SCORE = "reward.score"
 TRAJECTORY_SAVE = "trajectory.save"
+GROUP_SAVE = "training.save_group"
+"""Writes a sharded run's complete group (`GroupManifest`) to the store (reward pool, beside `trajectory.save`)."""
 TRAIN_STEP = "trainer.train_step"
 WATCH_CHILDREN = "training.watch_children"
 """Waits until some of the trajectories a training run inherited through continue-as-new have closed (orchestrator

@@ -11,13 +11,13 @@ training workflow holds ranges of group indices and counters, never a trajectory
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Annotated
 
 from pydantic import ConfigDict, Field
 
 from trajflow.contracts.limits import WorkflowIdRef
-from trajflow.contracts.steps import TaskStats, TrainRef
+from trajflow.contracts.steps import TaskStats, TrainRef, lag_histogram
 from trajflow.contracts.trainer import NanSafeContract
 
 _Model = NanSafeContract
@@ -159,6 +159,18 @@ class BatchStats(_Model):
     staleness: dict[int, int] = Field(default_factory=dict)
     """Lag (the step's version - the sample's) -> samples."""
     by_task: dict[str, TaskStats] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, refs: Sequence[TrainRef], version: int) -> BatchStats:
+        """The figures of a step that trains on `refs` from policy version `version` (the trainer's before the step),
+        counted as a direct run's step record counts its batch (`workflows.bookkeeping.Book.finish_step`)."""
+        return cls(
+            trajectories=len(refs),
+            reward_mean=sum(r.reward for r in refs) / len(refs) if refs else 0.0,
+            wins=sum(r.won for r in refs),
+            staleness=lag_histogram(version - r.policy_version for r in refs),
+            by_task=TaskStats.of(list(refs)),
+        )
 
 
 class ShardedState(_Model):

@@ -4,11 +4,13 @@ activity (same name, same `TrainStepInput` / `TrainStepResult` as `activities.tr
 The TrainingWorkflow cannot tell it from the real one: a step sleeps for the run's step time, then records its
 result and publishes version v+1 the way the real trainer does (`infra.layout.step_key`, then the policy pointer,
 with no weights: `weights: false`), so decode workers stamp turns with the new version and the staleness
-bookkeeping works unchanged. A retried step whose version is already published returns the recorded result.
+bookkeeping works unchanged. A retried step whose version is already published returns the recorded result. A step
+trains on the real trainer's list of refs (`activities.batches.step_refs`: a sharded run's group manifests read from
+the store, a missing one failing the step as it fails the real one), and returns their figures (`BatchStats.of`).
 
 The step time is per run (`set_step_s`, before the run starts; `default_step_s` otherwise), since a benchmark
 measures the sync generation phase first and derives the train time from it.
-Not covered: no model, no optimizer, no checkpoints; metrics are `{"simulated": 1.0}`.
+Not covered: no model, no optimizer, no checkpoints, no trajectory record read; metrics are `{"simulated": 1.0}`.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from activities.batches import step_refs
 from infra.layout import step_key
 from infra.policies import PolicyStore
 from infra.store import ObjectNotFound, ObjectStore
 from trajflow.contracts import names
+from trajflow.contracts.shards import BatchStats
 from trajflow.contracts.training import TrainStepInput, TrainStepResult
 
 
@@ -51,12 +55,17 @@ class SimulatedTrainerActivities:
         done = await asyncio.to_thread(self._recorded, inp.run_id, version)
         if done is not None:
             return done.model_copy(update={"resumed": True})
-        if not inp.refs:
+        if not inp.refs and not inp.groups:
             raise ApplicationError("a train step needs at least one trajectory", type=names.ERR_BAD_REQUEST)
         started = time.monotonic()
+        refs = await asyncio.to_thread(step_refs, self.store, inp)
         await asyncio.sleep(self.step_s.get(inp.run_id, self.default_step_s))
         result = TrainStepResult(
-            version=version, weights_uri=None, metrics={"simulated": 1.0}, seconds=time.monotonic() - started
+            version=version,
+            weights_uri=None,
+            metrics={"simulated": 1.0},
+            seconds=time.monotonic() - started,
+            batch=BatchStats.of(refs, inp.version),
         )
         await asyncio.to_thread(self._publish, inp.run_id, result)
         return result
