@@ -20,7 +20,7 @@ import asyncio
 
 from temporalio import workflow
 from temporalio.common import RawValue
-from temporalio.exceptions import ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -184,7 +184,7 @@ class ShardWorkflow:
     async def _up(self, signal: str, message: GroupReport | ShardDone) -> None:
         try:
             await workflow.get_external_workflow_handle(self.start.run_id).signal(signal, message)
-        except ApplicationError as e:  # the training run is gone: nothing will train on this shard's groups
+        except Exception as e:  # the training run is gone: nothing will train on this shard's groups
             workflow.logger.warning("could not report to %s: %s", self.start.run_id, e)
 
     async def _send_cancels(self) -> None:
