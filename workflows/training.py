@@ -87,7 +87,7 @@ class TrainingWorkflow:
         )
         self.book = Book(self.cfg, self.s)
         """The loop's rules (pure, workflows/bookkeeping.py); this class does their side effects."""
-        self.shards: ShardBook | None = ShardBook(self.cfg, self.s) if self.cfg.groups_per_shard else None
+        self.shards: ShardBook | None = ShardBook(self.cfg, self.s) if self.cfg.shard_groups() else None
         """A sharded run's rules (workflows/fanin.py): admission in shards, group reports, batches of group ranges.
         None in a direct run."""
         self.rules: Book | ShardBook = self.shards or self.book

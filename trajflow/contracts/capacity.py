@@ -20,6 +20,24 @@ MAX_HISTORY_EVENTS = 51_200
 """Temporal's limit on the events of one workflow history (`limit.historyCount.error`)."""
 
 
+DIRECT_MAX_IN_FLIGHT = 512
+"""The most trajectories in flight a direct run may keep: beyond, its training workflow's state (one entry a
+trajectory) could pass the 512 KiB that `tests/unit/test_state_size.py` holds every run to (docs/capacity.md)."""
+AUTO_GROUPS_PER_SHARD = 64
+"""The shard size of a run that leaves `groups_per_shard` unset and needs shards (fewer when groups are large)."""
+
+
+def effective_groups_per_shard(setting: int | None, in_flight: int, group_size: int, redundancy: int) -> int:
+    """`groups_per_shard` as a run uses it: the setting, or when unset, 0 (direct) up to `DIRECT_MAX_IN_FLIGHT`
+    trajectories in flight and shards of `AUTO_GROUPS_PER_SHARD` groups (fewer if their members would pass Temporal's
+    limit of pending children) beyond."""
+    if setting is not None:
+        return setting
+    if in_flight <= DIRECT_MAX_IN_FLIGHT:
+        return 0
+    return max(1, min(AUTO_GROUPS_PER_SHARD, MAX_CHILDREN_IN_FLIGHT // (group_size + redundancy)))
+
+
 def groups_in_flight(alpha: int, batch_size: int, group_size: int) -> int:
     """(α + 1)·B/n: the groups admission keeps open or waiting to be trained on."""
     return (alpha + 1) * (batch_size // group_size)
@@ -43,13 +61,13 @@ def limit_problems(
     groups = groups_in_flight(alpha, batch_size, group_size)
     if not groups_per_shard:
         in_flight = groups * (group_size + redundancy)
-        if in_flight <= MAX_CHILDREN_IN_FLIGHT:
+        if in_flight <= DIRECT_MAX_IN_FLIGHT:
             return []
         return [
             f"up to {in_flight} trajectories in flight ((alpha + 1) * batch_size / group_size groups of group_size "
-            f"+ redundancy), over Temporal's limit of {MAX_CHILDREN_IN_FLIGHT} pending children of one workflow: "
-            "every trajectory is a child of the training workflow. Set groups_per_shard (e.g. 64: shard workflows "
-            "of 64 groups each are the trajectories' parents), or lower batch_size, alpha or redundancy"
+            f"+ redundancy) in a direct run (groups_per_shard = 0), over its limit of {DIRECT_MAX_IN_FLIGHT}: every "
+            "trajectory is a child of the training workflow and an entry of its state. Leave groups_per_shard unset "
+            "(shards are used past that limit) or set it (e.g. 64), or lower batch_size, alpha or redundancy"
         ]
     problems = []
     size = shard_size(groups_per_shard, groups)

@@ -75,11 +75,12 @@ class TrainSettings(_Model):
     trajectory resumes admission, as does the `resume_admission` signal."""
     history_events_before_continue: Annotated[int, Field(ge=50, le=40_000)] = 10_000
     """The workflow continues as new once its history holds this many events (Temporal's limit is 51,200)."""
-    groups_per_shard: Annotated[int, Field(ge=0, le=2_000)] = 0
-    """0: every trajectory is a child of the training workflow and reports to it (fine up to about 2,000
-    trajectories in flight). N > 0: a sharded run (docs/capacity.md): the training workflow starts shard workflows
-    of up to N groups, each the parent of its groups' trajectories, which report one message per group, so the
-    training workflow's state holds group ranges and counters, independent of the batch."""
+    groups_per_shard: Annotated[int, Field(ge=0, le=2_000)] | None = None
+    """0: a direct run, every trajectory a child of the training workflow that reports to it (up to 512 in flight,
+    `capacity.DIRECT_MAX_IN_FLIGHT`). N > 0: a sharded run (docs/capacity.md): the training workflow starts shard
+    workflows of up to N groups, each the parent of its groups' trajectories, which report one message a group, so
+    the training workflow's state holds group ranges and counters, independent of the batch. Unset: direct up to
+    512 trajectories in flight, shards of 64 groups beyond."""
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainSettings:
@@ -116,9 +117,15 @@ class TrainSettings(_Model):
         """(α + 1)·B/n: the groups admission keeps open or waiting to be trained on."""
         return capacity.groups_in_flight(self.alpha, self.batch_size, self.group_size)
 
+    def shard_groups(self) -> int:
+        """`groups_per_shard` as the run uses it (0: direct), the default resolved by the run's size."""
+        return capacity.effective_groups_per_shard(
+            self.groups_per_shard, self.max_in_flight(), self.group_size, self.redundancy
+        )
+
     def shard_size(self) -> int:
         """The groups of a full shard (`trajflow.contracts.capacity.shard_size`)."""
-        return capacity.shard_size(self.groups_per_shard, self.max_groups_in_flight())
+        return capacity.shard_size(self.shard_groups(), self.max_groups_in_flight())
 
     def max_shards_in_flight(self) -> int:
         """Full shards to hold every group in flight, one partial shard and a probe's."""
@@ -132,7 +139,7 @@ class TrainSettings(_Model):
             group_size=self.group_size,
             redundancy=self.redundancy,
             max_group_restarts=self.max_group_restarts,
-            groups_per_shard=self.groups_per_shard,
+            groups_per_shard=self.shard_groups(),
         )
 
     def member_seed(self, group_seed: int, member: int) -> int:
