@@ -78,13 +78,24 @@ def test_a_stop_never_ends_a_run_past_its_last_step() -> None:
     assert b.s.stopping is not None and b.s.stopping.at_version == 1
 
 
-def test_a_config_whose_trajectories_in_flight_pass_temporals_child_limit_is_refused() -> None:
+def test_a_direct_run_past_its_limit_is_refused_and_an_unset_one_is_sharded() -> None:
     import pytest
 
-    from trajflow.contracts.training import MAX_CHILDREN_IN_FLIGHT, TrainSettings
+    from trajflow.contracts.capacity import AUTO_GROUPS_PER_SHARD, DIRECT_MAX_IN_FLIGHT, MAX_CHILDREN_IN_FLIGHT
+    from trajflow.contracts.training import TrainSettings
 
-    ok = TrainSettings(batch_size=992, group_size=8, alpha=1)
-    assert ok.max_in_flight() == 1984 <= MAX_CHILDREN_IN_FLIGHT
-    for fields in ({"batch_size": 1024, "alpha": 1}, {"batch_size": 992, "alpha": 1, "redundancy": 1}):
-        with pytest.raises(ValueError, match="pending children of one workflow"):
-            TrainSettings.model_validate({"group_size": 8, **fields})
+    ok = TrainSettings(batch_size=256, group_size=8, alpha=1, groups_per_shard=0)
+    assert ok.max_in_flight() == 512 == DIRECT_MAX_IN_FLIGHT and ok.shard_groups() == 0
+    for fields in ({"batch_size": 264}, {"batch_size": 256, "redundancy": 1}, {"batch_size": 992}):
+        with pytest.raises(ValueError, match="in a direct run .groups_per_shard = 0., over its limit of 512"):
+            TrainSettings.model_validate({"group_size": 8, "alpha": 1, "groups_per_shard": 0, **fields})
+    # unset: direct while it fits, shards of 64 groups beyond
+    assert TrainSettings(batch_size=256, group_size=8, alpha=1).shard_groups() == 0
+    wide = TrainSettings(batch_size=65_536, group_size=16, alpha=2)
+    assert wide.groups_per_shard is None and wide.shard_groups() == AUTO_GROUPS_PER_SHARD == 64
+    assert wide.max_shards_in_flight() <= MAX_CHILDREN_IN_FLIGHT
+    # large groups: fewer groups a shard, so that a shard's members stay under Temporal's 2,000 children
+    big = TrainSettings(batch_size=4_096, group_size=256, alpha=1)
+    assert big.shard_groups() == 7 and 7 * 256 <= MAX_CHILDREN_IN_FLIGHT
+    with pytest.raises(ValueError, match="a shard of 8 groups runs up to 2048 trajectories at once"):
+        TrainSettings(batch_size=4_096, group_size=256, alpha=1, groups_per_shard=8)

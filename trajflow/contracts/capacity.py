@@ -27,15 +27,24 @@ AUTO_GROUPS_PER_SHARD = 64
 """The shard size of a run that leaves `groups_per_shard` unset and needs shards (fewer when groups are large)."""
 
 
-def effective_groups_per_shard(setting: int | None, in_flight: int, group_size: int, redundancy: int) -> int:
+def effective_groups_per_shard(
+    setting: int | None, in_flight: int, group_size: int, redundancy: int, max_group_restarts: int
+) -> int:
     """`groups_per_shard` as a run uses it: the setting, or when unset, 0 (direct) up to `DIRECT_MAX_IN_FLIGHT`
-    trajectories in flight and shards of `AUTO_GROUPS_PER_SHARD` groups (fewer if their members would pass Temporal's
-    limit of pending children) beyond."""
+    trajectories in flight and shards of `AUTO_GROUPS_PER_SHARD` groups beyond (fewer if their members, or the
+    members a shard may start in its life, would pass one of Temporal's limits)."""
     if setting is not None:
         return setting
     if in_flight <= DIRECT_MAX_IN_FLIGHT:
         return 0
-    return max(1, min(AUTO_GROUPS_PER_SHARD, MAX_CHILDREN_IN_FLIGHT // (group_size + redundancy)))
+    running = group_size + redundancy
+    life = running + max_group_restarts
+    fits = min(
+        MAX_CHILDREN_IN_FLIGHT // running,
+        MAX_SIGNALS_PER_RUN // life,
+        MAX_HISTORY_EVENTS // (life * SHARD_EVENTS_PER_MEMBER),
+    )
+    return max(1, min(AUTO_GROUPS_PER_SHARD, fits))
 
 
 def groups_in_flight(alpha: int, batch_size: int, group_size: int) -> int:

@@ -120,7 +120,7 @@ class TrainSettings(_Model):
     def shard_groups(self) -> int:
         """`groups_per_shard` as the run uses it (0: direct), the default resolved by the run's size."""
         return capacity.effective_groups_per_shard(
-            self.groups_per_shard, self.max_in_flight(), self.group_size, self.redundancy
+            self.groups_per_shard, self.max_in_flight(), self.group_size, self.redundancy, self.max_group_restarts
         )
 
     def shard_size(self) -> int:
