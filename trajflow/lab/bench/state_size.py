@@ -90,7 +90,12 @@ class StateSize:
 
 
 def config(
-    batch_size: int, group_size: int, alpha: int, redundancy: int = 0, check: bool = True, groups_per_shard: int = 0
+    batch_size: int,
+    group_size: int,
+    alpha: int,
+    redundancy: int = 0,
+    check: bool = True,
+    groups_per_shard: int | None = 0,
 ) -> TrainingRunConfig:
     """A run of two tasks (so step records carry per-task stats), direct (`groups_per_shard` 0) or in shards of
     `groups_per_shard` groups. With `check`, the config check must accept it; without, a direct batch past today's
