@@ -6,7 +6,7 @@ The state is built by the sharded run's own rules (`workflows.fanin.ShardBook`: 
 group_report, shard_done, drop_stale, take_batch, finish_step), driven as the training workflow and its shards drive
 them: admission starts every shard the budget allows at once, shards report their groups, a shard whose groups all
 reported sends `ShardDone`. HISTORY_KEPT steps are trained first (groups reported in index order, each at its
-admission's version; each trainer result carries the 20 metrics of `state_size._result` and the step's
+admission's version; each trainer result carries the 20 metrics of `state_size.trainer_result` and the step's
 `BatchStats`: the staleness of the groups taken, two tasks' stats). Then, from that history, the pipeline is filled
 and reported in one of two layouts:
 
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from trajflow.contracts.shards import BatchStats, GroupCounts, GroupReport, ShardDone, shard_id
 from trajflow.contracts.steps import TaskStats
 from trajflow.contracts.training import TrainingRunConfig, TrainingStart, TrainingState, TrainStepInput
-from trajflow.lab.bench.state_size import StateSize, _result
+from trajflow.lab.bench.state_size import StateSize, trainer_result
 from workflows.bookkeeping import HISTORY_KEPT
 from workflows.fanin import ShardBook
 from workflows.queries import progress
@@ -74,6 +74,12 @@ class Driver:
         """Group admitted and not yet trained on -> its task."""
         self.version: dict[int, int] = {}
         """Ready group -> the oldest version it reported."""
+
+    def fork(self, state: TrainingState) -> Driver:
+        """A driver of `state` (a copy of this one's), knowing what this one knows."""
+        other = Driver(self.cfg, state)
+        other.admitted_at, other.task, other.version = dict(self.admitted_at), dict(self.task), dict(self.version)
+        return other
 
     def admit(self) -> None:
         """Start every shard the admission budget allows (the admission loop)."""
@@ -142,7 +148,7 @@ class Driver:
             staleness=dict(sorted(lags.items())),
             by_task=by_task,
         )
-        result = _result(step).model_copy(update={"batch": batch})
+        result = trainer_result(step).model_copy(update={"batch": batch})
         self.rules.finish_step(step, result, time_s=12.5 * (self.s.version + 1))
         self.admit()
 
@@ -167,9 +173,7 @@ def steady_state(
     """`past` (a `history`) with its pipeline full in `layout`, a step in flight if `training` (the module
     docstring)."""
     s = past[0].model_copy(deep=True)
-    run = Driver(cfg, s)
-    for name in ("admitted_at", "task", "version"):
-        setattr(run, name, dict(getattr(past[1], name)))
+    run = past[1].fork(s)
     order, per_step, skew = ORDERS[layout], cfg.batch_size // cfg.group_size, layout == "worst"
     run.admit()
     if training:

@@ -166,7 +166,7 @@ def _train(book: Book) -> None:
         _fill(book, _admit(book), book.cfg.group_size)
     step = book.take_batch()
     assert step is not None, "a full batch of groups was reported"
-    book.finish_step(step, _result(step), time_s=12.5 * (book.s.version + 1))
+    book.finish_step(step, trainer_result(step), time_s=12.5 * (book.s.version + 1))
     book.to_cancel.clear()
 
 
@@ -201,7 +201,8 @@ def _fill(book: Book, name: str, completed: int) -> None:
         )
 
 
-def _result(step: TrainStepInput) -> TrainStepResult:
+def trainer_result(step: TrainStepInput) -> TrainStepResult:
+    """A trainer's result for `step`: TRAINER_METRICS at full float precision, the new weights' URI."""
     metrics = {name: 1.0 / (7 + i + step.version) for i, name in enumerate(TRAINER_METRICS)}
     uri = f"{STORE}policies/{step.run_id}/v{step.version + 1:06d}/manifest.json"
     return TrainStepResult(version=step.version + 1, weights_uri=uri, metrics=metrics, seconds=8.123456789)
