@@ -1,14 +1,19 @@
 """How many bytes the training workflow's state takes at steady state: the continue-as-new input, the `progress`
 query's result and the `state` query's result, for a config (docs/capacity.md). Temporal refuses a payload over
-2 MB; the state must stay well under it.
+2 MB; every run's must stay under LIMIT (512 KiB, issue 25).
 
-The state is built by the workflow's own rules (`workflows.bookkeeping.Book`: new_group, new_member, report,
-take_batch, finish_step), not by hand: HISTORY_KEPT steps are trained, each with a realistic trainer result (20
-metrics at full float precision, per-task stats in a run of two tasks), then admission fills the pipeline and half
-of each open group's members complete with the ids and store URIs real trajectories have. With `training`, a step
-is in flight too (its B refs are in the state; admission then holds α·B/n open groups instead of (α + 1)·B/n).
+A direct run's state (`groups_per_shard` 0) is built by the workflow's own rules (`workflows.bookkeeping.Book`:
+new_group, new_member, report, take_batch, finish_step), not by hand: HISTORY_KEPT steps are trained, each with a
+realistic trainer result (20 metrics at full float precision, per-task stats in a run of two tasks), then admission
+fills the pipeline and half of each open group's members complete with the ids and store URIs real trajectories
+have. With `training`, a step is in flight too (its B refs are in the state; admission then holds α·B/n open groups
+instead of (α + 1)·B/n).
 
-    python -m trajflow.lab.bench.state_size --batch 256 992 --group 8 --alpha 1 [--json FILE]
+    python -m trajflow.lab.bench.state_size --batch 256 --group 8 --alpha 1 [--json FILE]
+    python -m trajflow.lab.bench.state_size --batch 65536 --group 16 --alpha 2 --groups-per-shard 64
+
+With `--groups-per-shard N` the run is sharded and its state is built by `workflows.fanin.ShardBook`
+(trajflow.lab.bench.sharded_state).
 
 Byte counts are those of pydantic's JSON (what the data converter writes) and do not depend on the machine.
 """
@@ -47,6 +52,8 @@ TRAINER_METRICS = (
     *("publish_s", "checkpoint_s"),
 )
 """20 metrics a trainer step returns (trajflow.rl.updates, trajflow.rl.losses, and two timings)."""
+EVAL_FIRST_SEED = 1_000_000_000
+"""Held-out seeds past every training seed of the widest run measured (B = 65,536 for 2·HISTORY_KEPT steps)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,7 @@ class StateSize:
     training: bool
     """A step is in flight (its refs are in the state)."""
     open_groups: int
+    """Groups admitted and not yet taken by a step (running, or complete and waiting)."""
     history: int
     continue_as_new: int
     """`TrainingStart(run=..., resume=state)` as JSON."""
@@ -67,23 +75,41 @@ class StateSize:
     """The `progress` query's result as JSON."""
     state: int
     """The `state` query's result as JSON."""
+    groups_per_shard: int = 0
+    """0: a direct run (`workflows.bookkeeping.Book`); N: a sharded run's shards of N groups
+    (`trajflow.lab.bench.sharded_state`)."""
+    layout: str = "direct"
+    """A sharded run's order of group reports (`sharded_state.LAYOUTS`)."""
+    ranges: int = 0
+    """A sharded run's ranges of group indices in the state (open, ready, the step's groups, live shards)."""
+    shards: int = 0
+    """A sharded run's live shards."""
 
     @property
     def largest(self) -> int:
         return max(self.continue_as_new, self.progress, self.state)
 
 
-def config(batch_size: int, group_size: int, alpha: int, redundancy: int = 0, check: bool = True) -> TrainingRunConfig:
-    """A run of two tasks (so step records carry per-task stats). With `check`, the config check must accept it;
-    without, a batch past today's limits is measured too (on paper: such a run is refused)."""
+def config(
+    batch_size: int,
+    group_size: int,
+    alpha: int,
+    redundancy: int = 0,
+    check: bool = True,
+    groups_per_shard: int | None = 0,
+) -> TrainingRunConfig:
+    """A run of two tasks (so step records carry per-task stats), direct (`groups_per_shard` 0) or in shards of
+    `groups_per_shard` groups. With `check`, the config check must accept it; without, a direct batch past today's
+    limits is measured too (on paper: such a run is refused)."""
     tasks = [TaskConfig(name="countdown"), TaskConfig(name="gsm8k-math")]
     shape = {"batch_size": batch_size, "group_size": group_size, "alpha": alpha, "redundancy": redundancy}
+    run = {"steps": 2 * HISTORY_KEPT, "groups_per_shard": groups_per_shard, "eval": {"first_seed": EVAL_FIRST_SEED}}
     if check:
-        return TrainingRunConfig.model_validate({"steps": 2 * HISTORY_KEPT, **shape, "tasks": tasks})
+        return TrainingRunConfig.model_validate({**run, **shape, "tasks": tasks})
     if batch_size < group_size or batch_size % group_size:
         raise ValueError(f"batch_size ({batch_size}) must be a multiple of group_size ({group_size})")
     # the same run with one group a step passes every other check; then the batch is widened, unchecked
-    one_group = {"steps": 2 * HISTORY_KEPT, **shape, "batch_size": group_size, "tasks": tasks}
+    one_group = {**run, **shape, "batch_size": group_size, "tasks": tasks}
     return TrainingRunConfig.model_validate(one_group).model_copy(update={"batch_size": batch_size})
 
 
@@ -141,7 +167,7 @@ def _train(book: Book) -> None:
         _fill(book, _admit(book), book.cfg.group_size)
     step = book.take_batch()
     assert step is not None, "a full batch of groups was reported"
-    book.finish_step(step, _result(step), time_s=12.5 * (book.s.version + 1))
+    book.finish_step(step, trainer_result(step), time_s=12.5 * (book.s.version + 1))
     book.to_cancel.clear()
 
 
@@ -176,39 +202,65 @@ def _fill(book: Book, name: str, completed: int) -> None:
         )
 
 
-def _result(step: TrainStepInput) -> TrainStepResult:
+def trainer_result(step: TrainStepInput) -> TrainStepResult:
+    """A trainer's result for `step`: TRAINER_METRICS at full float precision, the new weights' URI."""
     metrics = {name: 1.0 / (7 + i + step.version) for i, name in enumerate(TRAINER_METRICS)}
     uri = f"{STORE}policies/{step.run_id}/v{step.version + 1:06d}/manifest.json"
     return TrainStepResult(version=step.version + 1, weights_uri=uri, metrics=metrics, seconds=8.123456789)
 
 
 def table(rows: list[StateSize]) -> str:
-    """The rows as a markdown table (KiB)."""
-    head = "| B | n | α | r | step in flight | open groups | continue-as-new | progress | state |\n"
-    head += "|---:|---:|---:|---:|:---:|---:|---:|---:|---:|\n"
+    """The rows as a markdown table (KiB). Mode: direct, or the shard size and layout of a sharded run."""
+    head = "| B | n | α | r | mode | step in flight | open groups | ranges | continue-as-new | progress | state |\n"
+    head += "|---:|---:|---:|---:|:---|:---:|---:|---:|---:|---:|---:|\n"
     kib = lambda n: f"{n / 1024:,.1f} KiB"  # noqa: E731
+    mode = lambda r: f"shards of {r.groups_per_shard}, {r.layout}" if r.groups_per_shard else "direct"  # noqa: E731
     return head + "".join(
-        f"| {r.batch_size:,} | {r.group_size} | {r.alpha} | {r.redundancy} | {'yes' if r.training else 'no'} | "
-        f"{r.open_groups:,} | {kib(r.continue_as_new)} | {kib(r.progress)} | {kib(r.state)} |\n"
+        f"| {r.batch_size:,} | {r.group_size} | {r.alpha} | {r.redundancy} | {mode(r)} | "
+        f"{'yes' if r.training else 'no'} | {r.open_groups:,} | {f'{r.ranges:,}' if r.groups_per_shard else '–'} | "
+        f"{kib(r.continue_as_new)} | {kib(r.progress)} | {kib(r.state)} |\n"
         for r in rows
     )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m trajflow.lab.bench.state_size", description=(__doc__ or "").split("\n")[0]
+        prog="python -m trajflow.lab.bench.state_size",
+        description=" ".join((__doc__ or "").split("\n\n")[0].split()),
+        epilog="Byte counts of pydantic's JSON (what the data converter sends): they do not depend on the machine.",
     )
-    parser.add_argument("--batch", type=int, nargs="+", default=[256, 992], help="batch sizes B (default 256 992)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[256], help="batch sizes B (default 256)")
     parser.add_argument("--group", type=int, default=8, help="group size n (default 8)")
     parser.add_argument("--alpha", type=int, default=1, help="staleness bound α (default 1)")
     parser.add_argument("--redundancy", type=int, default=0, help="redundant samples per group r (default 0)")
+    parser.add_argument(
+        "--groups-per-shard",
+        type=int,
+        default=0,
+        metavar="N",
+        help="0 (default): a direct run, its state built by workflows.bookkeeping.Book (a batch past the direct "
+        "limit is measured on paper, unchecked); N > 0: a sharded run in shards of N groups, its state built by "
+        "workflows.fanin.ShardBook in the typical and the worst layout of group reports "
+        "(trajflow.lab.bench.sharded_state); the config must pass the config check",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON to this file")
     args = parser.parse_args(argv)
     try:
-        cfgs = [config(b, args.group, args.alpha, args.redundancy, check=False) for b in args.batch]
-    except ValueError as e:
+        if args.groups_per_shard:
+            cfgs = [
+                config(b, args.group, args.alpha, args.redundancy, groups_per_shard=args.groups_per_shard)
+                for b in args.batch
+            ]
+        else:
+            cfgs = [config(b, args.group, args.alpha, args.redundancy, check=False) for b in args.batch]
+    except ValueError as e:  # pydantic's ValidationError is one
         parser.error(str(e))
-    rows = [row for c in cfgs for row in sizes(c)]
+    if args.groups_per_shard:
+        from trajflow.lab.bench import sharded_state  # it builds on this module
+
+        rows = [row for c in cfgs for row in sharded_state.sizes(c)]
+    else:
+        rows = [row for c in cfgs for row in sizes(c)]
     print(table(rows), end="")
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
