@@ -168,6 +168,7 @@ class TrainerActivities:
         started = time.monotonic()
         refs = step_refs(self.store, inp)
         records = load_records(self.store, [r.trajectory_uri for r in refs])
+        load_s = time.monotonic() - started  # the step's reads from the store (manifests, then records)
         try:
             samples = samples_from_records(records, normalize_std=inp.trainer.normalize_adv_std, refs=refs)
         except ValueError as e:  # an unscored or token-less trajectory: retrying cannot fix the batch
@@ -200,7 +201,7 @@ class TrainerActivities:
         result = TrainStepResult(
             version=version,
             weights_uri=self.store.uri_for(manifest_key(policy_version_prefix(inp.run_id, version))),
-            metrics={k: float(v) for k, v in metrics.items()},
+            metrics={**{k: float(v) for k, v in metrics.items()}, "load_s": load_s},
             seconds=time.monotonic() - started,
             batch=BatchStats.of(refs, inp.version),
         )

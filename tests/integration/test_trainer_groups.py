@@ -149,6 +149,7 @@ async def test_steps_train_on_their_group_manifests(temporal_env, tiny_model: Pa
         assert result.metrics["tokens"] == reference["tokens"]
         assert result.metrics["loss"] == pytest.approx(reference["loss"], rel=1e-5, abs=1e-7)
         assert result.metrics["grad_norm"] == pytest.approx(reference["grad_norm"], rel=1e-5)
+        assert 0 < result.metrics["load_s"] < result.seconds  # the step's store reads, timed apart
 
     activity_error = failed.value.cause
     assert isinstance(activity_error, ActivityError)

@@ -6,7 +6,7 @@ The state is built by the sharded run's own rules (`workflows.fanin.ShardBook`: 
 group_report, shard_done, drop_stale, take_batch, finish_step), driven as the training workflow and its shards drive
 them: admission starts every shard the budget allows at once, shards report their groups, a shard whose groups all
 reported sends `ShardDone`. HISTORY_KEPT steps are trained first (groups reported in index order, each at its
-admission's version; each trainer result carries the 20 metrics of `state_size.trainer_result` and the step's
+admission's version; each trainer result carries the 21 metrics of `state_size.trainer_result` and the step's
 `BatchStats`: the staleness of the groups taken, two tasks' stats). Then, from that history, the pipeline is filled
 and reported in one of two layouts:
 

@@ -4,7 +4,7 @@ query's result and the `state` query's result, for a config (docs/capacity.md). 
 
 A direct run's state (`groups_per_shard` 0) is built by the workflow's own rules (`workflows.bookkeeping.Book`:
 new_group, new_member, report, take_batch, finish_step), not by hand: HISTORY_KEPT steps are trained, each with a
-realistic trainer result (20 metrics at full float precision, per-task stats in a run of two tasks), then admission
+realistic trainer result (21 metrics at full float precision, per-task stats in a run of two tasks), then admission
 fills the pipeline and half of each open group's members complete with the ids and store URIs real trajectories
 have. With `training`, a step is in flight too (its B refs are in the state; admission then holds α·B/n open groups
 instead of (α + 1)·B/n).
@@ -49,9 +49,9 @@ TRAINER_METRICS = (
     *("loss", "grad_norm", "updates", "tokens", "sequences", "autocast_bf16", "seconds"),
     *("kl_rollout_trainer", "kl_rollout_trainer_k3", "ratio_mean", "ratio_max", "ratio_min"),
     *("logprob_abs_diff_mean", "logprob_abs_diff_max", "clip_frac", "is_weight_mean", "kl_ref", "entropy"),
-    *("publish_s", "checkpoint_s"),
+    *("publish_s", "checkpoint_s", "load_s"),
 )
-"""20 metrics a trainer step returns (trajflow.rl.updates, trajflow.rl.losses, and two timings)."""
+"""21 metrics a trainer step returns (trajflow.rl.updates, trajflow.rl.losses, and three timings)."""
 EVAL_FIRST_SEED = 1_000_000_000
 """Held-out seeds past every training seed of the widest run measured (B = 65,536 for 2·HISTORY_KEPT steps)."""
 
