@@ -14,7 +14,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Annotated
 
-from pydantic import ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field, PlainSerializer
 
 from trajflow.contracts.limits import WorkflowIdRef
 from trajflow.contracts.steps import TaskStats, TrainRef, lag_histogram
@@ -23,13 +23,44 @@ from trajflow.contracts.trainer import NanSafeContract
 _Model = NanSafeContract
 
 
+def flat_ranges(ranges: Sequence[tuple[int, int]]) -> list[int]:
+    """Sorted, disjoint ranges `[start, end)` as one flat list of (gap, length) pairs, each gap from the previous
+    range's end (the first from 0): small numbers whatever the indices, about 4 bytes a range in JSON where a pair of
+    six-digit indices takes 16."""
+    out: list[int] = []
+    end = 0
+    for start, stop in ranges:
+        out += [start - end, stop - start]
+        end = stop
+    return out
+
+
+def _read_ranges(value: object) -> object:
+    """The flat form back to ranges; a list of pairs (the model's own form, or a hand-written input) as it is."""
+    if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+        return value
+    if len(value) % 2:
+        raise ValueError(f"flat ranges need (gap, length) pairs, got {len(value)} numbers")
+    ranges, end = [], 0
+    for gap, length in zip(value[::2], value[1::2], strict=True):
+        if gap < 0 or length < 1:
+            raise ValueError(f"flat ranges need gaps >= 0 and lengths >= 1, got ({gap}, {length})")
+        ranges.append((end + gap, end + gap + length))
+        end += gap + length
+    return ranges
+
+
+Ranges = Annotated[list[tuple[int, int]], BeforeValidator(_read_ranges), PlainSerializer(flat_ranges, when_used="json")]
+"""Sorted, disjoint ranges of group indices, written in JSON (the payloads Temporal carries) as `flat_ranges`."""
+
+
 class IndexSet(_Model):
     """A set of group indices as sorted, disjoint, half-open ranges `[start, end)`: admission numbers groups in order
     and they mostly end in order, so a run's thousands of groups take a few ranges (at worst one range per index)."""
 
     model_config = ConfigDict(extra="forbid", frozen=False)
 
-    ranges: list[tuple[int, int]] = Field(default_factory=list)
+    ranges: Ranges = Field(default_factory=list)
 
     @classmethod
     def of(cls, indices: Iterable[int]) -> IndexSet:

@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field, model_validator
 from trajflow.contracts import capacity
 from trajflow.contracts.capacity import MAX_CHILDREN_IN_FLIGHT as MAX_CHILDREN_IN_FLIGHT
 from trajflow.contracts.limits import PoolName, WorkflowIdRef
-from trajflow.contracts.shards import BatchStats, GroupSpec, ShardedState
+from trajflow.contracts.shards import BatchStats, GroupSpec, Ranges, ShardedState
 from trajflow.contracts.steps import StepRecord as StepRecord
 from trajflow.contracts.steps import TaskStats as TaskStats
 from trajflow.contracts.steps import TrainRef as TrainRef
@@ -154,9 +154,10 @@ class TrainStepInput(_Model):
     """The trainer's version before this step; the step publishes version + 1."""
     refs: list[TrainRef]
     trainer: TrainerConfig
-    groups: list[tuple[int, int]] = Field(default_factory=list)
-    """A sharded run's groups of this step, as ranges `[start, end)` of group indices: the trainer reads each
-    group's `GroupManifest` from the store (after `refs`, which then holds user-started trajectories only)."""
+    groups: Ranges = Field(default_factory=list)
+    """A sharded run's groups of this step, as ranges `[start, end)` of group indices (in JSON, `flat_ranges`): the
+    trainer reads each group's `GroupManifest` from the store (after `refs`, which then holds user-started
+    trajectories only)."""
 
 
 class TrainStepResult(_Model):
