@@ -21,7 +21,6 @@ import asyncio
 from temporalio import workflow
 from temporalio.common import RawValue
 from temporalio.exceptions import ChildWorkflowError
-from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import names
@@ -30,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
     from workflows.bookkeeping import Book, _member_order
 
-from workflows import stubs
+from workflows import members, stubs
 from workflows.inputs import NO_INPUT, decode_input
 
 
@@ -98,31 +97,8 @@ class ShardWorkflow:
         )
 
     async def _start_member(self, group: GroupState) -> None:
-        cfg, task = self.cfg, self.cfg.tasks[group.task]
-        wid = self.book.new_member(group)
-        seed = cfg.member_seed(group.seed, group.members_started - 1)
-        req = task.request(
-            group.seed,
-            sampling=task.sampling.model_copy(update={"seed": seed}),
-            run_id=self.start.run_id,
-            policy=self.start.run_id,
-            group=group.group,
-            min_policy_version=self.start.min_policy_version,
-            report_to=workflow.info().workflow_id,
-        )
-        try:
-            handle = await workflow.start_child_workflow(
-                names.TRAJECTORY_WORKFLOW,
-                req,
-                id=wid,
-                task_queue=workflow.info().task_queue,
-                parent_close_policy=ParentClosePolicy.ABANDON,
-                result_type=TrajectoryResult,
-            )
-        except BaseException:
-            self.book.member_not_started(group, wid)
-            raise
-        self.book.member_started()
+        run_id, floor = self.start.run_id, self.start.min_policy_version
+        wid, handle = await members.start_member(self.book, self.cfg, group, run_id, floor)
         self.watchers += 1
         asyncio.create_task(self._watch(handle, wid))
 

@@ -37,7 +37,6 @@ import asyncio
 from temporalio import workflow
 from temporalio.common import RawValue, SearchAttributeKey
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
-from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import metrics, names
@@ -59,7 +58,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.bookkeeping import Book, ReportOutcome
     from workflows.fanin import ShardBook
 
-from workflows import sharding, stubs
+from workflows import members, sharding, stubs
 from workflows.inputs import NO_INPUT, decode_input
 
 SA_RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
@@ -176,31 +175,7 @@ class TrainingWorkflow:
                 self.admitting = False
 
     async def _start_member(self, group: GroupState) -> None:
-        task = self.cfg.tasks[group.task]
-        wid = self.book.new_member(group)
-        seed = self.cfg.member_seed(group.seed, group.members_started - 1)  # new_member counted this one
-        req = task.request(
-            group.seed,
-            sampling=task.sampling.model_copy(update={"seed": seed}),
-            run_id=self.s.run_id,
-            policy=self.s.run_id,
-            group=group.group,
-            min_policy_version=self.s.version,
-            report_to=workflow.info().workflow_id,
-        )
-        try:
-            handle = await workflow.start_child_workflow(
-                names.TRAJECTORY_WORKFLOW,
-                req,
-                id=wid,
-                task_queue=workflow.info().task_queue,  # trajectories run where their training workflow runs
-                parent_close_policy=ParentClosePolicy.ABANDON,
-                result_type=TrajectoryResult,
-            )
-        except BaseException:
-            self.book.member_not_started(group, wid)
-            raise
-        self.book.member_started()
+        wid, handle = await members.start_member(self.book, self.cfg, group, self.s.run_id, self.s.version)
         asyncio.create_task(self._watch(handle, wid))
 
     async def _watch(self, handle: workflow.ChildWorkflowHandle, wid: str) -> None:
