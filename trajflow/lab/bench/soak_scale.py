@@ -116,6 +116,7 @@ async def _watch(
     from temporalio.service import RPCError
 
     from trajflow.client import training_progress
+    from trajflow.contracts import names
 
     waiter = asyncio.ensure_future(handle.result())
     seen: dict[int, tuple[float, int]] = {}
@@ -146,10 +147,10 @@ async def _watch(
         saw(progress.recent)
         now = time.monotonic()
         if now - last_line >= 60:
-            c, acts = progress.counters, st.activities.total() - acts0
+            acts, saved = st.activities.total() - acts0, st.activities.completed[names.TRAJECTORY_SAVE]
             say(
-                f"soak --scale: v{progress.version} at {now - t0:.0f} s: {c.started:,} trajectories started, "
-                f"{c.completed:,} completed; {acts:,} activities ({acts / (now - t0):.0f}/s)"
+                f"soak --scale: v{progress.version} at {now - t0:.0f} s: {saved:,} trajectories saved, "
+                f"{progress.counters.consumed:,} trained; {acts:,} activities ({acts / (now - t0):.0f}/s)"
             )
             last_line = now
     result = waiter.result()
