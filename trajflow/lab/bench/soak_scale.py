@@ -140,17 +140,18 @@ async def _watch(
         await asyncio.wait({waiter}, timeout=2.0)
         if waiter.done():
             break
-        try:
-            progress = await training_progress(handle)
-        except RPCError:  # between two runs of a continue-as-new
-            continue
-        saw(progress.recent)
+        try:  # a query waits for a workflow task, which a busy worker may be slow to give
+            progress = await asyncio.wait_for(training_progress(handle), timeout=10.0)
+            saw(progress.recent)
+        except (RPCError, TimeoutError):  # between two runs of a continue-as-new, or slow
+            progress = None
         now = time.monotonic()
         if now - last_line >= 60:
             acts, saved = st.activities.total() - acts0, st.activities.completed[names.TRAJECTORY_SAVE]
+            trained = f"{progress.counters.consumed:,}" if progress is not None else "?"
             say(
-                f"soak --scale: v{progress.version} at {now - t0:.0f} s: {saved:,} trajectories saved, "
-                f"{progress.counters.consumed:,} trained; {acts:,} activities ({acts / (now - t0):.0f}/s)"
+                f"soak --scale: at {now - t0:.0f} s: {saved:,} trajectories saved, {trained} trained; "
+                f"{acts:,} activities ({acts / (now - t0):.0f}/s)"
             )
             last_line = now
     result = waiter.result()
