@@ -38,7 +38,10 @@ async def test_a_step_sleeps_records_and_publishes(acts: SimulatedTrainerActivit
     t0 = time.monotonic()
     result = await ActivityEnvironment().run(acts.train_step, step("r1", 0))
     assert time.monotonic() - t0 >= 0.2
-    assert result.version == 1 and result.weights_uri is None and result.metrics == {"simulated": 1.0}
+    assert result.version == 1 and result.weights_uri is None
+    m = result.metrics
+    assert m["simulated"] == 1.0 and m["compute_s"] >= 0.2 and 0 <= m["load_s"] < m["compute_s"], m
+    assert result.seconds >= m["load_s"] + m["compute_s"]
     assert acts.policies.latest_version("r1", fresh=True) == 1
     recorded = acts.store.get_json(acts.store.uri_for(layout.step_key("r1", 1)))
     assert TrainStepResult.model_validate(recorded) == result

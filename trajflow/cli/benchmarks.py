@@ -247,11 +247,42 @@ def bench_scale(
 def bench_soak(
     quick: Annotated[bool, typer.Option("--quick", help="The CI run (~1 min): 60 steps of B=4.")] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
-    steps: Annotated[int | None, typer.Option("--steps", help="Training steps (default 300).")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Training steps (default 300; --scale 3).")] = None,
+    scale: Annotated[
+        bool,
+        typer.Option(
+            "--scale",
+            help="Steps of thousands instead: a sharded run of B trajectories a step (groups of 8, alpha 1, one "
+            "turn), continuing as new about once a step; reports each step's time (store load, trainer, the rest) "
+            "and the dev server's activities/s.",
+        ),
+    ] = False,
+    batch: Annotated[
+        int | None, typer.Option("--batch", help="With --scale: B, trajectories a step (default 8192; CI 1024).")
+    ] = None,
 ) -> None:
-    """One training run of hundreds of steps (simulated engine, env and trainer) that continues as new every few
-    steps, then audits it: every version once, every trajectory accounted for (exit 1 if anything is lost)."""
+    """One training run on the embedded bench stack (dev server, simulated engine, env and trainer), audited at the
+    end: every version once, every trajectory accounted for (exit 1 if anything is lost). By default hundreds of
+    small steps that continue as new every few steps; with --scale a few steps of thousands of trajectories in shards,
+    each step's time taken apart."""
     from infra.settings import load_settings
+
+    cache = load_settings().cache_dir / "models"
+    if scale:
+        from trajflow.lab.bench.soak_scale import ScaleSoak
+        from trajflow.lab.bench.soak_scale import main as scale_main
+
+        fields = {k: v for k, v in {"steps": steps, "batch_size": batch}.items() if v is not None}
+        try:
+            ss = ScaleSoak(**fields)
+        except ValueError as e:
+            typer.secho(str(e), fg="red", err=True)
+            raise typer.Exit(2) from None
+        _exit(scale_main(ss, json_path, cache, _say))
+        return
+    if batch is not None:
+        typer.secho("--batch goes with --scale", fg="red", err=True)
+        raise typer.Exit(2)
     from trajflow.lab.bench.soak import SoakWorkload, main, quick_soak
 
     fields = {"steps": steps} if steps is not None else {}
@@ -260,4 +291,4 @@ def bench_soak(
     except ValueError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2) from None
-    _exit(main(sw, json_path, load_settings().cache_dir / "models", _say))
+    _exit(main(sw, json_path, cache, _say))

@@ -47,7 +47,7 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def _server_pid() -> int | None:
+def server_pid() -> int | None:
     """The dev server this process started (a child running `temporal server start-dev`)."""
     me = str(os.getpid())
     for proc in Path("/proc").iterdir():
@@ -122,7 +122,7 @@ async def scale_stack(
             check=lambda: _alive(procs),
             who="bench worker",
         )
-        server = _server_pid()
+        server = server_pid()
         pids = {role: p.pid for role, p in procs.items()} | {"reward_service": reward_proc.pid, "driver": os.getpid()}
         if server is not None:
             pids["server"] = server

@@ -10,7 +10,9 @@ the store, a missing one failing the step as it fails the real one), and returns
 
 The step time is per run (`set_step_s`, before the run starts; `default_step_s` otherwise), since a benchmark
 measures the sync generation phase first and derives the train time from it.
-Not covered: no model, no optimizer, no checkpoints, no trajectory record read; metrics are `{"simulated": 1.0}`.
+The result's metrics say where the step's time went: `load_s` (reading its refs: a sharded run's manifests from the
+store) and `compute_s` (the sleep), beside `simulated: 1.0`.
+Not covered: no model, no optimizer, no checkpoints, no trajectory record read.
 """
 
 from __future__ import annotations
@@ -59,11 +61,12 @@ class SimulatedTrainerActivities:
             raise ApplicationError("a train step needs at least one trajectory", type=names.ERR_BAD_REQUEST)
         started = time.monotonic()
         refs = await asyncio.to_thread(step_refs, self.store, inp)
+        loaded = time.monotonic()
         await asyncio.sleep(self.step_s.get(inp.run_id, self.default_step_s))
         result = TrainStepResult(
             version=version,
             weights_uri=None,
-            metrics={"simulated": 1.0},
+            metrics={"simulated": 1.0, "load_s": loaded - started, "compute_s": time.monotonic() - loaded},
             seconds=time.monotonic() - started,
             batch=BatchStats.of(refs, inp.version),
         )

@@ -86,7 +86,7 @@ def audit(result, steps: int, batch: int, visible: dict[str, int], running: int)
     return problems
 
 
-async def _visible(st: BenchStack, run_id: str) -> dict[str, int]:
+async def run_trajectories(st: BenchStack, run_id: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     async for wf in st.client.list_workflows(f"WorkflowType = 'TrajectoryWorkflow' AND TrajflowRun = '{run_id}'"):
         name = wf.status.name if wf.status is not None else "UNKNOWN"
@@ -127,7 +127,7 @@ async def _soak(st: BenchStack, sw: SoakWorkload, say: Say) -> dict:
     result = waiter.result()
     wall = time.monotonic() - t0
     runs = [wf.run_id async for wf in st.client.list_workflows(f"WorkflowId = '{run_id}'")]
-    visible = await _visible(st, run_id)
+    visible = await run_trajectories(st, run_id)
     running = visible.get("RUNNING", 0)
     problems = audit(result, sw.steps, sw.batch_size, visible, running)
     figures = {

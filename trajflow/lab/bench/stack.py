@@ -5,7 +5,8 @@ subprocess (ended by its PID), a temporary LocalStore (under /dev/shm where ther
 workers on fresh queues: the orchestrator (TrajectoryWorkflow, TrainingWorkflow, BatchRolloutWorkflow; the
 default sandboxed workflow runner, as `trajflow worker orchestrator` runs), decode with a `SimulatedEngine`,
 the synthetic env pool, the real reward pool (scores over HTTP, saves to the store) and a simulated trainer pool
-(`trajflow.lab.bench.sim_trainer`: the real activity name and contract, a sleep per step).
+(`trajflow.lab.bench.sim_trainer`: the real activity name and contract, a sleep per step). Every worker counts
+the activities it completed (`ActivityCounter`, a client interceptor the workers inherit).
 
 Not covered: separate worker processes (everything shares this process's event loop and one core), Docker
 sandboxes, a persistent Temporal database.
@@ -21,12 +22,17 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+from temporalio import activity
+from temporalio import client as temporal_client
+from temporalio import worker as temporal_worker
 from temporalio.client import Client
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.worker import Worker
@@ -34,6 +40,38 @@ from temporalio.worker import Worker
 from infra.ports import free_port
 from infra.processes import python_module
 from trajflow.lab.bench.workload import Workload
+
+
+class ActivityCounter(temporal_client.Interceptor, temporal_worker.Interceptor):
+    """Activities completed (by type) and failed on the workers of a client that carries it: a worker includes
+    its client's interceptors that are worker interceptors too."""
+
+    def __init__(self) -> None:
+        self.completed: Counter[str] = Counter()
+        self.failed = 0
+
+    def total(self) -> int:
+        return sum(self.completed.values())
+
+    def intercept_activity(
+        self, next: temporal_worker.ActivityInboundInterceptor
+    ) -> temporal_worker.ActivityInboundInterceptor:
+        return _CountingActivities(next, self)
+
+
+class _CountingActivities(temporal_worker.ActivityInboundInterceptor):
+    def __init__(self, next: temporal_worker.ActivityInboundInterceptor, counter: ActivityCounter) -> None:
+        super().__init__(next)
+        self.counter = counter
+
+    async def execute_activity(self, input: temporal_worker.ExecuteActivityInput) -> Any:
+        try:
+            result = await super().execute_activity(input)
+        except BaseException:
+            self.counter.failed += 1
+            raise
+        self.counter.completed[activity.info().activity_type] += 1
+        return result
 
 
 @dataclass
@@ -49,6 +87,8 @@ class BenchStack:
     """The SimulatedTrainerActivities behind the trainer pool (`set_step_s` per run)."""
     store_dir: Path
     startup_s: dict[str, float]
+    activities: ActivityCounter
+    """What the stack's workers completed so far."""
 
 
 async def start_reward_service(timeout_s: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
@@ -176,7 +216,10 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
         startup["temporal_s"] = time.monotonic() - t1
         tok = await tokenizer_task
         reward_proc, reward_url = await reward_task
-        client = env.client
+        counter = ActivityCounter()
+        config = env.client.config()
+        config["interceptors"] = [counter]
+        client = Client(**config)
         tag = uuid.uuid4().hex[:8]
         pool, queue = f"bench{tag}", f"trajflow-bench-{tag}"
         store = LocalStore(store_dir / "store")
@@ -211,7 +254,7 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
             f"stack up in {startup['total_s']:.1f} s (temporal dev server {startup['temporal_s']:.1f} s, "
             f"reward service pid {reward_proc.pid}, {len(workers)} in-process workers on pool {pool})"
         )
-        yield BenchStack(client, queue, pool, engine, trainer, store_dir, startup)
+        yield BenchStack(client, queue, pool, engine, trainer, store_dir, startup, counter)
     finally:
         await asyncio.gather(*(wk.shutdown() for wk in workers), return_exceptions=True)
         for t in tasks:
