@@ -321,8 +321,12 @@ class TrajectoryWorkflow:
             error=result.error,
             won=result.won,
         )
+        signal = workflow.get_external_workflow_handle(target).signal(names.SIGNAL_TRAJECTORY_FINISHED, report)
         try:
-            await workflow.get_external_workflow_handle(target).signal(names.SIGNAL_TRAJECTORY_FINISHED, report)
+            # Shielded: a cancel that arrives with the signal's outcome (the run terminated as this trajectory
+            # ended, then swept) must not cancel the signal too; Temporal's SDK fails every task of the workflow
+            # with "Invalid transition in state machine" then, and the trajectory never ends.
+            await asyncio.shield(asyncio.ensure_future(signal))
         except ApplicationError as e:
             workflow.logger.warning("could not report to %s: %s", target, e)
 
