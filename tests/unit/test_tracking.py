@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,14 @@ def test_tensorboard_event_files_read_back(tmp_path: Path) -> None:
     assert "config" in " ".join(events.Tags()["tensors"])  # the resolved config, as text
 
 
+def record_kinds(path: Path) -> list[str]:
+    """The kinds of the records of an offline W&B run file so far (a record still being written: not yet)."""
+    try:
+        return [r.WhichOneof("record_type") for r in wandb_records(path)]
+    except Exception:  # a record cut short by the writer
+        return []
+
+
 def wandb_records(path: Path) -> list:
     """The records of an offline W&B run file (what `wandb sync` uploads): after a 7-byte header, LevelDB's log
     format (32 KiB blocks of chunks: crc32c, length, type), each record a `wandb_internal_pb2.Record`."""
@@ -122,6 +131,11 @@ def test_wandb_offline_writes_the_run_under_the_run_directory(tmp_path: Path, mo
     log_a_run(trackers)
     assert trackers.names == ["wandb"], "it did not fail"
     (run,) = (tmp_path / "wandb").glob("offline-run-*-run-b/run-run-b.wandb")
+    # W&B's service may still be writing the file when `finish` returns: read it once its exit record is there
+    deadline = time.monotonic() + 60
+    while (kinds := record_kinds(run))[-1:] != ["exit"]:
+        assert time.monotonic() < deadline, f"the run file never got its exit record: {kinds}"
+        time.sleep(0.5)
     rows, config_keys = [], set()
     for record in wandb_records(run):
         kind = record.WhichOneof("record_type")
@@ -132,7 +146,7 @@ def test_wandb_offline_writes_the_run_under_the_run_directory(tmp_path: Path, mo
         elif kind == "config":
             config_keys |= {item.key for item in record.config.update}
     rewards = [(r["version"], round(r["rollout/reward_mean"], 6)) for r in rows if "rollout/reward_mean" in r]
-    assert rewards == [(1, -0.1), (2, 0.3)]
+    assert rewards == [(1, -0.1), (2, 0.3)], (kinds, rows)
     assert [(r["version"], r["eval/success_rate"]) for r in rows if "eval/success_rate" in r] == [(0, 0.0), (2, 0.5)]
     assert {"model", "train", "tasks"} <= config_keys
 
