@@ -31,11 +31,11 @@ from collections.abc import Callable, Iterable
 
 from trajflow.contracts.shards import BatchStats, GroupCounts, GroupReport, ShardDone, shard_id
 from trajflow.contracts.steps import TaskStats
-from trajflow.contracts.training import TrainingRunConfig, TrainingStart, TrainingState, TrainStepInput
+from trajflow.contracts.training import TrainingRunConfig, TrainingState, TrainStepInput
+from trajflow.lab.bench import state_size
 from trajflow.lab.bench.state_size import StateSize, trainer_result
 from workflows.bookkeeping import HISTORY_KEPT
 from workflows.fanin import ShardBook
-from workflows.queries import progress
 
 LAYOUTS = ("typical", "worst")
 """The orders groups report in (the module docstring)."""
@@ -209,20 +209,7 @@ def sizes(cfg: TrainingRunConfig, layouts: tuple[str, ...] = LAYOUTS) -> list[St
 def measure(cfg: TrainingRunConfig, s: TrainingState, layout: str, training: bool) -> StateSize:
     sh = s.sharded
     assert sh is not None
-    start = TrainingStart.model_construct(run=cfg, resume=s)
-    return StateSize(
-        batch_size=cfg.batch_size,
-        group_size=cfg.group_size,
-        alpha=cfg.alpha,
-        redundancy=cfg.redundancy,
-        training=training,
-        open_groups=len(sh.open) + sum(len(v) for v in sh.ready.values()),
-        history=len(s.history),
-        continue_as_new=len(start.model_dump_json()),
-        progress=len(progress(cfg, s, elapsed_s=12.5 * s.version).model_dump_json()),
-        state=len(s.model_dump_json()),
-        groups_per_shard=cfg.shard_groups(),
-        layout=layout,
-        ranges=ranges(s),
-        shards=len(sh.shards),
-    )
+    return state_size.measure(
+        cfg, s, training, open_groups=len(sh.open) + sum(len(v) for v in sh.ready.values()),
+        groups_per_shard=cfg.shard_groups(), layout=layout, ranges=ranges(s), shards=len(sh.shards),
+    )  # fmt: skip

@@ -27,6 +27,7 @@ import json
 import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -101,10 +102,7 @@ def breakdown(records: list, seen: dict[int, tuple[float, int]], start: float) -
 def signals_a_step(buckets: list[dict[str, int]], steps: int) -> dict[str, float]:
     """Signal name -> signals the training workflow received a step, on average over the run (a step's own bucket
     depends on when the batch happened to be ready)."""
-    total: dict[str, int] = {}
-    for bucket in buckets:
-        for name, count in bucket.items():
-            total[name] = total.get(name, 0) + count
+    total = sum((Counter(bucket) for bucket in buckets), Counter[str]())
     return {name: round(count / steps, 1) for name, count in sorted(total.items())}
 
 

@@ -205,8 +205,10 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
     try:
         tokenizer_task = asyncio.create_task(asyncio.to_thread(tokenizer, cache_dir))
         t1 = time.monotonic()
+        counter = ActivityCounter()
         with child_output_to_devnull():
             env = await WorkflowEnvironment.start_local(
+                interceptors=[counter],
                 data_converter=pydantic_data_converter,
                 dev_server_existing_path=temporal_binary(),
                 dev_server_extra_args=dev_server_args(),
@@ -216,10 +218,7 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
         startup["temporal_s"] = time.monotonic() - t1
         tok = await tokenizer_task
         reward_proc, reward_url = await reward_task
-        counter = ActivityCounter()
-        config = env.client.config()
-        config["interceptors"] = [counter]
-        client = Client(**config)
+        client = env.client
         tag = uuid.uuid4().hex[:8]
         pool, queue = f"bench{tag}", f"trajflow-bench-{tag}"
         store = LocalStore(store_dir / "store")

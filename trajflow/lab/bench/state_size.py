@@ -140,10 +140,26 @@ def sizes(cfg: TrainingRunConfig) -> list[StateSize]:
     """The bytes of `cfg`'s steady states, admitting and training, as the continue-as-new input and the two queries
     carry them."""
     past = history(cfg)
-    return [_size(cfg, steady_state(cfg, past, training), training) for training in (False, True)]
+    rows = []
+    for training in (False, True):
+        s = steady_state(cfg, past, training)
+        rows.append(measure(cfg, s, training, open_groups=len(s.groups)))
+    return rows
 
 
-def _size(cfg: TrainingRunConfig, s: TrainingState, training: bool) -> StateSize:
+def measure(
+    cfg: TrainingRunConfig,
+    s: TrainingState,
+    training: bool,
+    open_groups: int,
+    *,
+    groups_per_shard: int = 0,
+    layout: str = "direct",
+    ranges: int = 0,
+    shards: int = 0,
+) -> StateSize:
+    """The bytes of state `s`'s payloads: the continue-as-new input and the two query results (the keywords: a
+    sharded state's own fields of `StateSize`)."""
     # built unchecked: a config past today's limits (measured on paper) would be refused
     start = TrainingStart.model_construct(run=cfg, resume=s)
     return StateSize(
@@ -152,11 +168,15 @@ def _size(cfg: TrainingRunConfig, s: TrainingState, training: bool) -> StateSize
         alpha=cfg.alpha,
         redundancy=cfg.redundancy,
         training=training,
-        open_groups=len(s.groups),
+        open_groups=open_groups,
         history=len(s.history),
         continue_as_new=len(start.model_dump_json()),
         progress=len(progress(cfg, s, elapsed_s=12.5 * s.version).model_dump_json()),
         state=len(s.model_dump_json()),
+        groups_per_shard=groups_per_shard,
+        layout=layout,
+        ranges=ranges,
+        shards=shards,
     )
 
 
