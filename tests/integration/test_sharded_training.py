@@ -19,6 +19,7 @@ from trajflow.client import start_training
 from trajflow.contracts import names
 from trajflow.contracts.shards import GroupManifest
 from trajflow.contracts.training import TrainingState, TrainStepInput
+from trajflow.lab.chaos.audit import audit, collect
 from trajflow.rl.engines.scripted import ScriptedEngine
 
 pytestmark = pytest.mark.integration
@@ -81,6 +82,8 @@ async def test_a_sharded_run_trains_every_step_on_whole_groups_from_the_store(
         await async_wait_for(all_closed, timeout_s=90, what="every trajectory and shard of the run to close")
         trajectories = await children(st.client, run_id)
         shard_runs = await shards(st.client, run_id)
+        # the chaos audit reads a sharded step's groups as the trainer does: every sample trained once, none lost
+        audited = audit(await collect(st.client, store, run_id, result.version, cfg.steps, result.counters.started))
 
     c = result.counters
     assert result.version == 3 and [r.step for r in result.history] == [1, 2, 3]
@@ -104,6 +107,8 @@ async def test_a_sharded_run_trains_every_step_on_whole_groups_from_the_store(
     assert len(trajectories) == c.started and c.started >= 6 * 3
     assert {w.status.name for w in trajectories} <= {"COMPLETED", "CANCELED"}
     assert c.completed >= 12 and c.failed == c.infra_failed == 0
+    assert c.started == c.completed + c.cancelled, c  # the redundant and the leftover members counted cancelled
+    assert audited.ok and audited.consumed == 12 and audited.lost == 0, audited
 
 
 async def test_a_terminated_shard_loses_its_groups_not_the_run(

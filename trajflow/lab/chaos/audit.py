@@ -1,6 +1,6 @@
 """The chaos run's verdict, from the run's own records: Temporal visibility (every trajectory of the run and its
-recorded status and reward), the training workflow's histories (what each optimizer step was given) and the
-trajectory records in the object store.
+recorded status and reward), the training workflow's histories (what each optimizer step was given: its refs, and a
+sharded step's group manifests, read as the trainer reads them) and the trajectory records in the object store.
 
     lost            started but neither completed nor failed: still running after the run ended, terminated,
                     timed out, failed as a workflow, closed without a recorded status, or counted as started by
@@ -144,6 +144,7 @@ async def collect(client, store, run_id: str, steps_completed: int, steps_config
     """Read a finished run's records: visibility, every execution's history of the training workflow, the store."""
     import asyncio
 
+    from activities.batches import step_refs
     from trajflow.cli.commands.visibility import trajectory_query
 
     # The raw search attributes, not `visibility.row_of`: that one shows a cancelled trajectory's execution status
@@ -169,7 +170,13 @@ async def collect(client, store, run_id: str, steps_completed: int, steps_config
             if attrs.activity_type.name != names.TRAIN_STEP:
                 continue
             (inp,) = await client.data_converter.decode(attrs.input.payloads, [TrainStepInput])
-            batches.append((inp.version, event.event_time.ToDatetime(), inp.refs))
+            if any(v == inp.version and given == inp for v, _, given, _ in batches):
+                # a step in flight when the workflow continued as new is issued again, the same input: the trainer
+                # trains a version once (a differing input of the same version is kept, and audited as trained)
+                continue
+            # a sharded step names its groups by range; the trainer's own reader gives the refs it trained on
+            refs = await asyncio.to_thread(step_refs, store, inp)
+            batches.append((inp.version, event.event_time.ToDatetime(), inp, refs))
     batches.sort(key=lambda b: (b[0], b[1]))
 
     def read(ref: TrainRef) -> tuple[str, StoredOutcome]:
@@ -179,12 +186,12 @@ async def collect(client, store, run_id: str, steps_completed: int, steps_config
             return ref.workflow_id, StoredOutcome(status=None, reward=None)
         return ref.workflow_id, StoredOutcome(status=rec.status.value, reward=rec.reward)
 
-    refs = [ref for _, _, batch in batches for ref in batch]
+    refs = [ref for _, _, _, batch in batches for ref in batch]
     stored = dict(await asyncio.gather(*(asyncio.to_thread(read, ref) for ref in refs)))
     return RunRecords(
         trajectories=rows,
         started_by_run=started,
-        batches=[batch for _, _, batch in batches],
+        batches=[batch for _, _, _, batch in batches],
         stored=stored,
         steps_completed=steps_completed,
         steps_configured=steps_configured,
