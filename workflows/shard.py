@@ -10,8 +10,9 @@ member closed, it sends `ShardDone` (the counts of late reports since) and ends.
 
 The shard never trains and never pauses admission (the training workflow does, on the group reports), and never
 continues as new: its groups bound its history (`TrainSettings.limit_problems`). Cancelled (a stop `now`, the run's
-end, the run cancelled), it cancels its running members first. Its children are abandoned on close, like a direct
-run's, so a member outlives a shard that was terminated; the training workflow writes off such a shard's groups.
+end, the run cancelled), it cancels its running members first and sends its `ShardDone` with them counted. Its
+children are abandoned on close, like a direct run's, so a member outlives a shard that was terminated; the training
+workflow writes off such a shard's groups.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ with workflow.unsafe.imports_passed_through():
 
 from workflows import members, stubs
 from workflows.inputs import NO_INPUT, decode_input
+
+START_BATCH = 64
+"""Member starts sent in one workflow activation (the next batch goes once their starts are confirmed)."""
 
 
 @workflow.defn(name=names.SHARD_WORKFLOW)
@@ -61,8 +65,11 @@ class ShardWorkflow:
             self.s.groups[group.group] = group
         try:
             n = self.cfg.group_size + self.cfg.redundancy
-            # every start goes out in one workflow activation, not one round trip a group
-            await asyncio.gather(*(self._start_member(g) for g in list(self.s.groups.values()) for _ in range(n)))
+            starts = [g for g in list(self.s.groups.values()) for _ in range(n)]
+            # START_BATCH starts an activation, not one round trip a group nor all at once (a shard of 64 groups of 8
+            # is 512 starts: on a loaded worker one activation of them outran the SDK's 2 s deadlock detector)
+            for i in range(0, len(starts), START_BATCH):
+                await asyncio.gather(*(self._start_member(g) for g in starts[i : i + START_BATCH]))
             while self.s.groups or self.watchers or self.abandoned:
                 await workflow.wait_condition(lambda: self._has_work() or not (self.s.groups or self.watchers))
                 if True:
@@ -85,6 +92,11 @@ class ShardWorkflow:
         except asyncio.CancelledError:
             book.cancel_leftovers()
             await self._send_cancels()
+            # its last message carries the members it cancelled (the run's counters would miss them otherwise)
+            await self._up(
+                names.SIGNAL_SHARD_FINISHED,
+                ShardDone(shard=workflow.info().workflow_id, first=start.groups[0].k, counts=self._counts()),
+            )
             raise
 
     def _has_work(self) -> bool:

@@ -61,6 +61,9 @@ with workflow.unsafe.imports_passed_through():
 from workflows import members, sharding, stubs
 from workflows.inputs import NO_INPUT, decode_input
 
+SHARDS_CLOSE_S = 60.0
+"""How long a sharded run's end waits for the last messages of the shards it cancelled."""
+
 SA_RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
 SA_STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
 SA_VERSION = SearchAttributeKey.for_int(names.SA_POLICY_VERSION)
@@ -369,6 +372,13 @@ class TrainingWorkflow:
     async def _cancel_leftovers(self) -> None:
         self.rules.cancel_leftovers()
         await self._send_cancels()
+        if (shards := self.shards) is not None:
+            # the shards' last messages count the members they cancel; a shard that never answers (terminated, its
+            # worker gone) is waited for no longer than SHARDS_CLOSE_S, and its members are counted by none
+            try:
+                await workflow.wait_condition(lambda: not shards.sh.shards, timeout=SHARDS_CLOSE_S)
+            except TimeoutError:
+                workflow.logger.warning("%d shards sent no last message", len(shards.sh.shards))
 
     def _upsert_status(self, status: str) -> None:
         workflow.upsert_search_attributes([SA_RUN.value_set(self.s.run_id), SA_STATUS.value_set(status)])
