@@ -150,7 +150,9 @@ def up(settings: Settings, config: RunConfig, config_path: Path, progress: Progr
             "(TRAJFLOW_TEMPORAL_DEV_SERVER=true would start one)"
         )
         _register_search_attributes(settings, progress)
-    for comp in components(settings, config, config_path):
+    planned = components(settings, config, config_path)
+    alive -= stop_surplus_replicas(settings, {c.name for c in planned}, progress)
+    for comp in planned:
         if comp.name in alive:
             progress(f"{comp.name}: already running")
             if comp.name == "temporal":
@@ -170,6 +172,19 @@ def up(settings: Settings, config: RunConfig, config_path: Path, progress: Progr
             progress(f"reward-service: healthy at {settings.resolved_reward_url}")
     asyncio.run(_wait_for_pollers(settings, config, progress, timeout_s))
     monitoring.start(settings, progress)
+
+
+def stop_surplus_replicas(settings: Settings, planned: set[str], progress: Progress) -> set[str]:
+    """Stop the running decode replicas (`decode-i`) that the config now starting plans no longer has (an `up`
+    with fewer `decode_replicas` than the one before); the names stopped."""
+    table = ProcessTable(settings.run_dir)
+    surplus = [r for r in running(settings) if monitoring.component_of(r.name)[0] == "decode" and r.name not in planned]
+    for rec in surplus:
+        stop(rec)
+        progress(f"{rec.name}: stopped (pid {rec.pid}): the config has fewer decode replicas")
+    if surplus:
+        table.save([r for r in table.load() if r.name not in {s.name for s in surplus}])
+    return {r.name for r in surplus}
 
 
 def _register_search_attributes(settings: Settings, progress: Progress) -> None:

@@ -21,9 +21,9 @@ from temporalio.testing import ActivityEnvironment
 from activities.decode import DecodeActivities
 from infra import hosts, monitoring
 from infra.policies import PolicyStore
-from infra.processes import ProcessRecord
+from infra.processes import ProcessRecord, ProcessTable, is_alive, start_detached, stop
 from infra.settings import Settings
-from infra.stack import components, expected_pollers
+from infra.stack import components, expected_pollers, stop_surplus_replicas
 from infra.store import LocalStore
 from trajflow.contracts import names
 from trajflow.contracts.config import RunConfig, load_run_config, shipped_configs
@@ -67,6 +67,27 @@ def test_the_embedded_stack_starts_one_decode_process_per_replica(tmp_path: Path
     assert expected_pollers(cfg) == {names.decode_queue("game"): 3}
     single = components(Settings(state_dir=tmp_path), RunConfig(), tmp_path / "run.toml")
     assert [c.name for c in single if c.name.startswith("decode")] == ["decode"]  # no replicas: as before
+
+
+def test_up_with_fewer_replicas_stops_the_surplus_ones_and_nothing_else(tmp_path: Path) -> None:
+    settings = Settings(state_dir=tmp_path)
+    table = ProcessTable(settings.run_dir)
+    started = {
+        n: start_detached(n, ["sleep", "60"], settings.log_dir) for n in ("decode", "decode-1", "decode-2", "env")
+    }
+    for rec in started.values():
+        table.add(rec)
+    said: list[str] = []
+    try:
+        stopped = stop_surplus_replicas(settings, {"decode", "decode-1", "env", "trainer"}, said.append)
+        assert stopped == {"decode-2"} and not is_alive(started["decode-2"])
+        assert all(is_alive(started[n]) for n in ("decode", "decode-1", "env"))
+        assert [r.name for r in table.load()] == ["decode", "decode-1", "env"]
+        assert said == [f"decode-2: stopped (pid {started['decode-2'].pid}): the config has fewer decode replicas"]
+        assert stop_surplus_replicas(settings, {"decode", "decode-1", "env"}, said.append) == set()  # none left
+    finally:
+        for rec in started.values():
+            stop(rec, timeout_s=5)
 
 
 def test_each_replica_gets_its_own_metrics_port_and_a_replica_label(tmp_path: Path) -> None:
