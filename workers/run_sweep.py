@@ -24,6 +24,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from infra.temporal import execution_status
 from trajflow.contracts import names
+from trajflow.contracts.metrics import RUN_SWEEP_CANCELLED
+from trajflow.observability.metrics import meter_of, record
 
 log = logging.getLogger("trajflow.run_sweep")
 
@@ -81,10 +83,13 @@ async def sweep_once(client: Client, page: int = 1000) -> dict[str, int]:
 
 async def sweep_forever(client: Client, every_s: float) -> None:
     """`sweep_once` every `every_s` seconds until cancelled; a failed round is logged and the next one tries
-    again (the sweep never stops the orchestrator)."""
+    again (the sweep never stops the orchestrator). What it cancelled is counted in Prometheus
+    (`trajflow_run_sweep_cancelled_total`)."""
+    meter = meter_of(client)
     while True:
         await asyncio.sleep(every_s)
         try:
-            await sweep_once(client)
+            for run, n in (await sweep_once(client)).items():
+                record(meter, RUN_SWEEP_CANCELLED, n, run=run)
         except Exception as e:  # the server restarting, visibility lagging: the next round tries again
             log.warning("run sweep failed (next round in %.0fs): %r", every_s, e)

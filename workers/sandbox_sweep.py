@@ -18,9 +18,12 @@ import logging
 from dataclasses import dataclass
 
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import MetricMeter
 from temporalio.service import RPCError
 
 from infra.temporal import execution_status
+from trajflow.contracts.metrics import SANDBOXES_SWEPT
+from trajflow.observability.metrics import meter_of, record
 from trajflow.sandbox.leases import Holder, Lease, RunState, Verdict, cap_for, lease_verdict, needs_run_state
 from trajflow.sandbox.manager import SandboxManager
 from trajflow.sandbox.pool import WarmPool
@@ -60,6 +63,8 @@ class Sweeper:
         self.warm = warm
         self.interval_s = max(lease_s / 4, MIN_INTERVAL_S)
         self.stats = SweepStats()
+        self.meter = meter_of(client) if client is not None else MetricMeter.noop
+        """Where removals are counted (`trajflow_sandboxes_swept_total`, by reason)."""
 
     async def run_forever(self) -> None:
         """Sweep every `interval_s` until cancelled; a failed round is logged, never raised."""
@@ -94,6 +99,7 @@ class Sweeper:
         )
         if reaped:
             self.stats.orphans += len(reaped)
+            record(self.meter, SANDBOXES_SWEPT, len(reaped), reason="orphan")
             log.info("reaped %d orphaned sandboxes of dead env workers", len(reaped))
 
     async def _remove(self, lease: Lease, verdict: Verdict) -> None:
@@ -104,6 +110,7 @@ class Sweeper:
             self.stats.expired += 1
         else:
             self.stats.idle_cap += 1
+        record(self.meter, SANDBOXES_SWEPT, 1, reason=verdict.value)
         owner = f"workflow {lease.workflow_id} run {lease.run_id}" if lease.workflow_id else "no trajectory"
         log.info("removed sandbox %s (%s, idle %.0fs, %s)", lease.sandbox_id, owner, lease.idle_s, verdict.value)
 

@@ -35,6 +35,12 @@ def test_the_catalogue_names_each_metric_once_with_what_it_needs() -> None:
     assert metrics.SAMPLE_STALENESS.exposed == "trajflow_sample_staleness"
 
 
+def test_the_observability_page_lists_every_metric_of_the_catalogue() -> None:
+    page = (ROOT / "docs" / "observability.md").read_text()
+    rows = set(re.findall(r"^\| `(trajflow_[a-z_]+)` \|", page, re.M))
+    assert rows == {m.exposed for m in metrics.METRICS}
+
+
 def test_a_label_the_catalogue_does_not_declare_is_refused() -> None:
     from temporalio.common import MetricMeter
 
@@ -58,6 +64,13 @@ def test_a_worker_runtime_serves_what_was_recorded() -> None:
         record(meter, metrics.SAMPLE_STALENESS, 0, run="r")
         record(meter, metrics.REWARD_SECONDS, 0.3)
         record(meter, metrics.DECODE_TOKENS_PER_S, 12.5)
+        # the sweeps record through the meter of their client's runtime (no server needed: a lazy client)
+        import asyncio
+        from temporalio.client import Client
+        from trajflow.observability.metrics import meter_of
+        client = asyncio.run(Client.connect("127.0.0.1:1", runtime=runtime_for("127.0.0.1:{port}"), lazy=True))
+        record(meter_of(client), metrics.RUN_SWEEP_CANCELLED, 4, run="gone")
+        record(meter_of(client), metrics.SANDBOXES_SWEPT, 1, reason="orphan")
         try:
             runtime_for("127.0.0.1:{free_port()}")
         except RuntimeError as e:
@@ -78,6 +91,8 @@ def test_a_worker_runtime_serves_what_was_recorded() -> None:
     assert re.search(r'^trajflow_reward_seconds_bucket\{[^}]*le="0.25"[^}]*\} 0$', text, re.M)
     assert re.search(r'^trajflow_reward_seconds_bucket\{[^}]*le="0.5"[^}]*\} 1$', text, re.M)
     assert re.search(r"^trajflow_decode_tokens_per_second\{[^}]*\} 12.5$", text, re.M)
+    assert re.search(r'^trajflow_run_sweep_cancelled_total\{[^}]*run="gone"[^}]*\} 4$', text, re.M)
+    assert re.search(r'^trajflow_sandboxes_swept_total\{[^}]*reason="orphan"[^}]*\} 1$', text, re.M)
 
 
 def record_of(name: str, env: dict[str, str], argv: list[str] | None = None) -> ProcessRecord:

@@ -127,6 +127,22 @@ TRAIN_STEP_SECONDS = Metric(
     buckets=SECONDS_BUCKETS,
     emitted_by="trainer",
 )
+RUN_SWEEP_CANCELLED = Metric(
+    "trajflow_run_sweep_cancelled",
+    "counter",
+    "Trajectories and shard workflows the orchestrator's run sweep cancelled because their training run had ended "
+    "early (terminated, cancelled, failed or timed out), by run.",
+    ("run",),
+    emitted_by="orchestrator",
+)
+SANDBOXES_SWEPT = Metric(
+    "trajflow_sandboxes_swept",
+    "counter",
+    "Sandboxes the env worker's sweep removed, by reason: expired (its lease ran out: its trajectory ended or is "
+    "gone), idle_cap (unused past the idle cap), orphan (left by a dead env worker).",
+    ("reason",),
+    emitted_by="env",
+)
 
 METRICS = (
     TRAJECTORIES_FINISHED,
@@ -142,4 +158,6 @@ METRICS = (
     REWARD_SECONDS,
     REWARD_ERRORS,
     TRAIN_STEP_SECONDS,
+    RUN_SWEEP_CANCELLED,
+    SANDBOXES_SWEPT,
 )

@@ -7,6 +7,7 @@ One runtime per process, made on the first connection (`runtime_for`): the port 
 
 from __future__ import annotations
 
+from temporalio.client import Client
 from temporalio.common import MetricMeter
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
@@ -28,6 +29,13 @@ def runtime_for(bind_address: str) -> Runtime:
         )
         _RUNTIMES[bind_address] = Runtime(telemetry=TelemetryConfig(metrics=config))
     return _RUNTIMES[bind_address]
+
+
+def meter_of(client: Client) -> MetricMeter:
+    """The meter of the runtime `client` was connected with, for code outside workflows and activities (the
+    workers' sweeps): noop when the process serves no metrics."""
+    runtime = client.service_client.config.runtime
+    return runtime.metric_meter if runtime is not None else MetricMeter.noop
 
 
 def record(meter: MetricMeter, metric: Metric, value: float, **labels: str) -> None:
