@@ -3,6 +3,10 @@
 A trajectory's `TurnContext` grows by two operations, alternating:
 - `append_user` adds a user message (an observation) and returns the prompt ids to generate from;
 - `append_completion` adds the tokens the engine sampled, with their logprobs, as the assistant's turn.
+An agent program (issue 26's `agent:` envs) sends its whole conversation with every request instead:
+`append_messages` checks that the request extends the context (its first messages are the context's, the assistant
+turns exactly as sampled) and appends only its new messages the same way, or raises `ContextMismatch` saying where
+it departs (an agent that rewrote its history: the caller records it, and never trains on a re-tokenised past).
 
 Earlier token ids are never re-derived from text: the sampled tokens stay exactly the tokens that were sampled,
 so their logprobs stay valid for training. The new user message is added as a *delta*: the text difference
@@ -20,6 +24,8 @@ Limits:
   at once. With ChatML the seam is a special token, so the split is the same.
 - The rendering of an assistant turn uses the decoded text; that only matters to locate the turn's end suffix.
 - Messages must alternate: `append_user` needs an empty context or one that ends with a completion.
+- `append_messages` takes text messages (`role` system, user, assistant or tool; `content` a string or a list of
+  text parts); tool calls and other fields are refused until the agent side renders them.
 """
 
 from __future__ import annotations
@@ -132,6 +138,75 @@ def append_user(
     return new_ctx, list(new_ctx.token_ids)
 
 
+class ContextMismatch(ValueError):
+    """An agent's request does not extend its trajectory's context: `index` is the first message that differs."""
+
+    def __init__(self, index: int, why: str) -> None:
+        super().__init__(f"the request's message {index} departs from the trajectory's context: {why}")
+        self.index = index
+
+
+AGENT_ROLES = ("system", "user", "assistant", "tool")
+
+
+def agent_messages(messages: list[dict[str, Any]]) -> list[ChatMessage]:
+    """An OpenAI-style request's messages as the context's: text content (a list of text parts joined), known roles;
+    anything else (tool calls, images, names) raises ValueError saying which message."""
+    out = []
+    for i, m in enumerate(messages):
+        role, content = m.get("role"), m.get("content")
+        extra = sorted(k for k, v in m.items() if k not in ("role", "content") and v not in (None, [], ""))
+        if role not in AGENT_ROLES:
+            raise ValueError(f"message {i}: role {role!r} is not one of {', '.join(AGENT_ROLES)}")
+        if extra:
+            raise ValueError(f"message {i}: fields {extra} are not supported (text messages only)")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise ValueError(f"message {i}: only text content parts are supported")
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise ValueError(f"message {i}: content must be a string or a list of text parts")
+        out.append(ChatMessage(role=role, content=content))
+    return out
+
+
+def append_messages(
+    ctx: TurnContext, tokenizer: ChatTokenizer, messages: list[ChatMessage]
+) -> tuple[TurnContext, list[int]]:
+    """An agent's turn: `messages` is its request's whole conversation. On an empty context it is rendered whole;
+    otherwise it must extend the context (`ContextMismatch` if not) and only the messages after it are appended,
+    as a delta after the last sampled turn. Returns the new context and the full prompt ids, ending with the
+    generation prompt. New tokens get mask 0 and logprob 0.0; earlier tokens are kept exactly."""
+    if not messages or messages[-1].role == "assistant":
+        raise ValueError("an agent's request must end with a message that is not the assistant's")
+    if not ctx.messages:
+        delta_ids = _encode(tokenizer, _render(tokenizer, _as_dicts(messages), generation_prompt=True))
+    else:
+        _check_alternation(ctx)
+        for i, (mine, theirs) in enumerate(zip(ctx.messages, messages, strict=False)):
+            if mine != theirs:
+                why = f"a {theirs.role} message where the context has a {mine.role} one"
+                if mine.role == theirs.role:
+                    why = f"its {mine.role} content differs from what the context holds"
+                raise ContextMismatch(i, why)
+        if len(messages) <= len(ctx.messages):
+            raise ContextMismatch(len(messages), "it adds no message to the context")
+        before = _render(tokenizer, _as_dicts(ctx.messages), generation_prompt=False)
+        after = _render(tokenizer, _as_dicts(messages), generation_prompt=True)
+        if not after.startswith(before):
+            raise ValueError("the chat template is not append-only: adding a message changed earlier text")
+        delta_ids = _encode(tokenizer, _missing_turn_end(tokenizer, ctx) + after[len(before) :])
+    new_ctx = ctx.model_copy(
+        update={
+            "messages": list(messages),
+            "token_ids": [*ctx.token_ids, *delta_ids],
+            "logprobs": [*ctx.logprobs, *([0.0] * len(delta_ids))],
+            "loss_mask": [*ctx.loss_mask, *([0] * len(delta_ids))],
+        }
+    )
+    return new_ctx, list(new_ctx.token_ids)
+
+
 def append_completion(
     ctx: TurnContext,
     completion_ids: list[int],
@@ -144,8 +219,8 @@ def append_completion(
         raise ValueError(
             f"{len(completion_ids)} completion ids but {len(completion_logprobs)} logprobs: they must be aligned"
         )
-    if not ctx.messages or ctx.messages[-1].role != "user":
-        raise ValueError("append_completion needs a context that ends with a user message")
+    if not ctx.messages or ctx.messages[-1].role == "assistant":
+        raise ValueError("append_completion needs a context that ends with a user (or an agent's tool) message")
     start = len(ctx.token_ids)
     end = start + len(completion_ids)
     return ctx.model_copy(
