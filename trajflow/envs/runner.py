@@ -17,8 +17,8 @@ Failures are answers, never crashes: `{"ok": false, "error": {"type": "EnvError"
 "BadRequest", "message": str}}`. Info dicts are made JSON-safe (scalars kept, anything else stringified
 and cut to 1000 characters).
 
-Limits: stdlib only; `gem` is imported in a background thread as soon as the runner starts (so the socket
-is up at once and the import overlaps the host's readiness wait), and a `reset` waits for that import.
+Limits: stdlib only; `gem` is imported in a background thread (`gem_loader.py`) as soon as the runner starts (so
+the socket is up at once and the import overlaps the host's readiness wait), and a `reset` waits for that import.
 GEM's registry imports reasoning_gym (and with it sympy: ~1.2 CPU-seconds, 6x the rest of the import) only
 to list the `rg:` ids; when the container is started for another env (`TRAJFLOW_ENV_HINT`, set by the env
 worker), a stand-in that lists no `rg:` ids is used instead, and such a sandbox refuses `rg:` ids.
@@ -41,6 +41,11 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+if __package__:
+    from trajflow.envs.gem_loader import GemLoader, GemUnavailable
+else:  # beside the runner in the sandbox image
+    from gem_loader import GemLoader, GemUnavailable
 
 DEFAULT_SOCKET = "/run/trajflow/env.sock"
 MAX_INFO_CHARS = 1000
@@ -85,57 +90,6 @@ def json_safe_info(info: object) -> dict[str, Any]:
     return safe
 
 
-def _stand_in_for_reasoning_gym() -> None:
-    """GEM's env registry needs only `reasoning_gym.factory.DATASETS.keys()` at import; list none."""
-    stub, factory = ModuleType("reasoning_gym"), ModuleType("reasoning_gym.factory")
-    factory.DATASETS = {}  # type: ignore[attr-defined]
-    stub.factory = factory  # type: ignore[attr-defined]
-    sys.modules.setdefault("reasoning_gym", stub)
-    sys.modules.setdefault("reasoning_gym.factory", factory)
-
-
-class GemLoader:
-    """Imports `gem` once, in the background, and hands it out (or the import's error) when asked."""
-
-    def __init__(self, env_hint: str = "") -> None:
-        self.light = bool(env_hint) and not env_hint.startswith("rg:")
-        """Skip reasoning_gym: the sandbox was started for a non-`rg:` env."""
-        self._done = threading.Event()
-        self._module: ModuleType | None = None
-        self._error: str | None = None
-        self._started = False
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        with self._lock:
-            if not self._started:
-                self._started = True
-                threading.Thread(target=self._load, name="gem-import", daemon=True).start()
-
-    def _load(self) -> None:
-        try:
-            if self.light:
-                _stand_in_for_reasoning_gym()
-            import gem  # deliberately late: importing gem takes ~1-2 s (0.2 s light)
-
-            self._module = gem
-        except Exception as e:
-            self._error = f"{type(e).__name__}: {e}"
-        finally:
-            self._done.set()
-
-    @property
-    def loaded(self) -> bool:
-        return self._done.is_set() and self._module is not None
-
-    def get(self) -> ModuleType:
-        self.start()
-        self._done.wait()
-        if self._module is None:
-            raise RequestError("EnvError", f"cannot import gem: {self._error}")
-        return self._module
-
-
 class EnvHost:
     """The one environment of this process and the operations on it."""
 
@@ -177,7 +131,10 @@ class EnvHost:
             return self._reset_gym(env_id[len(GYM_PREFIX) :], seed, env_kwargs)
         if self._loader.light and env_id.startswith("rg:"):
             raise RequestError("BadRequest", f"this sandbox was started for a non-rg env and cannot host {env_id!r}")
-        gem = self._loader.get()
+        try:
+            gem = self._loader.get()
+        except GemUnavailable as e:
+            raise RequestError("EnvError", str(e)) from e
         from gem.envs.registration import ENV_REGISTRY  # gem is loaded by now
 
         if env_id not in ENV_REGISTRY:
