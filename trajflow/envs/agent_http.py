@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -242,6 +243,11 @@ class _Server(ThreadingHTTPServer):
         with self._requests_lock:
             self._requests = [t for t in self._requests if t.is_alive()] + [thread]
         thread.start()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # the program was killed (or gave up) before its answer was written: nothing to report
+        super().handle_error(request, client_address)
 
     def join_requests(self, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
