@@ -77,6 +77,8 @@ RUNTIME_SOURCES: tuple[str, ...] = (
     "gym_text.py",
     "dataset.py",
     "verify.py",
+    "agent.py",
+    "agent_http.py",
 )
 """The files of `trajflow/envs/` copied into the runtime layer, beside each other in /opt/trajflow (the runner imports
 its siblings flat there)."""
