@@ -30,8 +30,8 @@ a short grace), `bad_result` (its return value or reward file gives no reward). 
 Limits: stdlib only. The program's stdout is discarded and its stderr kept only to report a crash. Requests are turns
 in arrival order: concurrent requests are served one at a time, and their order is only as deterministic as the
 program. An `openai` client that times out or retries a request sends it again (a new turn). Closing (or a new
-reset) kills the program's process group and stops the endpoint; a program orphaned by a killed runner kills its
-own group within a second.
+reset) kills the program's process group and stops the endpoint; if the runner dies without closing it, a guard
+process in the group (forked by the bootstrap, blocked on a pipe whose write end only the runner holds) kills the group.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ DEFAULT_BUDGET_S = 600.0
 MALFORMED_GRACE_S = 2.0
 """How long a program that sent a malformed request may take to exit on its own before its group is killed."""
 STDERR_TAIL = 2000
+REAP_S = 2.0
+"""How long closing waits for the killed group's members orphaned to the runner to be reaped."""
 API_KEY = "trajflow-sandbox"
 USERENV_DIR = "/opt/trajflow/userenv"
 ANSWER_KEYS = {"content", "tool_calls", "finish_reason", "usage"}
@@ -67,15 +69,15 @@ FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
 KINDS = ("crashed", "hung", "malformed_request", "bad_result")
 
 BOOTSTRAP = r"""
-import asyncio, importlib, json, os, sys, threading, time
-
-def watch_parent(parent):
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os.killpg(0, 9)  # orphaned: the runner died without closing the env
+import asyncio, importlib, json, os, sys
 
 spec = json.load(open(sys.argv[1]))
-threading.Thread(target=watch_parent, args=(spec["parent"],), daemon=True).start()
+if os.fork() == 0:  # the guard: once the runner's end of the pipe closes (the runner died), it ends the group
+    try:
+        os.read(spec["guard"], 1)
+    finally:
+        os.killpg(0, 9)
+os.close(spec["guard"])
 sys.argv = [spec["module"]]
 value = getattr(importlib.import_module(spec["module"]), spec["function"])(spec["task"], spec["seed"])
 if asyncio.iscoroutine(value):
@@ -167,6 +169,7 @@ class AgentEnv:
         self._endpoint: Endpoint | None = None
         self._watcher: threading.Thread | None = None
         self._dir: Path | None = None
+        self._guard: int | None = None
         self._events: queue.Queue[Event] = queue.Queue()
         self._pending: Exchange | None = None
         self._calls = 0
@@ -201,9 +204,12 @@ class AgentEnv:
             endpoint, self._endpoint = self._endpoint, None
             watcher, self._watcher = self._watcher, None
             workdir, self._dir = self._dir, None
+            guard, self._guard = self._guard, None
             self._pending = None
         if proc is not None:
             _kill_group(proc)
+        if guard is not None:
+            os.close(guard)
         if watcher is not None:
             watcher.join()
         if endpoint is not None:
@@ -221,7 +227,8 @@ class AgentEnv:
         work = self._dir / "work"
         work.mkdir()
         spec = {"module": self.module, "function": self.function, "task": self.task, "seed": seed}
-        spec.update(parent=os.getpid(), result=str(self._dir / "result.json"))
+        guard, self._guard = os.pipe()  # the runner holds the write end: its death is the guard's EOF
+        spec.update(guard=guard, result=str(self._dir / "result.json"))
         (self._dir / "spec.json").write_text(json.dumps(spec))
         env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": API_KEY, "PYTHONUNBUFFERED": "1"}
         env.update(TRAJFLOW_AGENT_REWARD_FILE=str(self._dir / "reward.json"), PYTHONHASHSEED=str(seed % 2**32))
@@ -230,16 +237,20 @@ class AgentEnv:
         path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         if os.path.isdir(layer) and layer not in path:
             env["PYTHONPATH"] = os.pathsep.join([layer, *path])
-        with open(self._dir / "stderr.log", "wb") as stderr:
-            return subprocess.Popen(
-                [sys.executable, "-c", BOOTSTRAP, str(self._dir / "spec.json")],
-                cwd=work,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                start_new_session=True,
-            )
+        try:
+            with open(self._dir / "stderr.log", "wb") as stderr:
+                return subprocess.Popen(
+                    [sys.executable, "-c", BOOTSTRAP, str(self._dir / "spec.json")],
+                    cwd=work,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    start_new_session=True,
+                    pass_fds=(guard,),
+                )
+        finally:
+            os.close(guard)
 
     def _next(self) -> tuple[str, float, bool, dict[str, Any]]:
         """Wait for the program's next request or its exit: (observation, reward, terminated, info)."""
@@ -311,10 +322,19 @@ def _watch(proc: subprocess.Popen[bytes], events: queue.Queue[Event]) -> None:
     events.put(("exited", proc.wait()))
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the program's process group (its children too) and reap it."""
+def _kill_group(proc: subprocess.Popen[bytes], reap_s: float = REAP_S) -> None:
+    """SIGKILL the program's process group (its children too) and reap it: the program, and the members orphaned to
+    this process, as they are to a runner that is its container's PID 1 (left unreaped, each zombie would hold one of
+    the sandbox's few pids for good)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # the group is gone already
     proc.wait()
+    deadline = time.monotonic() + reap_s
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(-proc.pid, os.WNOHANG) == (0, 0):
+                time.sleep(0.01)  # a member of ours is still dying
+        except ChildProcessError:
+            return  # no child of this process is left in the group
