@@ -218,6 +218,12 @@ def test_a_crash_says_crashed_with_its_traceback(make_env: Callable[..., AgentEn
     error = _failure(lambda: make_env("crash").reset(seed=7))
     assert error.agent_kind == "crashed" and "exited with status 1" in error.message
     assert "Traceback" in error.message and "RuntimeError: boom 7" in error.message
+    missing = AgentEnv("no_such_agent_module:run")
+    try:
+        error = _failure(lambda: missing.reset(seed=0))
+    finally:
+        missing.close()
+    assert error.agent_kind == "crashed" and "No module named 'no_such_agent_module'" in error.message
 
 
 def test_a_return_value_without_a_reward_is_a_bad_result(make_env: Callable[..., AgentEnv]) -> None:

@@ -32,6 +32,8 @@ in arrival order: concurrent requests are served one at a time, and their order 
 program. An `openai` client that times out or retries a request sends it again (a new turn). Closing (or a new
 reset) kills the program's process group and stops the endpoint; if the runner dies without closing it, a guard
 process in the group (forked by the bootstrap, blocked on a pipe whose write end only the runner holds) kills the group.
+A process the program starts in a new session or process group escapes both. Its stderr file is not capped. A step
+lasts as long as the program works between its calls (up to `budget_s`): the host's step timeout must be longer.
 """
 
 from __future__ import annotations
@@ -293,7 +295,9 @@ class AgentEnv:
         """The program exited with `status`: its reward and info (the env is closed either way)."""
         assert self._dir is not None
         result, reward_file = self._dir / "result.json", self._dir / "reward.json"
-        stderr = (self._dir / "stderr.log").read_bytes()[-STDERR_TAIL:].decode(errors="replace")
+        with open(self._dir / "stderr.log", "rb") as log:
+            log.seek(max(log.seek(0, os.SEEK_END) - STDERR_TAIL, 0))
+            stderr = log.read().decode(errors="replace")
         try:
             outcome = json.loads(result.read_text()) if result.is_file() else None
             written = reward_file.read_text() if reward_file.is_file() else None
