@@ -317,6 +317,11 @@ def test_an_agent_env_through_the_runner(tmp_path: Path) -> None:
         assert out["ok"] is False and set(out["error"]) == {"type", "kind", "message"}
         assert out["error"]["type"] == "AgentError" and out["error"]["kind"] == "crashed"
         assert "RuntimeError: boom 2" in out["error"]["message"]
+        task = {"case": "no messages", "mark": str(tmp_path / "mark.json")}
+        assert client(op="reset", env_id="agent:agents_under_test:malformed", seed=0, env_kwargs={"task": task})["ok"]
+        out = client(op="step", action="fine")
+        assert out["ok"] is False and out["error"]["type"] == "AgentError"
+        assert out["error"]["kind"] == "malformed_request"
         out = client(op="reset", env_id="agent:agents_under_test:two_calls", seed=0, env_kwargs={"colour": "red"})
         assert out["error"] == {"type": "BadRequest", "message": out["error"]["message"]}
         pids = tmp_path / "pids"
