@@ -302,7 +302,12 @@ def test_a_bad_action_leaves_the_request_waiting(make_env: Callable[..., AgentEn
 def test_an_agent_env_through_the_runner(tmp_path: Path) -> None:
     (tmp_path / "agents_under_test.py").write_text(AGENTS)
     path = tmp_path / "env.sock"
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "TRAJFLOW_ENV_HINT": "agent:agents_under_test:two_calls"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "TMPDIR": str(tmp_path),
+        "TRAJFLOW_ENV_HINT": "agent:agents_under_test:two_calls",
+    }
     proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)], env=env)
     try:
         _wait_for_socket(path, proc)
@@ -340,7 +345,10 @@ def test_an_agent_program_dies_with_a_killed_runner(tmp_path: Path) -> None:
     """SIGKILL leaves the runner no teardown: the orphaned program notices within a second and kills its group."""
     (tmp_path / "agents_under_test.py").write_text(AGENTS)
     path, pids = tmp_path / "env.sock", tmp_path / "pids"
-    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)], env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    proc = subprocess.Popen(
+        [sys.executable, str(RUNNER), str(path)],
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "TMPDIR": str(tmp_path)},
+    )
     try:
         _wait_for_socket(path, proc)
         client = Client(path, timeout_s=TIMEOUT_S * 2)
@@ -363,7 +371,7 @@ def test_a_runner_that_reaps_orphans_keeps_no_zombies(tmp_path: Path) -> None:
         "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execv(sys.executable, sys.argv[1:])"
     )
     argv = [sys.executable, "-c", subreaper, sys.executable, str(RUNNER), str(path)]
-    proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(tmp_path), "TMPDIR": str(tmp_path)})
     try:
         _wait_for_socket(path, proc)
         client = Client(path, timeout_s=TIMEOUT_S * 2)
