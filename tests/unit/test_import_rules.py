@@ -42,14 +42,16 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     "trajflow.sandbox": (None, {"torch", "temporalio", "transformers"} | NOT_CORE),
     # image building: content-hashed docker builds from files and wheels, nothing else of the project
     "trajflow.sandbox.builder": ({"docker", "trajflow.sandbox.builder", "packaging"}, set()),
-    # `shell`, `gym_adapter`, `gym_text`, `dataset` and `verify` are trajflow.envs modules as the runner imports them
-    # inside the sandbox image (sibling files, no package); gymnasium only for `gym:` envs; pyarrow and math_verify
-    # are in the runtime layer (imported lazily)
+    # `gem_loader`, `shell`, `gym_adapter`, `gym_text`, `dataset`, `verify` and `agent_http` are trajflow.envs modules
+    # as the runner imports them inside the sandbox image (sibling files, no package); gymnasium only for `gym:` envs;
+    # pyarrow and math_verify are in the runtime layer (imported lazily)
     "trajflow.envs": (
         {
             "trajflow.envs",
             "gem",
             "gymnasium",
+            "gem_loader",
+            "agent_http",
             "shell",
             "gym_adapter",
             "gym_text",

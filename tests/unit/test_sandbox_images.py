@@ -32,10 +32,21 @@ def test_runtime_tag_covers_base_wheels_and_runner_sources() -> None:
 
 def test_runtime_sources_are_the_runner_its_envs_and_the_words_corpus() -> None:
     words = {"nltk_data/corpora/words/README", "nltk_data/corpora/words/en", "nltk_data/corpora/words/en-basic"}
-    envs = {"runner.py", "shell.py", "gym_adapter.py", "gym_text.py", "dataset.py", "verify.py"}
+    envs = {
+        "runner.py",
+        "gem_loader.py",
+        "shell.py",
+        "gym_adapter.py",
+        "gym_text.py",
+        "dataset.py",
+        "verify.py",
+        "agent.py",
+        "agent_http.py",
+    }
     assert set(images.runtime_sources()) == envs | words
     text = images.runtime_dockerfile("trajflow-base:x", ["a.whl"])
-    assert "COPY runner.py shell.py gym_adapter.py gym_text.py dataset.py verify.py /opt/trajflow/" in text
+    copied = "runner.py gem_loader.py shell.py gym_adapter.py gym_text.py dataset.py verify.py agent.py agent_http.py"
+    assert f"COPY {copied} /opt/trajflow/" in text
     assert "COPY nltk_data/ /usr/share/nltk_data/" in text and "NLTK_DATA=/usr/share/nltk_data" in text
 
 

@@ -1,6 +1,7 @@
 """Hosts ONE environment (GEM; a shell task: `shell:<task>`, see `trajflow/envs/shell.py`; a gymnasium env through its
-text interface: `gym:<ID>`, see `trajflow/envs/gym_adapter.py`; a user's own env class: `py:MODULE:CLASS`; or a dataset
-task: `data:NAME`, see `trajflow/envs/dataset.py`) behind a Unix socket: the program a sandbox container runs.
+text interface: `gym:<ID>`, see `trajflow/envs/gym_adapter.py`; a user's own env class: `py:MODULE:CLASS`; a dataset
+task: `data:NAME`, see `trajflow/envs/dataset.py`; or a user's agent program whose every chat request is a turn:
+`agent:MODULE:FUNCTION`, see `trajflow/envs/agent.py`) behind a Unix socket: the program a sandbox container runs.
 
 Protocol: newline-delimited JSON, one request -> one response line, sequential per connection. Several
 connections may be open (a host that lost its connection reconnects); they share the one environment,
@@ -14,16 +15,18 @@ and a lock serialises the operations.
     {"op": "sleep", "seconds": float}                         -> {"ok": true}   (test hook: a slow step)
 
 Failures are answers, never crashes: `{"ok": false, "error": {"type": "EnvError" | "UnknownEnv" |
-"BadRequest", "message": str}}`. Info dicts are made JSON-safe (scalars kept, anything else stringified
-and cut to 1000 characters).
+"BadRequest", "message": str}}`; an agent program's failure is `{"type": "AgentError", "kind": "crashed" | "hung" |
+"malformed_request" | "bad_result", "message": str}`. Info dicts are made JSON-safe (scalars kept, anything else
+stringified and cut to 1000 characters).
 
-Limits: stdlib only; `gem` is imported in a background thread as soon as the runner starts (so the socket
-is up at once and the import overlaps the host's readiness wait), and a `reset` waits for that import.
+Limits: stdlib only; `gem` is imported in a background thread (`gem_loader.py`) as soon as the runner starts (so
+the socket is up at once and the import overlaps the host's readiness wait), and a `reset` waits for that import.
 GEM's registry imports reasoning_gym (and with it sympy: ~1.2 CPU-seconds, 6x the rest of the import) only
 to list the `rg:` ids; when the container is started for another env (`TRAJFLOW_ENV_HINT`, set by the env
 worker), a stand-in that lists no `rg:` ids is used instead, and such a sandbox refuses `rg:` ids.
 A shell task or a `gym:` env imports no GEM (their modules are imported at their first reset; gymnasium's
 import takes ~0.1 s). No authentication: the socket's directory is the access control. One environment per process.
+SIGTERM ends the runner after closing its env (an agent program's process group is killed with it).
 
 Usage: `python3 runner.py [SOCKET_PATH]` (or env `TRAJFLOW_ENV_SOCKET`; default `/run/trajflow/env.sock`).
 """
@@ -33,6 +36,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import socketserver
 import sys
 import threading
@@ -41,6 +45,11 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+if __package__:
+    from trajflow.envs.gem_loader import GemLoader, GemUnavailable
+else:  # beside the runner in the sandbox image
+    from gem_loader import GemLoader, GemUnavailable
 
 DEFAULT_SOCKET = "/run/trajflow/env.sock"
 MAX_INFO_CHARS = 1000
@@ -58,7 +67,9 @@ layer."""
 USERENV_DIR = "/opt/trajflow/userenv"
 """Where a user env layer holds its package (`trajflow/sandbox/user_images.py`; env TRAJFLOW_USERENV_DIR overrides)."""
 STEP_RESULT = "(observation, reward, terminated, truncated, info)"
-NO_GEM_PREFIXES = (SHELL_PREFIX, GYM_PREFIX, USER_PREFIX, DATA_PREFIX)
+AGENT_PREFIX = "agent:"
+"""Env ids `agent:MODULE:FUNCTION` are a user's agent program (`trajflow/envs/agent.py`), hosted without GEM."""
+NO_GEM_PREFIXES = (SHELL_PREFIX, GYM_PREFIX, USER_PREFIX, DATA_PREFIX, AGENT_PREFIX)
 
 Response = dict[str, Any]
 
@@ -66,10 +77,12 @@ Response = dict[str, Any]
 class RequestError(Exception):
     """A request that gets an `ok: false` answer; `kind` is the error type the host sees."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, agent_kind: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.agent_kind = agent_kind
+        """An AgentError's kind (`trajflow/envs/agent.py`)."""
 
 
 def json_safe_info(info: object) -> dict[str, Any]:
@@ -83,57 +96,6 @@ def json_safe_info(info: object) -> dict[str, Any]:
         else:
             safe[str(key)] = str(value)[:MAX_INFO_CHARS]
     return safe
-
-
-def _stand_in_for_reasoning_gym() -> None:
-    """GEM's env registry needs only `reasoning_gym.factory.DATASETS.keys()` at import; list none."""
-    stub, factory = ModuleType("reasoning_gym"), ModuleType("reasoning_gym.factory")
-    factory.DATASETS = {}  # type: ignore[attr-defined]
-    stub.factory = factory  # type: ignore[attr-defined]
-    sys.modules.setdefault("reasoning_gym", stub)
-    sys.modules.setdefault("reasoning_gym.factory", factory)
-
-
-class GemLoader:
-    """Imports `gem` once, in the background, and hands it out (or the import's error) when asked."""
-
-    def __init__(self, env_hint: str = "") -> None:
-        self.light = bool(env_hint) and not env_hint.startswith("rg:")
-        """Skip reasoning_gym: the sandbox was started for a non-`rg:` env."""
-        self._done = threading.Event()
-        self._module: ModuleType | None = None
-        self._error: str | None = None
-        self._started = False
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        with self._lock:
-            if not self._started:
-                self._started = True
-                threading.Thread(target=self._load, name="gem-import", daemon=True).start()
-
-    def _load(self) -> None:
-        try:
-            if self.light:
-                _stand_in_for_reasoning_gym()
-            import gem  # deliberately late: importing gem takes ~1-2 s (0.2 s light)
-
-            self._module = gem
-        except Exception as e:
-            self._error = f"{type(e).__name__}: {e}"
-        finally:
-            self._done.set()
-
-    @property
-    def loaded(self) -> bool:
-        return self._done.is_set() and self._module is not None
-
-    def get(self) -> ModuleType:
-        self.start()
-        self._done.wait()
-        if self._module is None:
-            raise RequestError("EnvError", f"cannot import gem: {self._error}")
-        return self._module
 
 
 class EnvHost:
@@ -175,14 +137,19 @@ class EnvHost:
             return self._reset_data(env_id[len(DATA_PREFIX) :], seed, env_kwargs)
         if env_id.startswith(GYM_PREFIX):
             return self._reset_gym(env_id[len(GYM_PREFIX) :], seed, env_kwargs)
+        if env_id.startswith(AGENT_PREFIX):
+            return self._reset_agent(env_id, seed, env_kwargs)
         if self._loader.light and env_id.startswith("rg:"):
             raise RequestError("BadRequest", f"this sandbox was started for a non-rg env and cannot host {env_id!r}")
-        gem = self._loader.get()
+        try:
+            gem = self._loader.get()
+        except GemUnavailable as e:
+            raise RequestError("EnvError", str(e)) from e
         from gem.envs.registration import ENV_REGISTRY  # gem is loaded by now
 
         if env_id not in ENV_REGISTRY:
             raise RequestError("UnknownEnv", f"no GEM environment is registered as {env_id!r}")
-        self._env = None
+        self._drop_env()
         try:
             env = gem.make(env_id, **env_kwargs)
         except Exception as e:
@@ -191,7 +158,7 @@ class EnvHost:
 
     def _reset_shell(self, task: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
         shell = _sibling("shell")
-        self._env = None
+        self._drop_env()
         try:
             env = shell.ShellEnv(task, **env_kwargs)
         except shell.ShellTaskError as e:
@@ -202,7 +169,7 @@ class EnvHost:
 
     def _reset_user(self, env_id: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
         module_name, _, cls_name = env_id[len(USER_PREFIX) :].partition(":")
-        self._env = None
+        self._drop_env()
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
@@ -243,7 +210,7 @@ class EnvHost:
         )
         if path is None:
             raise RequestError("UnknownEnv", f"no dataset {name!r} in this sandbox's image ({root})")
-        self._env = None
+        self._drop_env()
         try:
             env = dataset.DatasetEnv(path, **env_kwargs)
         except (TypeError, ValueError) as e:
@@ -252,7 +219,7 @@ class EnvHost:
         return self._begin(env, seed, f"dataset {name!r}")
 
     def _reset_gym(self, name: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
-        self._env = None
+        self._drop_env()
         try:
             adapter = _sibling("gym_adapter")  # imports gymnasium
         except ImportError as e:
@@ -268,6 +235,31 @@ class EnvHost:
         except Exception as e:
             raise RequestError("EnvError", _describe(e, f"making gymnasium environment {name!r} failed")) from e
         return self._begin(env, seed, f"gymnasium environment {name!r}")
+
+    def _reset_agent(self, env_id: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
+        agent = _sibling("agent")
+        self._drop_env()
+        try:
+            env = agent.AgentEnv(env_id[len(AGENT_PREFIX) :], **env_kwargs)
+        except (TypeError, ValueError) as e:
+            raise RequestError("BadRequest", f"bad env id or env_kwargs for {env_id}: {e}") from e
+        try:
+            observation, info = env.reset(seed=seed)
+        except Exception as e:
+            env.close()
+            raise _env_failure(e, f"reset of {env_id!r} failed") from e
+        self._env = env
+        return {"ok": True, "observation": observation, "info": json_safe_info(info)}
+
+    def _drop_env(self) -> None:
+        """Forget the env; one that owns processes (an agent program, its endpoint) is closed first."""
+        env, self._env = self._env, None
+        if getattr(env, "owns_processes", False):
+            env.close()
+
+    def close(self) -> None:
+        """The runner's teardown: close an env that owns processes."""
+        self._drop_env()
 
     def _begin(self, env: Any, seed: int, what: str) -> Response:
         """Reset `env` with `seed` and make it this host's env: the reset's answer (its failure is the env's)."""
@@ -285,7 +277,7 @@ class EnvHost:
         try:
             out = self._env.step(action)
         except Exception as e:
-            raise RequestError("EnvError", _describe(e, "step failed")) from e
+            raise _env_failure(e, "step failed") from e
         if not isinstance(out, tuple) or len(out) != 5:
             got = f"a {len(out)}-tuple" if isinstance(out, tuple) else f"a {type(out).__name__}"
             raise RequestError("EnvError", f"step returned {got}; an env's step returns {STEP_RESULT}")
@@ -317,6 +309,14 @@ def _describe(error: BaseException, what: str) -> str:
     return f"{what}: {type(error).__name__}: {error}\n{''.join(last)}"[:4000]
 
 
+def _env_failure(error: Exception, what: str) -> RequestError:
+    """An env's exception as an answer: an AgentError keeps its kind and message, anything else is an EnvError."""
+    agent_kind = getattr(error, "agent_kind", None)
+    if isinstance(agent_kind, str):
+        return RequestError("AgentError", str(error), agent_kind)
+    return RequestError("EnvError", _describe(error, what))
+
+
 def answer(host: EnvHost, line: bytes) -> Response:
     """The response to one request line; every failure becomes an `ok: false` response."""
     try:
@@ -326,12 +326,14 @@ def answer(host: EnvHost, line: bytes) -> Response:
     try:
         return host.handle(request)
     except RequestError as e:
-        return _error(e.kind, e.message)
+        return _error(e.kind, e.message, e.agent_kind)
     except Exception as e:
         return _error("EnvError", _describe(e, "runner error"))
 
 
-def _error(kind: str, message: str) -> Response:
+def _error(kind: str, message: str, agent_kind: str | None = None) -> Response:
+    if agent_kind is not None:
+        return {"ok": False, "error": {"type": kind, "kind": agent_kind, "message": message}}
     return {"ok": False, "error": {"type": kind, "message": message}}
 
 
@@ -361,16 +363,21 @@ def serve(path: str, *, preload: bool = True) -> None:
         os.unlink(path)  # a stale socket from a previous run of this container
     hint = os.environ.get("TRAJFLOW_ENV_HINT", "")
     loader = GemLoader(hint)
-    server = _Server(path, EnvHost(loader))
+    host = EnvHost(loader)
+    server = _Server(path, host)
     os.chmod(path, 0o666)  # the host side may connect as another user
     if preload and not hint.startswith(NO_GEM_PREFIXES):  # shell tasks, gym, user envs and datasets need no GEM
         loader.start()
-    server.serve_forever()
+    try:
+        server.serve_forever()
+    finally:  # SIGTERM (see main) or an interrupt: an agent program must not outlive its runner
+        host.close()
 
 
 def main(argv: list[str]) -> None:
     path = argv[1] if len(argv) > 1 else os.environ.get("TRAJFLOW_ENV_SOCKET", DEFAULT_SOCKET)
     preload = os.environ.get("TRAJFLOW_LAZY_IMPORT", "") not in ("1", "true")
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     serve(path, preload=preload)
 
 

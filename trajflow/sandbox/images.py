@@ -69,7 +69,17 @@ RUNTIME_REQUIREMENTS: tuple[str, ...] = (
 ENVS_DIR = Path(str(resources.files("trajflow.envs")))
 """The envs package where Python imports it from: its runner sources, NLTK data and shell tasks are package data."""
 
-RUNTIME_SOURCES: tuple[str, ...] = ("runner.py", "shell.py", "gym_adapter.py", "gym_text.py", "dataset.py", "verify.py")
+RUNTIME_SOURCES: tuple[str, ...] = (
+    "runner.py",
+    "gem_loader.py",
+    "shell.py",
+    "gym_adapter.py",
+    "gym_text.py",
+    "dataset.py",
+    "verify.py",
+    "agent.py",
+    "agent_http.py",
+)
 """The files of `trajflow/envs/` copied into the runtime layer, beside each other in /opt/trajflow (the runner imports
 its siblings flat there)."""
 

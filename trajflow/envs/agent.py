@@ -1,0 +1,344 @@
+"""An `agent:MODULE:FUNCTION` env: a user's unmodified agent program (written on the `openai` client) run inside the
+sandbox against an OpenAI-compatible endpoint served there (`agent_http.py`), each chat request one turn.
+
+The program's control flow is inverted onto the runner's reset/step loop:
+- `reset(seed)` starts the program and returns at its FIRST chat request: the observation is that request,
+  normalised to JSON (`{"messages", "tools"?, "tool_choice", "sampling": {temperature, top_p, max_tokens, stop,
+  seed}, "stream", "call": k}`, keys sorted). A program that ends without a request ends the episode at reset: the
+  observation is "" and info holds `terminated: true` and `reward` (a reset answer has no other place for them).
+- `step(action)` answers the pending request with the model's answer and returns at the program's next request
+  (reward 0) or its exit (observation "", terminated, the reward from its return value).
+So a sandbox is restored by replaying recorded actions: the program re-runs and its first k requests are answered from
+the record; with the same seed (passed to it, and as PYTHONHASHSEED) a deterministic program asks the same again.
+
+The program: `FUNCTION(task, seed)` in MODULE (found on the sandbox's PYTHONPATH, the user env layer first), where
+`task` is `env_kwargs["task"]` (any JSON value, None when absent) and `seed` the reset's int; it may be `async`. It runs
+as a child process (its own process group, a fresh empty cwd, stdin closed) with OPENAI_BASE_URL, OPENAI_API_KEY (a
+dummy) and TRAJFLOW_AGENT_REWARD_FILE set. Its reward: the return value, a number or {"reward": number, "info": {..}};
+or, when it returns None and exits with status 0, the same written as JSON to TRAJFLOW_AGENT_REWARD_FILE.
+
+An action is a JSON object {"content": str|null, "tool_calls": [...]?, "finish_reason"?, "usage"?} or plain text
+(the content). A JSON object is read as an answer only when it has "content" or "tool_calls" and no other keys than
+these four (so a model's JSON reply is text); tool-call `arguments` may be an object (sent as its JSON text).
+
+Failures raise AgentError, whose `agent_kind` the runner reports: `crashed` (an exit without a result; the message
+has the exit status and the end of its stderr), `hung` (no request and no exit within `budget_s` of the last answer,
+or of the start; its process group is killed), `malformed_request` (the program got HTTP 400 and is stopped after
+a short grace), `bad_result` (its return value or reward file gives no reward). Info: `call` (requests so far),
+`agent_seconds` (the program's time since the previous answer), and at the end `exit_status` and the program's info.
+
+Limits: stdlib only. The program's stdout is discarded and its stderr kept only to report a crash. Requests are turns
+in arrival order: concurrent requests are served one at a time, and their order is only as deterministic as the
+program. An `openai` client that times out or retries a request sends it again (a new turn). Closing (or a new
+reset) kills the program's process group and stops the endpoint; if the runner dies without closing it, a guard
+process in the group (forked by the bootstrap, blocked on a pipe whose write end only the runner holds) kills the group.
+A process the program starts in a new session or process group escapes both. Its stderr file is not capped. A step
+lasts as long as the program works between its calls (up to `budget_s`): the host's step timeout must be longer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__:
+    from trajflow.envs.agent_http import Answer, Endpoint, Event, Exchange
+else:  # beside the runner in the sandbox image
+    from agent_http import Answer, Endpoint, Event, Exchange
+
+DEFAULT_BUDGET_S = 600.0
+"""How long the program may go without a request or an exit after an answer (or after its start)."""
+MALFORMED_GRACE_S = 2.0
+"""How long a program that sent a malformed request may take to exit on its own before its group is killed."""
+STDERR_TAIL = 2000
+REAP_S = 2.0
+"""How long closing waits for the killed group's members orphaned to the runner to be reaped."""
+API_KEY = "trajflow-sandbox"
+USERENV_DIR = "/opt/trajflow/userenv"
+ANSWER_KEYS = {"content", "tool_calls", "finish_reason", "usage"}
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
+KINDS = ("crashed", "hung", "malformed_request", "bad_result")
+
+BOOTSTRAP = r"""
+import asyncio, importlib, json, os, sys
+
+spec = json.load(open(sys.argv[1]))
+if os.fork() == 0:  # the guard: once the runner's end of the pipe closes (the runner died), it ends the group
+    try:
+        os.read(spec["guard"], 1)
+    finally:
+        os.killpg(0, 9)
+os.close(spec["guard"])
+sys.argv = [spec["module"]]
+value = getattr(importlib.import_module(spec["module"]), spec["function"])(spec["task"], spec["seed"])
+if asyncio.iscoroutine(value):
+    value = asyncio.run(value)
+try:
+    text = json.dumps({"value": value}, allow_nan=False)
+except (TypeError, ValueError):
+    text = json.dumps({"unserializable": repr(value)[:1000]})
+with open(spec["result"] + ".tmp", "w") as f:
+    f.write(text)
+os.replace(spec["result"] + ".tmp", spec["result"])
+"""
+
+
+class AgentError(Exception):
+    """The agent program failed; `agent_kind` is one of KINDS."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.agent_kind = kind
+        self.message = message
+
+
+class BadAction(ValueError):
+    """An action that cannot be an answer; the request stays pending."""
+
+
+def parse_action(action: str) -> Answer:
+    """A step's action -> the answer sent to the program (see the module docstring); raises BadAction."""
+    try:
+        parsed = json.loads(action)
+    except ValueError:
+        parsed = None
+    if not (isinstance(parsed, dict) and parsed.keys() <= ANSWER_KEYS and parsed.keys() & {"content", "tool_calls"}):
+        return Answer(content=action)
+    content = parsed.get("content")
+    if content is not None and not isinstance(content, str):
+        raise BadAction("an action's 'content' must be a string or null")
+    calls = parsed.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise BadAction("an action's 'tool_calls' must be a list")
+    tool_calls = [_tool_call(index, call) for index, call in enumerate(calls)]
+    finish = parsed.get("finish_reason") or ("tool_calls" if tool_calls else "stop")
+    if finish not in FINISH_REASONS:
+        raise BadAction(f"finish_reason {finish!r} is not one of {', '.join(FINISH_REASONS)}")
+    usage = parsed.get("usage") or {}
+    if not isinstance(usage, dict):
+        raise BadAction("an action's 'usage' must be an object")
+    return Answer(content=content, tool_calls=tool_calls, finish_reason=finish, usage=usage)
+
+
+def _tool_call(index: int, call: object) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(call, dict) or not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise BadAction(f"tool_calls[{index}] must be {{'function': {{'name': str, 'arguments': str|object}}}}")
+    arguments = function.get("arguments", "")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{index}"
+    return {"id": call_id, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+
+
+def reward_of(value: object, source: str) -> tuple[float, dict[str, Any]]:
+    """(reward, info) from a return value or reward file; raises AgentError(bad_result)."""
+    reward, info = (value.get("reward"), value.get("info", {})) if isinstance(value, dict) else (value, {})
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        raise AgentError("bad_result", f"{source} gives no reward: {value!r:.300} (a number or {{'reward': number}})")
+    if not isinstance(info, dict):
+        raise AgentError("bad_result", f"{source}: its 'info' must be an object, got {info!r:.300}")
+    return float(reward), info
+
+
+class AgentEnv:
+    """One agent program at a time, driven turn by turn (the module docstring has the contract)."""
+
+    owns_processes = True
+    """The runner closes such an env when it drops it."""
+
+    def __init__(self, target: str, task: Any = None, budget_s: float = DEFAULT_BUDGET_S) -> None:
+        module, _, function = target.partition(":")
+        if not all(part.isidentifier() for part in module.split(".")) or not function.isidentifier():
+            raise ValueError(f"an agent env is named agent:MODULE:FUNCTION, not agent:{target}")
+        if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0:
+            raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
+        json.dumps(task)  # TypeError unless JSON-safe: it goes to the program as JSON
+        self.module, self.function, self.task, self.budget_s = module, function, task, float(budget_s)
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._endpoint: Endpoint | None = None
+        self._watcher: threading.Thread | None = None
+        self._dir: Path | None = None
+        self._guard: int | None = None
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._pending: Exchange | None = None
+        self._calls = 0
+        self._mark = 0.0
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.close()
+        self._events, self._pending, self._calls = queue.Queue(), None, 0
+        self._endpoint = Endpoint(self._events)
+        self._dir = Path(tempfile.mkdtemp(prefix="trajflow-agent-"))
+        self._proc = self._start(0 if seed is None else int(seed), self._endpoint.base_url)
+        self._watcher = threading.Thread(target=_watch, args=(self._proc, self._events), name="agent-exit", daemon=True)
+        self._watcher.start()
+        self._mark = time.monotonic()
+        observation, reward, terminated, info = self._next()
+        return observation, ({**info, "terminated": True, "reward": reward} if terminated else info)
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._pending is None:
+            raise RuntimeError("no request of the agent program waits for an answer: reset first")
+        answer = parse_action(action)
+        exchange, self._pending = self._pending, None
+        exchange.reply(answer)
+        self._mark = time.monotonic()
+        observation, reward, terminated, info = self._next()
+        return observation, reward, terminated, False, info
+
+    def close(self) -> None:
+        """Kill the program's process group, stop the endpoint, join their threads, remove the work directory."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+            endpoint, self._endpoint = self._endpoint, None
+            watcher, self._watcher = self._watcher, None
+            workdir, self._dir = self._dir, None
+            guard, self._guard = self._guard, None
+            self._pending = None
+        if proc is not None:
+            _kill_group(proc)
+        if guard is not None:
+            os.close(guard)
+        if watcher is not None:
+            watcher.join()
+        if endpoint is not None:
+            endpoint.close()
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    @property
+    def pid(self) -> int | None:
+        """The running program's pid (its process group's id too); None when none runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    def _start(self, seed: int, base_url: str) -> subprocess.Popen[bytes]:
+        assert self._dir is not None
+        work = self._dir / "work"
+        work.mkdir()
+        spec = {"module": self.module, "function": self.function, "task": self.task, "seed": seed}
+        guard, self._guard = os.pipe()  # the runner holds the write end: its death is the guard's EOF
+        spec.update(guard=guard, result=str(self._dir / "result.json"))
+        (self._dir / "spec.json").write_text(json.dumps(spec))
+        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": API_KEY, "PYTHONUNBUFFERED": "1"}
+        env.update(TRAJFLOW_AGENT_REWARD_FILE=str(self._dir / "reward.json"), PYTHONHASHSEED=str(seed % 2**32))
+        env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, ["127.0.0.1,localhost", env.get("NO_PROXY")]))
+        layer = os.environ.get("TRAJFLOW_USERENV_DIR", USERENV_DIR)
+        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if os.path.isdir(layer) and layer not in path:
+            env["PYTHONPATH"] = os.pathsep.join([layer, *path])
+        try:
+            with open(self._dir / "stderr.log", "wb") as stderr:
+                return subprocess.Popen(
+                    [sys.executable, "-c", BOOTSTRAP, str(self._dir / "spec.json")],
+                    cwd=work,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    start_new_session=True,
+                    pass_fds=(guard,),
+                )
+        finally:
+            os.close(guard)
+
+    def _next(self) -> tuple[str, float, bool, dict[str, Any]]:
+        """Wait for the program's next request or its exit: (observation, reward, terminated, info)."""
+        try:
+            kind, payload = self._events.get(timeout=max(self._mark + self.budget_s - time.monotonic(), 0.0))
+        except queue.Empty:
+            pid, calls = self.pid, self._calls
+            self.close()
+            raise AgentError(
+                "hung",
+                f"the agent program (pid {pid}) made no request and did not exit within budget_s={self.budget_s:g} s "
+                f"of {'its start' if calls == 0 else f'the answer to call {calls}'}; its process group was killed",
+            ) from None
+        spent = round(time.monotonic() - self._mark, 3)
+        if kind == "request":
+            self._pending, self._calls = payload, payload.observation["call"]
+            return (
+                json.dumps(payload.observation, sort_keys=True),
+                0.0,
+                False,
+                {"call": self._calls, "agent_seconds": spent},
+            )
+        if kind == "malformed":
+            self._stop_after_grace()
+            raise AgentError("malformed_request", f"{payload}; the program got HTTP 400 and was stopped")
+        reward, info = self._ending(payload)
+        return "", reward, True, {**info, "call": self._calls, "agent_seconds": spent, "exit_status": payload}
+
+    def _stop_after_grace(self) -> None:
+        deadline = time.monotonic() + MALFORMED_GRACE_S
+        while True:
+            try:
+                if self._events.get(timeout=max(deadline - time.monotonic(), 0.0))[0] == "exited":
+                    break
+            except queue.Empty:
+                break
+        self.close()
+
+    def _ending(self, status: int) -> tuple[float, dict[str, Any]]:
+        """The program exited with `status`: its reward and info (the env is closed either way)."""
+        assert self._dir is not None
+        result, reward_file = self._dir / "result.json", self._dir / "reward.json"
+        with open(self._dir / "stderr.log", "rb") as log:
+            log.seek(max(log.seek(0, os.SEEK_END) - STDERR_TAIL, 0))
+            stderr = log.read().decode(errors="replace")
+        try:
+            outcome = json.loads(result.read_text()) if result.is_file() else None
+            written = reward_file.read_text() if reward_file.is_file() else None
+        finally:
+            self.close()
+        if outcome is None:
+            if status == 0 and written is not None:
+                return reward_of(_json_or_text(written), "its reward file")
+            how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+            raise AgentError("crashed", f"the agent program {how} without a result; the end of its stderr:\n{stderr}")
+        if "unserializable" in outcome:
+            raise AgentError("bad_result", f"its return value is not JSON: {outcome['unserializable']}")
+        if outcome["value"] is None and written is not None:
+            return reward_of(_json_or_text(written), "its reward file")
+        return reward_of(outcome["value"], "its return value")
+
+
+def _json_or_text(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text.strip()
+
+
+def _watch(proc: subprocess.Popen[bytes], events: queue.Queue[Event]) -> None:
+    events.put(("exited", proc.wait()))
+
+
+def _kill_group(proc: subprocess.Popen[bytes], reap_s: float = REAP_S) -> None:
+    """SIGKILL the program's process group (its children too) and reap it: the program, and the members orphaned to
+    this process, as they are to a runner that is its container's PID 1 (left unreaped, each zombie would hold one of
+    the sandbox's few pids for good)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
+    proc.wait()
+    deadline = time.monotonic() + reap_s
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(-proc.pid, os.WNOHANG) == (0, 0):
+                time.sleep(0.01)  # a member of ours is still dying
+        except ChildProcessError:
+            return  # no child of this process is left in the group

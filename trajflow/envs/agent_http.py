@@ -1,0 +1,316 @@
+"""The OpenAI-compatible endpoint of an `agent:` env (`trajflow/envs/agent.py`): `POST /v1/chat/completions` and
+`GET /v1/models` on 127.0.0.1 (an ephemeral port), served by `http.server.ThreadingHTTPServer` in a thread.
+
+A chat request is checked and normalised into the turn's observation (`normalize_request`), posted to the env as an
+`Exchange`, and its handler thread waits until the env answers it with the model's `Answer`: a `chat.completion`
+object, or for `stream: true` an SSE stream of `chat.completion.chunk` objects ending with `data: [DONE]`, as the
+`openai` client parses them. A malformed request gets HTTP 400 with an OpenAI-style error body, and the env hears of it.
+
+Limits: stdlib only (it runs beside the runner in the sandbox). Requests are served one at a time in arrival order
+(concurrent requests queue); `model` is ignored (echoed back); only n = 1; no logprobs, no legacy completions or
+function-calling fields are produced. HTTP/1.0: one request per connection. No authentication: it listens on loopback
+inside the sandbox, and the program is the only client.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+MODEL_ID = "trajflow-policy"
+"""The one model `GET /v1/models` lists; a request may name any model (it is echoed back, never used)."""
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+STREAM_PIECE = 16
+"""Characters of content or tool-call arguments per streamed delta (the stream must reassemble, not be fast)."""
+REQUEST_TIMEOUT_S = 60.0
+"""Socket timeout of a connection's reads and writes (never of the wait for the model's answer)."""
+Event = tuple[str, Any]
+"""What the endpoint posts to its env: ("request", Exchange) or ("malformed", message)."""
+
+
+class MalformedRequest(ValueError):
+    """A chat request that cannot be a turn; its message is the 400's and the env's."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The model's answer to one chat request (`agent.parse_action` makes it from a step's action)."""
+
+    content: str | None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str = "stop"
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+def normalize_request(body: bytes, call: int) -> tuple[dict[str, Any], str, bool]:
+    """A chat-completions body -> (the turn's observation, the model named, whether usage is streamed); raises
+    MalformedRequest."""
+    try:
+        request = json.loads(body)
+    except ValueError as e:
+        raise MalformedRequest(f"the request body is not JSON: {e}") from e
+    if not isinstance(request, dict):
+        raise MalformedRequest("the request body must be a JSON object")
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise MalformedRequest("'messages' must be a non-empty list of messages")
+    for index, message in enumerate(messages):
+        _check_message(index, message)
+    if request.get("n") not in (None, 1):
+        raise MalformedRequest(f"n={request.get('n')!r}: this endpoint answers one choice per request (n=1)")
+    tools = request.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise MalformedRequest("'tools' must be a list")
+    stop = request.get("stop")
+    max_tokens = request.get("max_completion_tokens")
+    observation: dict[str, Any] = {
+        "messages": messages,
+        "tool_choice": request.get("tool_choice"),
+        "sampling": {
+            "temperature": request.get("temperature"),
+            "top_p": request.get("top_p"),
+            "max_tokens": max_tokens if max_tokens is not None else request.get("max_tokens"),
+            "stop": [stop] if isinstance(stop, str) else stop,
+            "seed": request.get("seed"),
+        },
+        "stream": bool(request.get("stream")),
+        "call": call,
+    }
+    if tools is not None:
+        observation["tools"] = tools
+    options = request.get("stream_options")
+    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    model = request.get("model")
+    return observation, model if isinstance(model, str) and model else MODEL_ID, include_usage
+
+
+def _check_message(index: int, message: object) -> None:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise MalformedRequest(f"messages[{index}] must be an object with a 'role' and a 'content'")
+    role = message["role"]
+    if role not in ROLES:
+        raise MalformedRequest(f"messages[{index}] has the unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    content = message.get("content")
+    if role == "assistant" and content is None and (message.get("tool_calls") or message.get("function_call")):
+        return
+    if "content" not in message or not isinstance(content, (str, list)):
+        raise MalformedRequest(f"messages[{index}] ({role}) needs a 'content' that is a string or a list of parts")
+
+
+def completion(answer: Answer, model: str, call_id: str, created: int) -> dict[str, Any]:
+    """The `chat.completion` object that answers a non-streaming request."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.tool_calls:
+        message["tool_calls"] = answer.tool_calls
+    return {
+        "id": call_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": answer.finish_reason, "logprobs": None}],
+        "usage": _usage(answer),
+    }
+
+
+def chunks(answer: Answer, model: str, call_id: str, created: int, include_usage: bool) -> list[dict[str, Any]]:
+    """The `chat.completion.chunk` objects of a streamed answer: role, content pieces, tool-call deltas (the first
+    of each call carries its id, type and name), the finish reason, and the usage when the request asked for it."""
+    head = {"id": call_id, "object": "chat.completion.chunk", "created": created, "model": model}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    out += [chunk({"content": piece}) for piece in _pieces(answer.content or "")]
+    for index, call in enumerate(answer.tool_calls):
+        function = call.get("function", {})
+        first = {"name": function.get("name", ""), "arguments": ""}
+        out.append(chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function", "function": first}]}))
+        for piece in _pieces(function.get("arguments", "")):
+            out.append(chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
+    out.append(chunk({}, answer.finish_reason))
+    if include_usage:
+        out.append({**head, "choices": [], "usage": _usage(answer)})
+    return out
+
+
+def _pieces(text: str) -> list[str]:
+    return [text[i : i + STREAM_PIECE] for i in range(0, len(text), STREAM_PIECE)]
+
+
+def _usage(answer: Answer) -> dict[str, Any]:
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    usage.update({k: v for k, v in answer.usage.items() if isinstance(v, int) and not isinstance(v, bool)})
+    return usage
+
+
+def error_body(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+class Exchange:
+    """One chat request waiting for its answer; `reply(None)` refuses it (the env is closing)."""
+
+    def __init__(self, observation: dict[str, Any], model: str, include_usage: bool) -> None:
+        self.observation = observation
+        self.model = model
+        self.include_usage = include_usage
+        self.answer: Answer | None = None
+        self._done = threading.Event()
+
+    def reply(self, answer: Answer | None) -> None:
+        self.answer = answer
+        self._done.set()
+
+    def wait(self) -> Answer | None:
+        self._done.wait()
+        return self.answer
+
+
+class Endpoint:
+    """The HTTP server and its thread; it posts a program's requests to `events` and tracks the open exchanges."""
+
+    def __init__(self, events: queue.Queue[Event]) -> None:
+        self.events = events
+        self._lock = threading.Lock()
+        self._calls = 0
+        self._open: list[Exchange] = []
+        self._closed = False
+        self.server = _Server(("127.0.0.1", 0), self)
+        self._thread = threading.Thread(target=self.server.serve_forever, name="agent-http", daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def receive(self, body: bytes) -> Exchange | None:
+        """A request's exchange, posted to the env (None: the endpoint is closing); raises MalformedRequest, posted
+        to the env first."""
+        with self._lock:
+            if self._closed:
+                return None
+            try:
+                observation, model, include_usage = normalize_request(body, self._calls + 1)
+            except MalformedRequest as e:
+                self.events.put(("malformed", f"call {self._calls + 1}: {e}"))
+                raise
+            self._calls += 1
+            exchange = Exchange(observation, model, include_usage)
+            self._open.append(exchange)
+        self.events.put(("request", exchange))
+        return exchange
+
+    def done(self, exchange: Exchange) -> None:
+        with self._lock:
+            if exchange in self._open:
+                self._open.remove(exchange)
+
+    def close(self) -> None:
+        """Refuse the open exchanges, stop serving, and join the server's threads."""
+        with self._lock:
+            self._closed = True
+            waiting, self._open = self._open, []
+        for exchange in waiting:
+            exchange.reply(None)
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join()
+        self.server.join_requests()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self._requests: list[threading.Thread] = []
+        self._requests_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """As ThreadingMixIn's, but each request's thread is kept to be joined at close (daemon, so a stuck one
+        cannot keep the runner alive)."""
+        thread = threading.Thread(
+            target=self.process_request_thread, args=(request, client_address), name="agent-http-request", daemon=True
+        )
+        with self._requests_lock:
+            self._requests = [t for t in self._requests if t.is_alive()] + [thread]
+        thread.start()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # the program was killed (or gave up) before its answer was written: nothing to report
+        super().handle_error(request, client_address)
+
+    def join_requests(self, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self._requests_lock:
+            threads, self._requests = self._requests, []
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    timeout = REQUEST_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the runner's stderr is not the program's log."""
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0].rstrip("/") != "/v1/models":
+            self._send_json(404, error_body(f"no route GET {self.path}", "not_found_error"))
+            return
+        model = {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "trajflow"}
+        self._send_json(200, {"object": "list", "data": [model]})
+
+    def do_POST(self) -> None:
+        if self.path.split("?")[0].rstrip("/") != "/v1/chat/completions":
+            self._send_json(404, error_body(f"no route POST {self.path}", "not_found_error"))
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = 0
+        endpoint = self.server.endpoint
+        try:
+            exchange = endpoint.receive(self.rfile.read(length))
+        except MalformedRequest as e:
+            self._send_json(400, error_body(str(e)))
+            return
+        answer = exchange.wait() if exchange is not None else None
+        if exchange is not None:
+            endpoint.done(exchange)
+        if exchange is None or answer is None:
+            self._send_json(503, error_body("the environment is closing", "service_unavailable"))
+            return
+        call_id, created = f"chatcmpl-trajflow-{exchange.observation['call']}", int(time.time())
+        if exchange.observation["stream"]:
+            self._send_stream(chunks(answer, exchange.model, call_id, created, exchange.include_usage))
+        else:
+            self._send_json(200, completion(answer, exchange.model, call_id, created))
+
+    def _send_json(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_stream(self, events: list[dict[str, Any]]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        for event in events:
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
