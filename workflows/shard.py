@@ -35,6 +35,10 @@ from workflows.inputs import NO_INPUT, decode_input
 
 START_BATCH = 64
 """Member starts sent in one workflow activation (the next batch goes once their starts are confirmed)."""
+PATCH_START_BATCHES = "shard-start-batches"
+PATCH_DONE_ON_CANCEL = "shard-done-on-cancel"
+"""Changes of what a shard does, behind `workflow.patched` so that a shard that ran the code before them replays
+as it ran (a worker upgraded under a live run; a query replaying a closed shard's history)."""
 
 
 @workflow.defn(name=names.SHARD_WORKFLOW)
@@ -68,8 +72,9 @@ class ShardWorkflow:
             starts = [g for g in list(self.s.groups.values()) for _ in range(n)]
             # START_BATCH starts an activation, not one round trip a group nor all at once (a shard of 64 groups of 8
             # is 512 starts: on a loaded worker one activation of them outran the SDK's 2 s deadlock detector)
-            for i in range(0, len(starts), START_BATCH):
-                await asyncio.gather(*(self._start_member(g) for g in starts[i : i + START_BATCH]))
+            batch = START_BATCH if workflow.patched(PATCH_START_BATCHES) else len(starts)
+            for i in range(0, len(starts), batch):
+                await asyncio.gather(*(self._start_member(g) for g in starts[i : i + batch]))
             while self.s.groups or self.watchers or self.abandoned:
                 await workflow.wait_condition(lambda: self._has_work() or not (self.s.groups or self.watchers))
                 if True:
@@ -92,11 +97,12 @@ class ShardWorkflow:
         except asyncio.CancelledError:
             book.cancel_leftovers()
             await self._send_cancels()
-            # its last message carries the members it cancelled (the run's counters would miss them otherwise)
-            await self._up(
-                names.SIGNAL_SHARD_FINISHED,
-                ShardDone(shard=workflow.info().workflow_id, first=start.groups[0].k, counts=self._counts()),
-            )
+            if workflow.patched(PATCH_DONE_ON_CANCEL):
+                # its last message carries the members it cancelled (the run's counters would miss them otherwise)
+                await self._up(
+                    names.SIGNAL_SHARD_FINISHED,
+                    ShardDone(shard=workflow.info().workflow_id, first=start.groups[0].k, counts=self._counts()),
+                )
             raise
 
     def _has_work(self) -> bool:

@@ -63,6 +63,8 @@ from workflows.inputs import NO_INPUT, decode_input
 
 SHARDS_CLOSE_S = 60.0
 """How long a sharded run's end waits for the last messages of the shards it cancelled."""
+PATCH_WAIT_FOR_SHARDS = "sharded-end-waits-for-shards"
+"""That wait, behind `workflow.patched`: a run that ended before it replays as it ran (e.g. for a query)."""
 
 SA_RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
 SA_STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
@@ -372,7 +374,7 @@ class TrainingWorkflow:
     async def _cancel_leftovers(self) -> None:
         self.rules.cancel_leftovers()
         await self._send_cancels()
-        if (shards := self.shards) is not None:
+        if (shards := self.shards) is not None and shards.sh.shards and workflow.patched(PATCH_WAIT_FOR_SHARDS):
             # the shards' last messages count the members they cancel; a shard that never answers (terminated, its
             # worker gone) is waited for no longer than SHARDS_CLOSE_S, and its members are counted by none
             try:
