@@ -14,16 +14,12 @@ from pydantic import Field, model_validator
 
 from trajflow.contracts.base import Contract
 from trajflow.contracts.trajectory import (
+    ChatMessage,
     JsonScalar,
     TrajectoryRequest,
     TrajectoryStatus,
     TurnSummary,
 )
-
-
-class ChatMessage(Contract):
-    role: str
-    content: str
 
 
 class TurnContext(Contract):

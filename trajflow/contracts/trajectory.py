@@ -246,6 +246,13 @@ class EnvCloseInput(Contract):
     handle: SandboxHandle
 
 
+class ChatMessage(Contract):
+    """One message of a chat conversation, as the context records it (`trajflow.contracts.records.TurnContext`)."""
+
+    role: str
+    content: str
+
+
 class GenerateInput(Contract):
     trajectory_id: str
     turn: int
