@@ -5,8 +5,9 @@ answers a request that needs version v only with weights of v or newer, else the
 (`ERR_POLICY_BEHIND`) and the turn is tried again, on this worker or another.
 
 Loads the trajectory's token-level context (from this worker's memory, else from the store), appends the new
-observation (chat formatting on our side), generates, stores what this turn added to the context (a delta linked to
-the previous turn's: `activities.contexts`) and returns the text, the delta's URI and the policy version.
+observation (chat formatting on our side; an agent's turn brings its whole conversation, which must extend the
+context, else `AgentContextMismatch`, not retried), generates, stores what this turn added to the context (a delta
+linked to the previous turn's: `activities.contexts`) and returns the text, the delta's URI and the policy version.
 
 An engine that talks to a server raises `EngineError`s, mapped here once: unavailable is retried (past the retry
 budget the trajectory is infra-failed), a rejected request fails the trajectory (`BadRequest`), a misconfigured
@@ -28,7 +29,7 @@ from trajflow.contracts import metrics, names
 from trajflow.contracts.records import TurnContext
 from trajflow.contracts.trajectory import GenerateInput, GenerateResult
 from trajflow.observability.metrics import record
-from trajflow.rl.chat import append_completion, append_user
+from trajflow.rl.chat import ContextMismatch, append_completion, append_messages, append_user
 from trajflow.rl.engines.base import Completion, Engine, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
 
 HEARTBEAT_EVERY_S = 5.0
@@ -56,7 +57,13 @@ class DecodeActivities:
         before = TurnContext(model=self.engine.name)
         if inp.context_uri:
             before = await asyncio.to_thread(self.contexts.load, inp.context_uri)
-        ctx, prompt_ids = append_user(before, self.engine.tokenizer, inp.user_message, inp.system_prompt)
+        if inp.messages is None:
+            ctx, prompt_ids = append_user(before, self.engine.tokenizer, inp.user_message, inp.system_prompt)
+        else:  # an agent's turn: its whole conversation, which must extend the context
+            try:
+                ctx, prompt_ids = append_messages(before, self.engine.tokenizer, inp.messages)
+            except ContextMismatch as e:
+                raise ApplicationError(str(e), type=names.ERR_CONTEXT_MISMATCH, non_retryable=True) from e
         try:
             completion = await with_heartbeats(
                 self.engine.generate(prompt_ids, inp.sampling, inp.policy), "generating", HEARTBEAT_EVERY_S

@@ -120,6 +120,9 @@ ERR_ENGINE_MISCONFIGURED = "EngineMisconfigured"
 """A decode engine's server cannot serve it as configured (auth, model name, missing logprobs): not retried,
 and the trajectory ends infra-failed, never scored."""
 ERR_BAD_REQUEST = "BadRequest"
+ERR_CONTEXT_MISMATCH = "AgentContextMismatch"
+"""An agent's request (`GenerateInput.messages`) does not extend its trajectory's context: the program rewrote its
+history (`trajflow.rl.chat.ContextMismatch` says where). Not retried; the turn is never trained on re-tokenised."""
 ERR_TRAINER_RANKS = "TrainerRanksBroken"
 """A step broke a launched trainer's rank group (a rank died): retried once the launcher has restarted the ranks."""
 ERR_INVALID_INPUT = "InvalidWorkflowInput"

@@ -261,6 +261,9 @@ class GenerateInput(Contract):
     turn)."""
     user_message: str
     """The new observation, appended to the context as a user message."""
+    messages: list[ChatMessage] | None = None
+    """An agent's turn (`agent:` envs): its request's whole conversation, in place of `user_message` and
+    `system_prompt`; it must extend the context (`trajflow.rl.chat.append_messages`)."""
     system_prompt: str = ""
     sampling: SamplingParams = SamplingParams()
     min_policy_version: int = 0

@@ -1,0 +1,59 @@
+"""The decode activity's agent turns (`GenerateInput.messages`, issue 26): a request whose conversation extends the
+trajectory's context is generated from the context's own tokens plus the new messages (the sampled tokens kept), and
+one that rewrites the history fails non-retryably with `AgentContextMismatch`. The real tiny policy on the HF engine
+and a local store, through Temporal's activity environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.decode import DecodeActivities
+from infra.store import LocalStore
+from trajflow.contracts import names
+from trajflow.contracts.records import ChatMessage
+from trajflow.contracts.trajectory import GenerateInput, SamplingParams
+from trajflow.rl.engines.hf import HFEngine
+
+
+async def test_an_agents_turns_extend_the_context_and_a_rewritten_history_is_refused(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    store = LocalStore(tmp_path / "store")
+    engine = HFEngine(tiny_model, max_batch=1, batch_wait_ms=1)
+    decode = DecodeActivities(engine, store, "agents", "w0")
+    await engine.start()
+    try:
+        env = ActivityEnvironment()
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=6)
+        first = [ChatMessage(role="system", content="You run commands."), ChatMessage(role="user", content="Go.")]
+
+        def turn(k: int, messages: list[ChatMessage], context_uri: str | None) -> GenerateInput:
+            return GenerateInput(
+                trajectory_id="agent/r", turn=k, context_uri=context_uri, user_message="", messages=messages,
+                sampling=sampling,
+            )  # fmt: skip
+
+        one = await env.run(decode.generate, turn(0, first, None))
+        second = [*first, ChatMessage(role="assistant", content=one.text), ChatMessage(role="tool", content="ok")]
+        two = await env.run(decode.generate, turn(1, second, one.context_uri))
+        ctx = decode.contexts.load(two.context_uri)
+        assert [m.role for m in ctx.messages] == ["system", "user", "assistant", "tool", "assistant"]
+        start, end = ctx.turn_spans[0]
+        assert end - start == one.completion_tokens and ctx.loss_mask[start:end] == [1] * one.completion_tokens
+        before = decode.contexts.load(one.context_uri)
+        assert ctx.token_ids[: len(before.token_ids)] == before.token_ids  # the first turn's tokens, as sampled
+        assert two.prompt_tokens > len(before.token_ids) and ctx.loss_mask[end : two.prompt_tokens] == [0] * (
+            two.prompt_tokens - end
+        )  # the tool message (and the turn's end) appended as prompt
+
+        rewritten = [*first, ChatMessage(role="assistant", content="something else"), *second[3:]]
+        with pytest.raises(ApplicationError) as refused:
+            await env.run(decode.generate, turn(1, rewritten, one.context_uri))
+        assert refused.value.type == names.ERR_CONTEXT_MISMATCH and refused.value.non_retryable
+        assert "message 2 departs" in str(refused.value)
+    finally:
+        await engine.close()
