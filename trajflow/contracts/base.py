@@ -33,3 +33,10 @@ class MutableContract(Contract):
     """A contract whose fields may be assigned after construction (assignments are not re-validated)."""
 
     model_config = ConfigDict(frozen=False)
+
+
+class ChatMessage(Contract):
+    """One message of a chat conversation, as the context records it (`trajflow.contracts.records.TurnContext`)."""
+
+    role: str
+    content: str

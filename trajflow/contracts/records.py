@@ -12,9 +12,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from trajflow.contracts.base import Contract
+from trajflow.contracts.base import ChatMessage, Contract
 from trajflow.contracts.trajectory import (
-    ChatMessage,
     JsonScalar,
     TrajectoryRequest,
     TrajectoryStatus,

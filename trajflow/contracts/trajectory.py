@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from trajflow.contracts.base import Contract, FiniteFloat
+from trajflow.contracts.base import ChatMessage, Contract, FiniteFloat
 from trajflow.contracts.limits import EnvId, EnvKwargs, EnvPackage, Name, PoolName, SystemPrompt, WorkflowIdRef
 from trajflow.contracts.reward_models import RewardModelConfig, model_name
 
@@ -244,13 +244,6 @@ class EnvStepResult(Contract):
 
 class EnvCloseInput(Contract):
     handle: SandboxHandle
-
-
-class ChatMessage(Contract):
-    """One message of a chat conversation, as the context records it (`trajflow.contracts.records.TurnContext`)."""
-
-    role: str
-    content: str
 
 
 class GenerateInput(Contract):
