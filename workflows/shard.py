@@ -90,19 +90,13 @@ class ShardWorkflow:
                         self.abandoned.pop(0)
                     await self._send_cancels()
             await workflow.wait_condition(workflow.all_handlers_finished)
-            await self._up(
-                names.SIGNAL_SHARD_FINISHED,
-                ShardDone(shard=workflow.info().workflow_id, first=start.groups[0].k, counts=self._counts()),
-            )
+            await self._done()
         except asyncio.CancelledError:
             book.cancel_leftovers()
             await self._send_cancels()
             if workflow.patched(PATCH_DONE_ON_CANCEL):
                 # its last message carries the members it cancelled (the run's counters would miss them otherwise)
-                await self._up(
-                    names.SIGNAL_SHARD_FINISHED,
-                    ShardDone(shard=workflow.info().workflow_id, first=start.groups[0].k, counts=self._counts()),
-                )
+                await self._done()
             raise
 
     def _has_work(self) -> bool:
@@ -174,6 +168,14 @@ class ShardWorkflow:
         delta = GroupCounts(**{f: getattr(now, f) - getattr(before, f) for f in GroupCounts.model_fields})
         self.sent = now.model_copy()
         return delta
+
+    async def _done(self) -> None:
+        """The shard's last message up: what its counters gained since the last one."""
+        first = self.start.groups[0].k
+        await self._up(
+            names.SIGNAL_SHARD_FINISHED,
+            ShardDone(shard=workflow.info().workflow_id, first=first, counts=self._counts()),
+        )
 
     async def _up(self, signal: str, message: GroupReport | ShardDone) -> None:
         try:

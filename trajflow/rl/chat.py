@@ -115,21 +115,25 @@ def append_user(
     """
     _check_alternation(ctx)
     user = ChatMessage(role="user", content=user_text)
+    system = [ChatMessage(role="system", content=system_prompt)] if system_prompt and not ctx.messages else []
+    return _extend(ctx, tokenizer, [*ctx.messages, *system, user])
+
+
+def _extend(ctx: TurnContext, tokenizer: ChatTokenizer, messages: list[ChatMessage]) -> tuple[TurnContext, list[int]]:
+    """The context with `messages` (the context's own, then new ones) and its prompt ids: on an empty context the
+    whole conversation rendered, otherwise the new messages rendered as a delta after the last sampled turn (with
+    the part of its end the sampled tokens lack). New tokens get mask 0 and logprob 0.0."""
     if not ctx.messages:
-        messages = [ChatMessage(role="system", content=system_prompt)] if system_prompt else []
-        messages.append(user)
         delta_ids = _encode(tokenizer, _render(tokenizer, _as_dicts(messages), generation_prompt=True))
     else:
-        messages = [*ctx.messages, user]
         before = _render(tokenizer, _as_dicts(ctx.messages), generation_prompt=False)
         after = _render(tokenizer, _as_dicts(messages), generation_prompt=True)
         if not after.startswith(before):
             raise ValueError("the chat template is not append-only: adding a message changed earlier text")
-        delta_text = _missing_turn_end(tokenizer, ctx) + after[len(before) :]
-        delta_ids = _encode(tokenizer, delta_text)
+        delta_ids = _encode(tokenizer, _missing_turn_end(tokenizer, ctx) + after[len(before) :])
     new_ctx = ctx.model_copy(
         update={
-            "messages": messages,
+            "messages": list(messages),
             "token_ids": [*ctx.token_ids, *delta_ids],
             "logprobs": [*ctx.logprobs, *([0.0] * len(delta_ids))],
             "loss_mask": [*ctx.loss_mask, *([0] * len(delta_ids))],
@@ -179,9 +183,7 @@ def append_messages(
     generation prompt. New tokens get mask 0 and logprob 0.0; earlier tokens are kept exactly."""
     if not messages or messages[-1].role == "assistant":
         raise ValueError("an agent's request must end with a message that is not the assistant's")
-    if not ctx.messages:
-        delta_ids = _encode(tokenizer, _render(tokenizer, _as_dicts(messages), generation_prompt=True))
-    else:
+    if ctx.messages:
         _check_alternation(ctx)
         for i, (mine, theirs) in enumerate(zip(ctx.messages, messages, strict=False)):
             if mine != theirs:
@@ -191,20 +193,7 @@ def append_messages(
                 raise ContextMismatch(i, why)
         if len(messages) <= len(ctx.messages):
             raise ContextMismatch(len(messages), "it adds no message to the context")
-        before = _render(tokenizer, _as_dicts(ctx.messages), generation_prompt=False)
-        after = _render(tokenizer, _as_dicts(messages), generation_prompt=True)
-        if not after.startswith(before):
-            raise ValueError("the chat template is not append-only: adding a message changed earlier text")
-        delta_ids = _encode(tokenizer, _missing_turn_end(tokenizer, ctx) + after[len(before) :])
-    new_ctx = ctx.model_copy(
-        update={
-            "messages": list(messages),
-            "token_ids": [*ctx.token_ids, *delta_ids],
-            "logprobs": [*ctx.logprobs, *([0.0] * len(delta_ids))],
-            "loss_mask": [*ctx.loss_mask, *([0] * len(delta_ids))],
-        }
-    )
-    return new_ctx, list(new_ctx.token_ids)
+    return _extend(ctx, tokenizer, messages)
 
 
 def append_completion(

@@ -170,9 +170,9 @@ async def collect(client, store, run_id: str, steps_completed: int, steps_config
             if attrs.activity_type.name != names.TRAIN_STEP:
                 continue
             (inp,) = await client.data_converter.decode(attrs.input.payloads, [TrainStepInput])
-            if any(v == inp.version and given == inp for v, _, given, _ in batches):
+            if any(given == inp for _, _, given, _ in batches):
                 # a step in flight when the workflow continued as new is issued again, the same input: the trainer
-                # trains a version once (a differing input of the same version is kept, and audited as trained)
+                # trains a version once (an input of the same version that differs is kept, and audited as trained)
                 continue
             # a sharded step names its groups by range; the trainer's own reader gives the refs it trained on
             refs = await asyncio.to_thread(step_refs, store, inp)
