@@ -188,7 +188,7 @@ async def _guarded(fn: Callable[[], T]) -> T:
         raise ApplicationError(f"{e}{hint}", type=names.ERR_ENV, non_retryable=True) from e
     except AgentDiverged as e:
         raise ApplicationError(str(e), type=names.ERR_AGENT_NONDETERMINISTIC, non_retryable=True) from e
-    except UnknownTask as e:  # a `shell:` env id that names no shipped task, a `py:` env without its package
+    except UnknownTask as e:  # a `shell:` env id naming no shipped task, a `py:`/`agent:` env without its package
         raise ApplicationError(str(e), type=names.ERR_ENV, non_retryable=True) from e
     except (SandboxLost, SandboxStepTimeout) as e:
         # Retrying on a dead sandbox cannot help: the workflow restores a fresh one by replay.
