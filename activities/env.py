@@ -6,8 +6,11 @@ sandbox from the warm pool (or starts one), and answers with a handle naming thi
 threads. Every activity on a sandbox renews its lease (`trajflow.sandbox.leases`): the reset grants it to the
 calling workflow run, and the sandbox counts as busy while a request is in flight, so the env worker's sweep
 (`workers/sandbox_sweep.py`) never removes a sandbox in use. Failures are classified once: infra (`SandboxLost`, start
-errors) vs the env's own (`EnvError`, which includes an unknown env id and a non-finite reward). Observations are
-cut to `MAX_OBSERVATION_CHARS` with a marker.
+errors) vs the env's own (`EnvError`, which includes an unknown env id and a non-finite reward; an `agent:` env's
+program failure is `AgentError` with its kind, one restored by replay that asks something else than its record is
+`AgentNonDeterministic`). Observations are cut to `MAX_OBSERVATION_CHARS` with a marker, except an `agent:` env's
+(its chat request as JSON: whole, or an error past `MAX_AGENT_REQUEST_CHARS`); an agent env's reset and steps may
+take its budget plus a margin (`trajflow.sandbox.agents`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,15 @@ from trajflow.contracts.trajectory import (
 )
 from trajflow.envs.formatting import cap_observation, observation_message
 from trajflow.observability.metrics import record
-from trajflow.sandbox.errors import EnvError, SandboxError, SandboxLost, SandboxStartError, SandboxStepTimeout
+from trajflow.sandbox.agents import agent_observation, call_timeout_s, check_replayed, is_agent
+from trajflow.sandbox.errors import (
+    AgentDiverged,
+    EnvError,
+    SandboxError,
+    SandboxLost,
+    SandboxStartError,
+    SandboxStepTimeout,
+)
 from trajflow.sandbox.images import ImageResolver, UnknownTask
 from trajflow.sandbox.manager import SandboxManager
 from trajflow.sandbox.pool import WarmPool
@@ -88,14 +99,25 @@ class EnvActivities:
             box, hit = await _guarded(lambda: self.manager.start(inp.env_id, image)), False
         info = activity.info()
         self.manager.leases.grant(box.id, info.workflow_id or "", info.workflow_run_id or "")
+        env_id, expect = inp.env_id, inp.expect_observations
+        step_timeout_s = call_timeout_s(env_id, inp.env_kwargs, self.step_timeout_s)
+        timeout = {"timeout_s": step_timeout_s} if is_agent(env_id) else {}  # else: the manager's own
+
+        def replay(i: int, action: str) -> EnvStepResult:
+            step = _step_result(box.step(action, **timeout), env_id)
+            if expect:
+                check_replayed(i + 1, expect[i], step.observation)
+            return step
+
         try:
             with self.manager.leases.in_use(box.id):
-                out = await _guarded(lambda: box.reset(inp.env_id, inp.seed, dict(inp.env_kwargs)))
-                observation = _observation(out)
+                observation = await _guarded(
+                    lambda: _observation(box.reset(env_id, inp.seed, dict(inp.env_kwargs), **timeout), env_id)
+                )
                 done = False
                 for i, action in enumerate(inp.replay_actions):
                     activity.heartbeat(f"replaying action {i + 1}/{len(inp.replay_actions)}")
-                    step = _step_result(await _guarded(lambda a=action: box.step(a)))
+                    step = await _guarded(lambda i=i, a=action: replay(i, a))
                     observation, done = step.observation, step.terminated or step.truncated
         except BaseException:
             await asyncio.to_thread(self.manager.close, box.id)
@@ -106,17 +128,21 @@ class EnvActivities:
             host_queue=self.host_queue,
             worker_id=self.worker_id,
             image=image,
-            step_timeout_s=self.step_timeout_s,
+            step_timeout_s=step_timeout_s,
+            env_id=env_id,
         )
         result = EnvResetResult(handle=handle, observation=observation, replayed=len(inp.replay_actions), done=done)
         return result, hit
 
     @activity.defn(name=names.ENV_STEP)
     async def step(self, inp: EnvStepInput) -> EnvStepResult:
+        handle = inp.handle
+        timeout = {"timeout_s": handle.step_timeout_s} if is_agent(handle.env_id) else {}  # set at reset
+
         def run() -> EnvStepResult:
-            with self.manager.leases.in_use(inp.handle.sandbox_id):
-                out = self.manager.get(inp.handle.sandbox_id).step(inp.action)
-            return _step_result(out)
+            with self.manager.leases.in_use(handle.sandbox_id):
+                out = self.manager.get(handle.sandbox_id).step(inp.action, **timeout)
+            return _step_result(out, handle.env_id)
 
         return await with_heartbeats(_guarded(run), "stepping", QUICK_EVERY_S)
 
@@ -125,20 +151,23 @@ class EnvActivities:
         await with_heartbeats(asyncio.to_thread(self.manager.close, inp.handle.sandbox_id), "closing", QUICK_EVERY_S)
 
 
-def _observation(out: Mapping[str, Any]) -> str:
+def _observation(out: Mapping[str, Any], env_id: str) -> str:
     """The runner's observation as the next user message, cut to MAX_OBSERVATION_CHARS (an agent that printed
-    10 MB must not push an activity result over Temporal's payload limit)."""
+    10 MB must not push an activity result over Temporal's payload limit); an `agent:` env's chat request whole, as
+    the runner wrote it (no info suffix: its timing must not enter what a replay compares)."""
+    if is_agent(env_id):
+        return agent_observation(out["observation"])
     return cap_observation(observation_message(out["observation"], out.get("info") or {}), MAX_OBSERVATION_CHARS)
 
 
-def _step_result(out: Mapping[str, Any]) -> EnvStepResult:
+def _step_result(out: Mapping[str, Any], env_id: str = "") -> EnvStepResult:
     reward = float(out["reward"])
     if not math.isfinite(reward):  # would poison the reward and the advantages: the env is broken, not infra
         raise ApplicationError(
             f"the env answered a step with a non-finite reward ({reward})", type=names.ERR_ENV, non_retryable=True
         )
     return EnvStepResult(
-        observation=_observation(out),
+        observation=_observation(out, env_id),
         reward=reward,
         terminated=bool(out["terminated"]),
         truncated=bool(out["truncated"]),
@@ -151,9 +180,15 @@ async def _guarded(fn: Callable[[], T]) -> T:
     try:
         return await asyncio.to_thread(fn)
     except EnvError as e:
+        if e.kind == "AgentError":
+            kind = e.agent_kind or "failed"
+            message = e.message if e.message.startswith("agent ") else f"agent {kind}: {e.message}"
+            raise ApplicationError(message, {"agent_kind": kind}, type=names.ERR_AGENT, non_retryable=True) from e
         hint = f"; an env id is {ENV_ID_HELP}" if e.kind == "UnknownEnv" else ""
         raise ApplicationError(f"{e}{hint}", type=names.ERR_ENV, non_retryable=True) from e
-    except UnknownTask as e:  # a `shell:` env id that names no shipped task, a `py:` env without its package
+    except AgentDiverged as e:
+        raise ApplicationError(str(e), type=names.ERR_AGENT_NONDETERMINISTIC, non_retryable=True) from e
+    except UnknownTask as e:  # a `shell:` env id naming no shipped task, a `py:`/`agent:` env without its package
         raise ApplicationError(str(e), type=names.ERR_ENV, non_retryable=True) from e
     except (SandboxLost, SandboxStepTimeout) as e:
         # Retrying on a dead sandbox cannot help: the workflow restores a fresh one by replay.

@@ -73,13 +73,13 @@ def test_training_on_the_shipped_dataset(cli_stack, tmp_path: Path) -> None:
     assert len(per_seed) >= 4 and all(row["seed"] >= 1_000_000 for row in per_seed)  # held-out seeds: test rows
 
 
-def bad_env(tmp_path: Path, source: str, requirements: str = "") -> Path:
+def bad_env(tmp_path: Path, source: str, requirements: str = "", env_id: str = "py:my_env:MyEnv") -> Path:
     env = tmp_path / "env"
     env.mkdir()
     (env / "my_env.py").write_text(source)
     (env / "requirements.txt").write_text(requirements)
     config = tmp_path / "bad.toml"
-    config.write_text(f'[[tasks]]\nname = "mine"\nenv_id = "py:my_env:MyEnv"\nenv_path = "{env}"\n')
+    config.write_text(f'[[tasks]]\nname = "mine"\nenv_id = "{env_id}"\nenv_path = "{env}"\n')
     return config
 
 
@@ -110,6 +110,28 @@ def test_a_bad_env_is_refused_at_submission(tmp_path: Path, source: str, require
         assert proc.returncode == 2, proc.stderr
         assert "task 'mine'" in proc.stderr or command[0] == "rollout"
         assert says in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("source", "says"),
+    [
+        ("class run:\n    pass\n", "run at "),
+        ("def run(task):\n    return 1.0\n", "cannot be called as run(task, seed)"),
+        ("", "an agent: program needs its source directory"),
+    ],
+    ids=["a-class", "wrong-signature", "no-env-path"],
+)
+def test_a_bad_agent_program_is_refused_at_submission(tmp_path: Path, source: str, says: str) -> None:
+    config = bad_env(tmp_path, source, env_id="agent:my_env:run")
+    if not source:
+        config.write_text('[[tasks]]\nname = "mine"\nenv_id = "agent:my_env:run"\n')
+    env = {**os.environ, "TRAJFLOW_STATE_DIR": str(tmp_path / "state"), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:9"}
+    trajflow = str(Path(sys.executable).parent / "trajflow")
+    proc = subprocess.run(
+        [trajflow, "rollout", "-c", str(config)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert says in proc.stderr
 
 
 def test_rollout_of_the_own_verifier_example(cli_stack) -> None:

@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 """A float that may not be NaN or infinite: validation refuses them ("Input should be a finite number")."""
+JsonScalar = str | int | float | bool | None
+"""What env kwargs and env info values may hold, so they stay JSON-serialisable and small."""
 
 
 class Contract(BaseModel):

@@ -12,12 +12,15 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from trajflow.contracts.base import ChatMessage, Contract, FiniteFloat
+from trajflow.contracts.base import ChatMessage, Contract, FiniteFloat, JsonScalar
+from trajflow.contracts.envs import EnvCloseInput as EnvCloseInput
+from trajflow.contracts.envs import EnvResetInput as EnvResetInput
+from trajflow.contracts.envs import EnvResetResult as EnvResetResult
+from trajflow.contracts.envs import EnvStepInput as EnvStepInput
+from trajflow.contracts.envs import EnvStepResult
+from trajflow.contracts.envs import SandboxHandle as SandboxHandle
 from trajflow.contracts.limits import EnvId, EnvKwargs, EnvPackage, Name, PoolName, SystemPrompt, WorkflowIdRef
 from trajflow.contracts.reward_models import RewardModelConfig, model_name
-
-JsonScalar = str | int | float | bool | None
-"""What env kwargs and env info values may hold, so they stay JSON-serialisable and small."""
 
 DEFAULT_ENV_ID = "game:GuessTheNumber-v0-easy"
 DEFAULT_SYSTEM_PROMPT = (
@@ -95,15 +98,15 @@ class TrajectoryRequest(Contract):
     """One trajectory to run. Every field has a default, so `{}` from the Temporal UI starts the default task."""
 
     env_id: EnvId = DEFAULT_ENV_ID
-    """A GEM environment id (e.g. `game:GuessTheNumber-v0-easy`, an `rg:` reasoning-gym id), `shell:<task>`, or a
-    user's own env class `py:MODULE:CLASS` (with `env_package`)."""
+    """A GEM environment id (e.g. `game:GuessTheNumber-v0-easy`, an `rg:` reasoning-gym id), `shell:<task>`, a
+    user's own env class `py:MODULE:CLASS` or agent program `agent:MODULE:FUNCTION` (both with `env_package`)."""
     seed: int = 0
     """Seed of the environment's reset; the same seed gives the same episode start."""
     env_kwargs: EnvKwargs = Field(default_factory=dict)
     """Overrides passed to `gem.make` (e.g. `{"max_turns": 20}`), or to a user env class."""
     env_package: EnvPackage = ""
-    """A `py:MODULE:CLASS` env's packed source: its object-store URI, set when the run or rollout is submitted
-    (`trajflow/envs/user/`); empty for every other kind."""
+    """A `py:MODULE:CLASS` env's or `agent:MODULE:FUNCTION` program's packed source (a `data:NAME` task's file): its
+    object-store URI, set when the run or rollout is submitted (`trajflow/envs/user/`); empty for every other kind."""
     max_turns: Annotated[int, Field(ge=1, le=200)] = 8
     """Turn limit on our side; the episode ends as completed (truncated) when it is reached."""
     system_prompt: SystemPrompt = DEFAULT_SYSTEM_PROMPT
@@ -195,55 +198,6 @@ class TrajectoryRequest(Contract):
             truncated=truncated,
             final_info=final_info,
         )
-
-
-class SandboxHandle(Contract):
-    """A live sandbox: which env worker holds it and the queue its steps must go to."""
-
-    sandbox_id: str
-    container_id: str
-    host_queue: str
-    worker_id: str
-    image: str
-    step_timeout_s: float = 60.0
-    """The env worker kills a step's container after this long; the workflow's timeout is a little longer."""
-
-
-class EnvResetInput(Contract):
-    trajectory_id: str
-    env_id: str
-    seed: int
-    env_kwargs: dict[str, JsonScalar] = Field(default_factory=dict)
-    env_package: str = ""
-    """A `py:` env's package URI (`TrajectoryRequest.env_package`)."""
-    replay_actions: list[str] = Field(default_factory=list)
-    """Actions to replay after reset, restoring a lost sandbox's state (environments are seeded and deterministic)."""
-
-
-class EnvResetResult(Contract):
-    handle: SandboxHandle
-    observation: str
-    """The chat text of the current observation (after any replayed actions), formatted on our side."""
-    replayed: int = 0
-    done: bool = False
-    """True when the replayed actions already ended the episode."""
-
-
-class EnvStepInput(Contract):
-    handle: SandboxHandle
-    action: str
-
-
-class EnvStepResult(Contract):
-    observation: str
-    reward: float
-    terminated: bool
-    truncated: bool
-    info: dict[str, JsonScalar] = Field(default_factory=dict)
-
-
-class EnvCloseInput(Contract):
-    handle: SandboxHandle
 
 
 class GenerateInput(Contract):

@@ -2,8 +2,8 @@
 
 Infra (retry with a fresh sandbox, never score): `SandboxLost`, `SandboxStepTimeout` (a kind of lost),
 `SandboxStartError`, `ImageBuildError`. The environment itself (not infra, retrying the same request will not help):
-`EnvError`. Limits: plain exceptions with a message and a few fields; mapping them to Temporal errors is the activities'
-job.
+`EnvError` (an agent program's failure too), `AgentDiverged`. Limits: plain exceptions with a message and a few
+fields; mapping them to Temporal errors is the activities' job.
 """
 
 from __future__ import annotations
@@ -42,10 +42,17 @@ class ImageBuildError(SandboxError):
 class EnvError(SandboxError):
     """The environment rejected the request (unknown env id, bad request, exception in env code). Not infra.
 
-    `kind` is the runner's error type: "EnvError", "UnknownEnv" or "BadRequest".
+    `kind` is the runner's error type: "EnvError", "UnknownEnv", "BadRequest" or "AgentError" (an `agent:` env's
+    program failed; `agent_kind` then says how: crashed, hung, malformed_request or bad_result).
     """
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, agent_kind: str | None = None) -> None:
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message
+        self.agent_kind = agent_kind
+
+
+class AgentDiverged(SandboxError):
+    """An agent program restored by replay asked something else than its record says (`trajflow.sandbox.agents`):
+    not infra, and a fresh sandbox would not help."""

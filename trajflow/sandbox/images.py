@@ -35,7 +35,7 @@ from pathlib import Path
 
 import docker
 
-from trajflow.envs.runner import DATA_PREFIX, SHELL_PREFIX, USER_PREFIX
+from trajflow.envs.runner import AGENT_PREFIX, DATA_PREFIX, SHELL_PREFIX, USER_PREFIX
 from trajflow.envs.shell import TASKS_ROOT
 from trajflow.sandbox.builder import wheels
 from trajflow.sandbox.builder.base import base_image_tag, build_base_image
@@ -322,8 +322,14 @@ class ImageResolver:
         self._lock = threading.Lock()
 
     def image_for(self, env_id: str, package: str = "") -> str:
-        """The image of `env_id`; `package`: a `py:` env's package URI (`TrajectoryRequest.env_package`)."""
-        user = env_id.startswith((USER_PREFIX, DATA_PREFIX))
+        """The image of `env_id`; `package`: a `py:`, `agent:` or `data:` env's package URI
+        (`TrajectoryRequest.env_package`), whose layer holds the user's source."""
+        user = env_id.startswith((USER_PREFIX, DATA_PREFIX, AGENT_PREFIX))
+        if user and not package and env_id.startswith(AGENT_PREFIX):
+            raise UnknownTask(
+                f'{env_id}: an agent: program needs its source directory packed: give the task env_path = "DIR" '
+                "(or --env-path DIR), the directory that holds its module; the submission then sets env_package"
+            )
         if user and not package:
             raise UnknownTask(
                 f"{env_id}: a py: or data: env needs its package (env_package), set when its run is submitted"
@@ -338,7 +344,7 @@ class ImageResolver:
                 from trajflow.sandbox.user_images import ensure_user_image
 
                 if self.unpack is None:
-                    raise RuntimeError("this env worker was started without a store for py: env packages")
+                    raise RuntimeError("this env worker was started without a store for user env packages")
                 tag = ensure_user_image(self.client, self.cache_dir, self.unpack(package), self.progress)
             else:
                 tag = image_for_env(self.client, self.cache_dir, env_id, self.progress)

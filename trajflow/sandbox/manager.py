@@ -7,7 +7,9 @@ directory at `/run/trajflow`, and waits (bounded polling) until the runner answe
 `Sandbox` then sends `reset`/`step` over one persistent connection, each with the step timeout.
 
 Errors: a dead container or a broken socket -> `SandboxLost`; a request past its timeout kills the
-container -> `SandboxStepTimeout`; an `ok: false` answer -> `EnvError`; failing to start -> `SandboxStartError`.
+container -> `SandboxStepTimeout` (a call may name its own timeout: an agent program works up to its budget between
+two requests); an `ok: false` answer -> `EnvError` (an agent program's failure keeps its kind); failing to start ->
+`SandboxStartError`.
 Thread-safety: the manager's registry is locked; each sandbox serialises its own requests, so many sandboxes
 may be driven from many threads at once. Sync code: callers run it in threads.
 Limits: one Docker engine on this host; the socket path (runtime_dir/<12 hex>/env.sock) must stay under
@@ -76,14 +78,17 @@ class Sandbox:
         self._buffer = b""
         self._lost: str | None = None
 
-    def reset(self, env_id: str, seed: int, env_kwargs: dict[str, Any] | None = None) -> ResetReply:
-        """Make `env_id` with `env_kwargs` and reset it with `seed`."""
-        reply = self.request({"op": "reset", "env_id": env_id, "seed": seed, "env_kwargs": env_kwargs or {}})
+    def reset(
+        self, env_id: str, seed: int, env_kwargs: dict[str, Any] | None = None, timeout_s: float | None = None
+    ) -> ResetReply:
+        """Make `env_id` with `env_kwargs` and reset it with `seed` (within `timeout_s`, default the step timeout)."""
+        payload = {"op": "reset", "env_id": env_id, "seed": seed, "env_kwargs": env_kwargs or {}}
+        reply = self.request(payload, timeout_s)
         return ResetReply(observation=reply["observation"], info=reply["info"])
 
-    def step(self, action: str) -> StepReply:
-        """Send one action to the environment."""
-        reply = self.request({"op": "step", "action": action})
+    def step(self, action: str, timeout_s: float | None = None) -> StepReply:
+        """Send one action to the environment (within `timeout_s`, default the step timeout)."""
+        reply = self.request({"op": "step", "action": action}, timeout_s)
         return StepReply(
             observation=reply["observation"],
             reward=reply["reward"],
@@ -110,7 +115,12 @@ class Sandbox:
                 raise SandboxLost(self.id, reason) from e
         if not reply.get("ok"):
             error = reply.get("error") or {}
-            raise EnvError(str(error.get("type", "EnvError")), str(error.get("message", reply)))
+            agent_kind = error.get("kind")  # an AgentError's (`trajflow/envs/runner.py`)
+            raise EnvError(
+                str(error.get("type", "EnvError")),
+                str(error.get("message", reply)),
+                agent_kind if isinstance(agent_kind, str) else None,
+            )
         return reply
 
     def _roundtrip(self, line: bytes, timeout: float) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""A user's own environment, env id `py:MODULE:CLASS`, as a directory of source: found and checked without
-importing it (the submitting host need not have the env's requirements).
+"""A user's own environment, env id `py:MODULE:CLASS`, or agent program, env id `agent:MODULE:FUNCTION`
+(`trajflow/envs/agent.py`), as a directory of source: found and checked without importing it (the submitting host
+need not have the env's requirements).
 
 The directory holds MODULE (dotted: `games/dice.py` or `games/dice/__init__.py` for `games.dice`) and, optionally,
 `requirements.txt` (pip requirement lines; their wheels are resolved on the host, `trajflow.sandbox.builder.wheels`).
@@ -10,9 +11,13 @@ CLASS is defined at the module's top level with the GEM/gymnasium interface, str
         def reset(self, seed=None) -> tuple[str, dict] | str: ...
         def step(self, action: str) -> tuple[str, float, bool, bool, dict]: ...
 
+FUNCTION is a top-level `def` or `async def` taking `(task, seed)`: the agent program's entry point, which the
+sandbox's runner imports from the same layer (the layer's directory is first on the sandbox's PYTHONPATH).
+
 The check reads the module with `ast`: the class must be there, and the `reset` and `step` it defines must take a
-`seed` keyword and one action. What `ast` cannot see is trusted: methods inherited from a base class, a class made
-by a decorator. Every file of the directory but hidden ones and `__pycache__` goes into the package, at most
+`seed` keyword and one action; the function must be there and take two positional arguments. What `ast` cannot see is
+trusted: methods inherited from a base class, a class made by a decorator, a name imported or assigned at the top
+level. Every file of the directory but hidden ones and `__pycache__` goes into the package, at most
 `MAX_SOURCE_BYTES` in all.
 """
 
@@ -23,7 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajflow.envs.runner import USER_PREFIX
+from trajflow.envs.runner import AGENT_PREFIX, USER_PREFIX
 
 PREFIX = USER_PREFIX
 REQUIREMENTS_FILE = "requirements.txt"
@@ -42,27 +47,46 @@ class EnvSourceError(ValueError):
 
 
 def is_user_env(env_id: str) -> bool:
+    """A `py:MODULE:CLASS` env."""
     return env_id.startswith(PREFIX)
 
 
+def is_agent_env(env_id: str) -> bool:
+    """An `agent:MODULE:FUNCTION` program."""
+    return env_id.startswith(AGENT_PREFIX)
+
+
+def has_source(env_id: str) -> bool:
+    """Whether `env_id` runs from a directory of the user's source (a `py:` env or an `agent:` program)."""
+    return is_user_env(env_id) or is_agent_env(env_id)
+
+
 def split_env_id(env_id: str) -> tuple[str, str]:
-    """(MODULE, CLASS) of `py:MODULE:CLASS`."""
-    module, sep, cls = env_id.removeprefix(PREFIX).partition(":")
-    if not is_user_env(env_id) or not sep or not _DOTTED.fullmatch(module) or not _NAME.fullmatch(cls):
+    """(MODULE, CLASS) of `py:MODULE:CLASS`, (MODULE, FUNCTION) of `agent:MODULE:FUNCTION`."""
+    agent = is_agent_env(env_id)
+    module, sep, name = env_id.removeprefix(AGENT_PREFIX if agent else PREFIX).partition(":")
+    if has_source(env_id) and sep and _DOTTED.fullmatch(module) and _NAME.fullmatch(name):
+        return module, name
+    if agent:
         raise EnvSourceError(
-            f"{env_id!r} is not a user env id: expected py:MODULE:CLASS, e.g. py:factor_env:FactorEnv "
-            "(MODULE a dotted Python module in the env's directory, CLASS the env class in it)"
+            f"{env_id!r} is not an agent env id: expected agent:MODULE:FUNCTION, e.g. agent:solver:run "
+            "(MODULE a dotted Python module in the agent's directory, FUNCTION its entry point, called (task, seed))"
         )
-    return module, cls
+    raise EnvSourceError(
+        f"{env_id!r} is not a user env id: expected py:MODULE:CLASS, e.g. py:factor_env:FactorEnv "
+        "(MODULE a dotted Python module in the env's directory, CLASS the env class in it)"
+    )
 
 
 @dataclass(frozen=True)
 class EnvSource:
-    """A checked user env: its directory, module, class and requirement lines."""
+    """A checked user env or agent program: its directory, module, class (an agent's function) and requirement
+    lines."""
 
     root: Path
     module: str
     cls: str
+    """A `py:` env's CLASS; an `agent:` program's FUNCTION."""
     requirements: tuple[str, ...]
 
     def files(self) -> dict[str, bytes]:
@@ -129,16 +153,20 @@ def read_requirements(root: Path) -> tuple[str, ...]:
 def check_source(env_id: str, env_path: str | Path) -> EnvSource:
     """The user env `env_id` in directory `env_path`, checked; raises EnvSourceError saying what to fix."""
     module, cls = split_env_id(env_id)
+    kind = "an agent: program" if is_agent_env(env_id) else "a py: env"
     if not str(env_path):
         raise EnvSourceError(
-            f'{env_id}: a py: env needs its source directory: env_path = "DIR" in the task (relative to the config '
+            f'{env_id}: {kind} needs its source directory: env_path = "DIR" in the task (relative to the config '
             "file) or --env-path DIR"
         )
     root = Path(env_path).expanduser().resolve()
     if not root.is_dir():
         raise EnvSourceError(f"{env_id}: env_path {str(env_path)!r} is not a directory")
     path, tree = parse_module(root, module, env_id)
-    _check_class(env_id, path, tree, cls)
+    if is_agent_env(env_id):
+        _check_function(env_id, path, tree, cls)
+    else:
+        _check_class(env_id, path, tree, cls)
     total = sum(len(data) for data in source_files(root).values())
     if total > MAX_SOURCE_BYTES:
         raise EnvSourceError(
@@ -183,6 +211,30 @@ def _check_class(env_id: str, path: Path, tree: ast.Module, cls: str) -> None:
             raise EnvSourceError(
                 f"{env_id}: {cls}.{name} at {path}:{method.lineno} {problem}; an env needs {INTERFACE}"
             )
+
+
+def _check_function(env_id: str, path: Path, tree: ast.Module, function: str) -> None:
+    found = next((n for n in tree.body if getattr(n, "name", None) == function), None)
+    if found is None:
+        if bound_at_top_level(tree, function):
+            return  # imported or assigned at the top level: ast cannot see what it is
+        functions = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        raise EnvSourceError(
+            f"{env_id}: {path} defines no function {function!r} at its top level"
+            + (f" (it defines {', '.join(functions)})" if functions else "")
+        )
+    if not isinstance(found, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise EnvSourceError(
+            f"{env_id}: {function} at {path}:{found.lineno} is a class, not a function; an agent program's entry "
+            "point is a top-level def or async def FUNCTION(task, seed)"
+        )
+    args = found.args
+    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+    if (len(positional) < 2 and args.vararg is None) or len(_required_positional(args)) > 2 or None in args.kw_defaults:
+        raise EnvSourceError(
+            f"{env_id}: {function} at {path}:{found.lineno} cannot be called as {function}(task, seed): the runner "
+            "passes exactly those two arguments, positionally"
+        )
 
 
 def _reset_problem(args: ast.arguments) -> str:

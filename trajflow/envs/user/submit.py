@@ -1,7 +1,7 @@
-"""Submitting work that names a user env or a dataset task: every `py:` task's source (a `data:` task's file) is
-checked, its requirements resolved into the host's wheel cache (so an unresolvable one fails here, not in a
-sandbox), and its package put into the object store; the task (or request) then carries the package's URI, which
-every env worker builds its layer from."""
+"""Submitting work that names a user env, an agent program or a dataset task: every `py:` and `agent:` task's source
+(a `data:` task's file) is checked, its requirements resolved into the host's wheel cache (so an unresolvable one
+fails here, not in a sandbox), and its package put into the object store; the task (or request) then carries the
+package's URI, which every env worker builds its layer from."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.trajectory import TrajectoryRequest
 from trajflow.envs.user.datasets import check_dataset, is_dataset
 from trajflow.envs.user.packages import publish
-from trajflow.envs.user.source import REQUIREMENTS_FILE, EnvSource, EnvSourceError, check_source, is_user_env
+from trajflow.envs.user.source import REQUIREMENTS_FILE, EnvSource, EnvSourceError, check_source, has_source
 from trajflow.envs.user.verifiers import VerifierSource
 from trajflow.sandbox.builder import wheels
 
@@ -37,15 +37,15 @@ def resolve_requirements(source: EnvSource | VerifierSource, wheel_cache: Path, 
 
 
 def packaged(env_id: str) -> bool:
-    """Whether `env_id` runs from a package the submission publishes (a user env, a dataset task)."""
-    return is_user_env(env_id) or is_dataset(env_id)
+    """Whether `env_id` runs from a package the submission publishes (a user env, an agent program, a dataset task)."""
+    return has_source(env_id) or is_dataset(env_id)
 
 
 def package_env(
     env_id: str, env_path: str, store: ObjectStore, wheel_cache: Path, say: Say, env_kwargs: dict | None = None
 ) -> str:
-    """Check, resolve and publish the user env or dataset `env_id` from `env_path` (a dataset's own verifier, named
-    in `env_kwargs`, with it); returns its package URI."""
+    """Check, resolve and publish the user env, agent program or dataset `env_id` from `env_path` (a dataset's own
+    verifier, named in `env_kwargs`, with it); returns its package URI."""
     if is_dataset(env_id):
         data = check_dataset(env_id, env_path, (env_kwargs or {}).get("verifier"))
         if data.verifier:
@@ -62,10 +62,11 @@ def package_env(
 
 
 def publish_task(task: TaskConfig, store: ObjectStore, wheel_cache: Path, say: Say) -> TaskConfig:
-    """`task` with its env package set when its env is a `py:` one; raises EnvSourceError saying what to fix."""
+    """`task` with its env package set when its env is a `py:`, `agent:` or `data:` one; raises EnvSourceError saying
+    what to fix."""
     if not packaged(task.env_id):
         if task.env_path:
-            raise EnvSourceError(f"task {task.name!r}: env_path is for py: and data: envs, not {task.env_id!r}")
+            raise EnvSourceError(f"task {task.name!r}: env_path is for py:, agent: and data: envs, not {task.env_id!r}")
         return task
     try:
         uri = package_env(task.env_id, task.env_path, store, wheel_cache, say, task.env_kwargs)
@@ -75,7 +76,7 @@ def publish_task(task: TaskConfig, store: ObjectStore, wheel_cache: Path, say: S
 
 
 def publish_config(config: RunConfig, store: ObjectStore, wheel_cache: Path, say: Say) -> RunConfig:
-    """`config` with every `py:` task's package published and set."""
+    """`config` with every `py:`, `agent:` and `data:` task's package published and set."""
     if not any(packaged(t.env_id) or t.env_path for t in config.tasks):
         return config
     return config.model_copy(update={"tasks": [publish_task(t, store, wheel_cache, say) for t in config.tasks]})
@@ -84,10 +85,10 @@ def publish_config(config: RunConfig, store: ObjectStore, wheel_cache: Path, say
 def publish_request(
     req: TrajectoryRequest, env_path: str, store: ObjectStore, wheel_cache: Path, say: Say
 ) -> TrajectoryRequest:
-    """`req` with its env package set when its env is a `py:` one (from `env_path`)."""
+    """`req` with its env package set when its env is a `py:`, `agent:` or `data:` one (from `env_path`)."""
     if not packaged(req.env_id):
         if env_path:
-            raise EnvSourceError(f"--env-path is for py: and data: envs, not {req.env_id!r}")
+            raise EnvSourceError(f"--env-path is for py:, agent: and data: envs, not {req.env_id!r}")
         return req
     if req.env_package and not env_path:  # published with its task
         return req
