@@ -26,6 +26,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
 from trajflow.contracts import metrics, names
+from trajflow.contracts.agent import is_agent
 from trajflow.contracts.limits import ENV_ID_HELP, MAX_OBSERVATION_CHARS
 from trajflow.contracts.trajectory import (
     EnvCloseInput,
@@ -37,7 +38,7 @@ from trajflow.contracts.trajectory import (
 )
 from trajflow.envs.formatting import cap_observation, observation_message
 from trajflow.observability.metrics import record
-from trajflow.sandbox.agents import agent_observation, call_timeout_s, check_replayed, is_agent
+from trajflow.sandbox.agents import agent_observation, call_timeout_s, check_replayed
 from trajflow.sandbox.errors import (
     AgentDiverged,
     EnvError,
@@ -99,7 +100,7 @@ class EnvActivities:
             box, hit = await _guarded(lambda: self.manager.start(inp.env_id, image)), False
         info = activity.info()
         self.manager.leases.grant(box.id, info.workflow_id or "", info.workflow_run_id or "")
-        env_id, expect = inp.env_id, inp.expect_observations
+        env_id, expect = inp.env_id, inp.expect_digests
         step_timeout_s = call_timeout_s(env_id, inp.env_kwargs, self.step_timeout_s)
         timeout = {"timeout_s": step_timeout_s} if is_agent(env_id) else {}  # else: the manager's own
 

@@ -86,13 +86,14 @@ def describe(err: BaseException) -> str:
     return message if message.startswith(f"{kind}: ") else f"{kind}: {message}"
 
 
-async def env_reset(pool: str, inp: EnvResetInput) -> EnvResetResult:
+async def env_reset(pool: str, inp: EnvResetInput, extra: timedelta = timedelta(0)) -> EnvResetResult:
+    """`extra`: time on top of the usual five minutes (an agent program's calls on the way to its state)."""
     return await workflow.execute_activity(
         names.ENV_RESET,
         _fits(names.ENV_RESET, inp),
         result_type=EnvResetResult,
         task_queue=names.env_queue(pool),
-        start_to_close_timeout=timedelta(minutes=5),
+        start_to_close_timeout=timedelta(minutes=5) + extra,
         heartbeat_timeout=timedelta(seconds=20),  # env.reset heartbeats every 5 s while it works
         retry_policy=RetryPolicy(maximum_attempts=3, non_retryable_error_types=ENV_FATAL),
     )

@@ -19,9 +19,18 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import metrics, names
+    from trajflow.contracts.agent import (
+        AgentRequest,
+        AgentRequestError,
+        answer_action,
+        call_s,
+        is_agent,
+        request_digest,
+    )
     from trajflow.contracts.trajectory import (
         EnvResetInput,
         EnvStepResult,
+        GenerateInput,
         SandboxHandle,
         SaveTrajectoryInput,
         ScoreInput,
@@ -54,7 +63,12 @@ class EnvFault(Exception):
 
 
 class InfraFault(Exception):
-    """Sandboxes kept failing past the recovery budget: ends as `infra_failed`."""
+    """Sandboxes kept failing past the recovery budget, or an agent program failed: ends as `infra_failed`."""
+
+
+AGENT_FAULTS = (names.ERR_AGENT, names.ERR_AGENT_NONDETERMINISTIC)
+"""An agent program's failures (crashed, hung, malformed request, bad result; asking other than its record on a
+restore): infra, at once (a fresh sandbox would run the same program into the same failure)."""
 
 
 @workflow.defn(name=names.TRAJECTORY_WORKFLOW)
@@ -73,6 +87,8 @@ class TrajectoryWorkflow:
         self.failure_type: str | None = None
         """The type of the env failure being recovered from (for the recoveries metric)."""
         self.timings = {"llm_s": 0.0, "env_s": 0.0, "reward_s": 0.0}
+        self.agent = is_agent(self.req.env_id)
+        """An agent program's episode: each observation is its chat request, each action the model's answer."""
 
     @workflow.run
     async def run(self, raw: RawValue = NO_INPUT) -> TrajectoryResult:
@@ -105,6 +121,8 @@ class TrajectoryWorkflow:
                 done = last.terminated or last.truncated
         except EnvFault as e:
             status, error = TrajectoryStatus.FAILED, str(e)
+        except AgentRequestError as e:  # a request the policy cannot answer as asked (tools, stop sequences)
+            status, error = TrajectoryStatus.FAILED, f"agent request: {e}"
         except InfraFault as e:
             status, error = TrajectoryStatus.INFRA_FAILED, str(e)
         except ActivityError as e:  # the decode pool failed past its retries, or the trajectory was cancelled
@@ -172,12 +190,7 @@ class TrajectoryWorkflow:
         t0 = workflow.time()
         turn = len(self.turns)
         with spans.span("llm.generate", turn=turn) as span:
-            gen = await stubs.llm_generate(
-                req.pools.decode,
-                req.generate_input(
-                    f"{workflow.info().workflow_id}/{workflow.info().run_id}", turn, self.context_uri, self.observation
-                ),
-            )
+            gen = await stubs.llm_generate(req.pools.decode, self._generate_input(turn))
             spans.note(
                 span, policy_version=gen.policy_version, prompt_tokens=gen.prompt_tokens,
                 completion_tokens=gen.completion_tokens, finish_reason=gen.finish_reason, worker=gen.worker_id,
@@ -185,10 +198,15 @@ class TrajectoryWorkflow:
         t1 = workflow.time()
         self.timings["llm_s"] += t1 - t0
         self.context_uri = gen.context_uri
-        with spans.span("env.step", turn=turn):
-            step = await self._step_with_recovery(gen.text)
+        action = gen.text
+        if self.agent:  # the answer the program's endpoint returns, with its finish reason and token counts
+            action = answer_action(gen.text, gen.finish_reason, gen.prompt_tokens, gen.completion_tokens)
+        with spans.span("env.step", turn=turn) as span:
+            step = await self._step_with_recovery(action)
+            if self.agent:  # the program's own time between this answer and its next request (or its end)
+                spans.note(span, agent_seconds=step.info.get("agent_seconds"), agent_call=step.info.get("call"))
         self.timings["env_s"] += workflow.time() - t1
-        self.actions.append(gen.text)
+        self.actions.append(action)
         self.observation = step.observation
         self.turns.append(TurnSummary.of(gen, step))
         # kept current turn by turn, so a visibility query (or the UI's list) sees where a running episode is
@@ -196,6 +214,17 @@ class TrajectoryWorkflow:
             SA_TURNS.value_set(len(self.turns)), SA_VERSION.value_set(min(t.policy_version for t in self.turns))
         )
         return step
+
+    def _generate_input(self, turn: int) -> GenerateInput:
+        """The LLM step of `turn`: the observation on top of the context, or an agent's request (its messages)."""
+        req = self.req
+        trajectory_id = f"{workflow.info().workflow_id}/{workflow.info().run_id}"
+        if not self.agent:
+            return req.generate_input(trajectory_id, turn, self.context_uri, self.observation)
+        return AgentRequest.parse(self.observation).generate_input(
+            trajectory_id, turn, self.context_uri, req.sampling,
+            system_prompt="", min_policy_version=req.min_policy_version, policy=req.policy,
+        )  # fmt: skip
 
     async def _open_sandbox(self) -> None:
         """Reset a sandbox on the shared env queue; after a loss, replay the recorded actions into it."""
@@ -211,7 +240,10 @@ class TrajectoryWorkflow:
                             env_kwargs=self.req.env_kwargs,
                             env_package=self.req.env_package,
                             replay_actions=self.actions,
+                            # an agent program re-run in a fresh sandbox must ask what it asked before
+                            expect_digests=[request_digest(t.observation) for t in self.turns] if self.agent else [],
                         ),
+                        self._reset_extra(),
                     )
                     spans.note(span, sandbox=res.handle.sandbox_id)
             except ActivityError as e:
@@ -224,7 +256,15 @@ class TrajectoryWorkflow:
             if not self.actions:
                 self.first_observation = res.observation
                 self.observation = res.observation
+                if self.agent and not res.observation:  # its program ended before asking the model anything
+                    raise InfraFault("the agent program ended without a chat request: there is no turn to train")
             return
+
+    def _reset_extra(self) -> timedelta:
+        """An agent program may work up to its budget before each request it makes on the way to its state."""
+        if not self.agent:
+            return timedelta(0)
+        return timedelta(seconds=call_s(self.req.env_kwargs) * (1 + len(self.actions)))
 
     async def _step_with_recovery(self, action: str) -> EnvStepResult:
         while True:
@@ -246,6 +286,8 @@ class TrajectoryWorkflow:
         record(workflow.metric_meter(), metrics.ENV_FAILURES, 1, type=kind)
         if stubs.is_env_fault(err):
             raise EnvFault(f"{what}: {stubs.describe(err)}") from err
+        if kind in AGENT_FAULTS:
+            raise InfraFault(f"{what}: {stubs.describe(err)}") from err
         self.recoveries += 1
         self.failure_type = kind
         self._upsert(SA_ENV_FAILURES.value_set(self.recoveries))

@@ -15,6 +15,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.env import EnvActivities
 from trajflow.contracts import names
+from trajflow.contracts.agent import request_digest
 from trajflow.contracts.limits import MAX_AGENT_REQUEST_CHARS, MAX_OBSERVATION_CHARS
 from trajflow.contracts.trajectory import EnvResetInput, EnvStepInput, SandboxHandle
 from trajflow.envs.agent import DEFAULT_BUDGET_S
@@ -148,7 +149,8 @@ async def test_an_agent_request_over_the_limit_fails_as_malformed() -> None:
 
 async def test_replayed_requests_equal_to_the_record_restore_the_sandbox() -> None:
     box = FakeBox(request(1), steps=[step_out(request(2), {"agent_seconds": 0.1}), step_out(request(3))])
-    out = await reset(box, replay_actions=["a1", "a2"], expect_observations=[request(2), request(3)])
+    digests = [request_digest(request(2)), request_digest(request(3))]
+    out = await reset(box, replay_actions=["a1", "a2"], expect_digests=digests)
     assert (out.replayed, out.observation, out.done) == (2, request(3), False)
 
 
@@ -160,28 +162,30 @@ async def test_a_replayed_request_that_differs_fails_as_non_deterministic() -> N
         env_id=AGENT,
         seed=1,
         replay_actions=["a1", "a2"],
-        expect_observations=[request(2), request(3, "hi there")],
+        expect_digests=[request_digest(request(2)), request_digest(request(3, "hi there"))],
     )
     with pytest.raises(ApplicationError) as e:
         await ActivityEnvironment().run(acts.reset, inp)
     assert e.value.type == names.ERR_AGENT_NONDETERMINISTIC and e.value.non_retryable
     assert "call 3 (after replayed answer 2)" in e.value.message
-    assert "recorded 'hi there" in e.value.message and "now 'something else" in e.value.message
+    assert "differs from the recorded request (sha256 " in e.value.message
+    assert "now: " in e.value.message and "something else" in e.value.message
     assert manager.closed == ["sb1"]
 
 
-def test_a_divergence_shows_about_200_characters_of_each_side_from_the_first_difference() -> None:
+def test_a_divergence_shows_the_start_of_the_new_request() -> None:
     with pytest.raises(AgentDiverged) as e:
-        check_replayed(4, "same " + "a" * 500, "same " + "b" * 500)
-    assert "at character 5" in str(e.value) and "'" + "a" * 200 + "'" in str(e.value)
-    assert "a" * 201 not in str(e.value)
-    with pytest.raises(AgentDiverged, match="at character 3: recorded '', now 'tail'"):
-        check_replayed(1, "abc", "abctail")  # one is a prefix of the other
+        check_replayed(4, request_digest("same " + "a" * 500), "same " + "b" * 500)
+    assert "call 5 (after replayed answer 4)" in str(e.value)
+    assert "'same " + "b" * 195 + "'..." in str(e.value) and "b" * 196 not in str(e.value)
+    with pytest.raises(AgentDiverged, match="now: its end"):
+        check_replayed(1, request_digest("abc"), "")  # the program ended where it asked before
+    check_replayed(1, request_digest("abc"), "abc")
 
 
-def test_expect_observations_has_one_per_replayed_action_or_none() -> None:
-    with pytest.raises(ValueError, match="expect_observations has 1 observations for 2 replay_actions"):
-        EnvResetInput(trajectory_id="t", env_id=AGENT, seed=1, replay_actions=["a", "b"], expect_observations=["o"])
+def test_expect_digests_has_one_per_replayed_action_or_none() -> None:
+    with pytest.raises(ValueError, match="expect_digests has 1 digests for 2 replay_actions"):
+        EnvResetInput(trajectory_id="t", env_id=AGENT, seed=1, replay_actions=["a", "b"], expect_digests=["o"])
 
 
 async def test_an_agent_env_gets_its_budget_plus_a_margin_for_every_call() -> None:

@@ -24,7 +24,7 @@ from trajflow.observability.tracing import JsonLinesExporter, traces_url
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _write_trace(path: Path, wid: str) -> None:
+def _write_trace(path: Path, wid: str, step_attributes: dict | None = None) -> None:
     """A trajectory's spans as the workers make them: root, two calls, a run beneath each (explicit times)."""
     provider = TracerProvider(resource=Resource.create({"service.name": "trajflow-test"}))
     provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(path)))
@@ -38,7 +38,8 @@ def _write_trace(path: Path, wid: str) -> None:
                             start_time=s + s // 2)  # fmt: skip
     run.end(end_time=4 * s)
     gen.end(end_time=4 * s + s // 10)
-    step = tracer.start_span("env.step", ctx, attributes={attr("turn"): 0}, start_time=5 * s)
+    step_attributes = {attr(k): v for k, v in (step_attributes or {}).items()}
+    step = tracer.start_span("env.step", ctx, attributes={attr("turn"): 0, **step_attributes}, start_time=5 * s)
     sctx = set_span_in_context(step)
     srun = tracer.start_span("run env.step", sctx, attributes={attr("workflow_id"): wid}, start_time=5 * s + s // 10)
     srun.end(end_time=6 * s)
@@ -65,6 +66,17 @@ def test_a_trace_is_read_back_as_a_tree_with_where_the_time_went(tmp_path: Path)
     assert "orchestration" in text and "57.5%" in text  # 4.6 of 8 s
     assert trace_of("traj-3", tmp_path) is None
     assert json.loads(json.dumps(t.to_json()))["orchestration_s"] == pytest.approx(4.6)
+
+
+def test_an_agent_programs_time_between_its_calls_is_shown(tmp_path: Path) -> None:
+    _write_trace(tmp_path / "a.jsonl", "traj-1", {"agent_call": 2, "agent_seconds": 0.75})
+    t = trace_of("traj-1", tmp_path)
+    assert t is not None
+    text = "\n".join(render(t))
+    assert "env.step (turn 0, call 2, program 0.75s)" in text
+    assert "the agent program between calls: 0.75 s, 1 call(s)" in text
+    _write_trace(tmp_path / "b.jsonl", "traj-2")
+    assert "agent program" not in "\n".join(render(trace_of("traj-2", tmp_path)))  # type: ignore[arg-type]
 
 
 def test_a_running_trajectory_shows_its_finished_activities(tmp_path: Path) -> None:

@@ -34,16 +34,17 @@ class EnvResetInput(Contract):
     """A `py:`, `agent:` or `data:` env's package URI (`TrajectoryRequest.env_package`)."""
     replay_actions: list[str] = Field(default_factory=list)
     """Actions to replay after reset, restoring a lost sandbox's state (environments are seeded and deterministic)."""
-    expect_observations: list[str] = Field(default_factory=list)
-    """The observations recorded after each of `replay_actions` (an `agent:` env's: the program's next request).
-    When given (as many as `replay_actions`), the reset compares each replayed step's observation with it, exactly,
-    and fails non-retryably with `AgentNonDeterministic` at the first that differs; empty: no check."""
+    expect_digests: list[str] = Field(default_factory=list)
+    """The digests (`trajflow.contracts.agent.request_digest`) of the observations recorded after each of
+    `replay_actions` (an `agent:` env's: the program's next request). When given (as many as `replay_actions`), the
+    reset compares each replayed step's observation with it and fails non-retryably with `AgentNonDeterministic` at
+    the first that differs; empty: no check."""
 
     @model_validator(mode="after")
     def _one_expectation_per_action(self) -> EnvResetInput:
-        if self.expect_observations and len(self.expect_observations) != len(self.replay_actions):
+        if self.expect_digests and len(self.expect_digests) != len(self.replay_actions):
             raise ValueError(
-                f"expect_observations has {len(self.expect_observations)} observations for "
+                f"expect_digests has {len(self.expect_digests)} digests for "
                 f"{len(self.replay_actions)} replay_actions: give one per action, or none"
             )
         return self

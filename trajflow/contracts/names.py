@@ -124,14 +124,11 @@ ERR_CONTEXT_MISMATCH = "AgentContextMismatch"
 """An agent's request (`GenerateInput.messages`) does not extend its trajectory's context: the program rewrote its
 history (`trajflow.rl.chat.ContextMismatch` says where). Not retried; the turn is never trained on re-tokenised."""
 ERR_AGENT = "AgentError"
-"""An `agent:` env's program failed (`trajflow/envs/agent.py`): its message starts with `agent <kind>: ` and its details
-are `{"agent_kind": kind}`, one of crashed, hung, malformed_request (a request it sent; or `agent request too large: `,
-over `trajflow.contracts.limits.MAX_AGENT_REQUEST_CHARS`) and bad_result. Not retried by the activity (the same program
-would fail the same way); how the trajectory ends is the workflow's call (issue 26: infra_failed, never a zero)."""
+"""An agent program failed (`trajflow.envs.agent`: crashed, hung, malformed_request, bad_result; the message starts
+with the kind): not retried, and the trajectory ends infra-failed at once (a fresh sandbox would fail the same way)."""
 ERR_AGENT_NONDETERMINISTIC = "AgentNonDeterministic"
-"""An `agent:` env restored by replay asked something other than its record says
-(`trajflow.contracts.envs.EnvResetInput.expect_observations`): the message names the call and where they differ. Not
-retried."""
+"""An agent program re-run in a fresh sandbox asked something else than its recorded request: it cannot be restored
+by replay. Not retried; the trajectory ends infra-failed."""
 ERR_TRAINER_RANKS = "TrainerRanksBroken"
 """A step broke a launched trainer's rank group (a rank died): retried once the launcher has restarted the ranks."""
 ERR_INVALID_INPUT = "InvalidWorkflowInput"

@@ -137,6 +137,10 @@ def render(t: Timeline, width: int = 32) -> list[str]:
     for name, seconds in parts:
         share = 100 * seconds / t.total_s if t.total_s > 0 else 0.0
         lines.append(f"  {name:<18} {seconds:8.2f} s  {share:5.1f}%")
+    key = attr("agent_seconds")
+    program = [float(r.span.attributes[key]) for r in t.rows if key in r.span.attributes]
+    if program:  # inside env.step: the agent program's own work between its calls
+        lines.append(f"  of which the agent program between calls: {sum(program):.2f} s, {len(program)} call(s)")
     return lines
 
 
@@ -149,6 +153,10 @@ def _label(s: SpanRecord) -> str:
         extra.append(f"v{a[attr('policy_version')]}")
     if attr("completion_tokens") in a:
         extra.append(f"{a[attr('completion_tokens')]} tok")
+    if attr("agent_call") in a:  # an agent program's turn: its call, and its own time before the next one
+        extra.append(f"call {a[attr('agent_call')]}")
+    if attr("agent_seconds") in a:
+        extra.append(f"program {float(a[attr('agent_seconds')]):.2f}s")
     if attr("attempt") in a:
         extra.append(f"attempt {a[attr('attempt')]}, waited {float(a.get(attr('pickup_wait_s'), 0.0)):.3f}s")
     if s.status == "error":

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from infra.settings import load_settings
 from infra.temporal import connect
 from trajflow.client import load_trajectory, new_workflow_id, start_trajectory
+from trajflow.contracts.agent import is_agent
 from trajflow.contracts.config import RunConfig, TaskConfig
 from trajflow.contracts.errors import explain_invalid
 from trajflow.contracts.records import TrajectoryRecord
@@ -69,15 +70,31 @@ def _request_fields(text: str) -> dict[str, object]:
 
 
 def format_transcript(record: TrajectoryRecord) -> str:
-    lines = [f"[observation] {record.first_observation.strip()}"]
+    shown = _agent_request if is_agent(record.request.env_id) else str.strip
+    lines = [f"[observation] {shown(record.first_observation)}"]
     for i, turn in enumerate(record.turns):
         lines.append(
             f"--- turn {i + 1} (policy v{turn.policy_version}, {turn.completion_tokens} tokens, pool "
             f"{turn.decode_pool})"
         )
         lines.append(f"[action] {turn.action.strip()}")
-        lines.append(f"[observation] {turn.observation.strip()}  (env reward {turn.env_reward:g})")
+        lines.append(f"[observation] {shown(turn.observation)}  (env reward {turn.env_reward:g})")
     return "\n".join(lines)
+
+
+def _agent_request(observation: str) -> str:
+    """An agent program's chat request as a line: its call number and its last message (the whole request is
+    in the record)."""
+    if not observation:
+        return "(the program ended)"
+    try:
+        request = json.loads(observation)
+        last = request["messages"][-1]
+        return f"chat request {request.get('call')} ({len(request['messages'])} messages), last {last['role']}: " + (
+            str(last.get("content")).strip()
+        )
+    except (ValueError, KeyError, IndexError, TypeError):
+        return observation.strip()
 
 
 async def run_and_report(req: TrajectoryRequest, workflow_id: str | None, as_json: bool) -> int:

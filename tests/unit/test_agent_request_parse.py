@@ -1,0 +1,93 @@
+"""An agent's turn as the trajectory workflow reads it (`trajflow.contracts.agent`): the request the sandbox's
+endpoint normalised (`trajflow.envs.agent_http.normalize_request`, the real one) becomes the decode request, and the
+model's answer the action the endpoint parses back (`trajflow.envs.agent.parse_action`, the real one)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trajflow.contracts.agent import AGENT_PREFIX, AgentRequest, AgentRequestError, answer_action, is_agent
+from trajflow.contracts.base import ChatMessage
+from trajflow.contracts.trajectory import SamplingParams
+from trajflow.envs.agent import parse_action
+from trajflow.envs.agent_http import normalize_request
+from trajflow.envs.runner import AGENT_PREFIX as RUNNER_AGENT_PREFIX
+
+
+def observation(**body) -> str:
+    request = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], **body}
+    normalized, _, _ = normalize_request(json.dumps(request).encode(), call=3)
+    return json.dumps(normalized, sort_keys=True)
+
+
+def test_a_request_becomes_the_decode_input_with_the_tasks_sampling_and_its_max_tokens_as_a_cap():
+    obs = observation(
+        messages=[
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "what is "}, {"type": "text", "text": "2+2?"}]},
+        ],
+        temperature=0.1,
+        max_tokens=20,
+    )
+    request = AgentRequest.parse(obs)
+    assert request.call == 3
+    task = SamplingParams(temperature=0.9, max_new_tokens=48, seed=7)
+    inp = request.generate_input("wf/run", 2, "s3://ctx", task, min_policy_version=4, policy="run-1")
+    assert inp.messages == [
+        ChatMessage(role="system", content="be brief"),
+        ChatMessage(role="user", content="what is 2+2?"),
+    ]
+    assert inp.user_message == "" and inp.context_uri == "s3://ctx" and inp.turn == 2
+    assert inp.sampling.temperature == 0.9, "the run's behaviour policy samples, not the program's temperature"
+    assert inp.sampling.max_new_tokens == 20
+    assert inp.sampling.seed == task.for_turn(2).seed
+    assert (inp.min_policy_version, inp.policy) == (4, "run-1")
+    # a cap, never a raise above the task's budget
+    big = AgentRequest.parse(observation(max_completion_tokens=4000)).generate_input("w", 0, None, task)
+    assert big.sampling.max_new_tokens == 48
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "ls", "parameters": {}}}]}, "passes tools"),
+        ({"stop": "\n"}, "stop sequences"),
+        ({"max_tokens": 0}, "max_tokens=0"),
+        ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "'tool' message"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "'image_url' part"),
+    ],
+)
+def test_a_request_the_policy_cannot_answer_is_refused_saying_why(body, says):
+    with pytest.raises(AgentRequestError, match="chat request 3") as err:
+        AgentRequest.parse(observation(**body))
+    assert says in str(err.value)
+
+
+def test_an_observation_that_is_not_a_request_is_refused():
+    with pytest.raises(AgentRequestError, match="not JSON"):
+        AgentRequest.parse("You guessed 5: higher")
+    with pytest.raises(AgentRequestError, match="no messages"):
+        AgentRequest.parse('{"call": 1}')
+
+
+def test_the_answer_is_an_action_the_endpoint_reads_back():
+    action = answer_action('{"not": "an answer"}', "length", 30, 7)
+    answer = parse_action(action)
+    assert answer.content == '{"not": "an answer"}', "a model's JSON reply stays text"
+    assert answer.finish_reason == "length"
+    assert answer.usage == {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37}
+    assert parse_action(answer_action("hi", "eos?", 1, 1)).finish_reason == "stop"
+    assert is_agent("agent:repo_agent:solve") and not is_agent("py:m:C")
+    assert AGENT_PREFIX == RUNNER_AGENT_PREFIX
+
+
+def test_the_workflows_budget_is_the_runners():
+    from trajflow.contracts.agent import DEFAULT_BUDGET_S, budget_s, call_s
+    from trajflow.envs.agent import DEFAULT_BUDGET_S as RUNNER_BUDGET_S
+
+    assert DEFAULT_BUDGET_S == RUNNER_BUDGET_S
+    assert budget_s({}) == DEFAULT_BUDGET_S and budget_s({"budget_s": 5}) == 5.0
+    assert budget_s({"budget_s": True}) == budget_s({"budget_s": -1}) == DEFAULT_BUDGET_S
+    assert call_s({"budget_s": 5}) == 35.0

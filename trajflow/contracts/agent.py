@@ -1,0 +1,148 @@
+"""An agent's turn (`agent:MODULE:FUNCTION` envs, `trajflow/envs/agent.py`): its chat request, read from the env's
+observation, and the model's answer, written as the env's action.
+
+The sandbox's endpoint hands each chat-completions request to the trajectory workflow as an observation: the
+request normalised to JSON (`trajflow.envs.agent_http.normalize_request`). `AgentRequest.parse` reads it and
+`generate_input` makes the decode pool's request of it: the conversation as `messages` (which must extend the
+trajectory's context: `trajflow.rl.chat.append_messages`), sampled with the task's own sampling (an RL run's
+behaviour policy is the run's, not the program's: the request's temperature, top_p and seed are not used), its
+`max_tokens` a cap on the task's `max_new_tokens`. `answer_action` is what goes back: the completion's text, finish
+reason and token counts as the JSON action the endpoint answers the program with.
+
+Limits: text only. A request with `tools`, tool messages or an assistant's tool calls, with `stop` sequences, or with a
+content part that is not text is refused with `AgentRequestError` (the decode engines sample neither tool calls nor
+stop strings yet; SmolLM2's chat template has no tools). Runs inside workflows: pure, no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from trajflow.contracts.base import ChatMessage
+from trajflow.contracts.trajectory import GenerateInput, SamplingParams
+
+AGENT_PREFIX = "agent:"
+"""Env ids `agent:MODULE:FUNCTION` are an agent program's (the runner's own constant of the same value)."""
+DEFAULT_BUDGET_S = 600.0
+"""How long a program may work between an answer and its next request (`env_kwargs["budget_s"]`; the runner's own
+constant of the same value, `trajflow.envs.agent.DEFAULT_BUDGET_S`, decides when it is `hung`)."""
+STEP_MARGIN_S = 30.0
+"""How much longer than the program's budget a reset or step of an agent env may take before its sandbox is taken
+for lost (the runner's `hung` comes first)."""
+ROLES = ("system", "user", "assistant")
+"""The roles a context holds; `developer` is read as `system`."""
+
+
+class AgentRequestError(ValueError):
+    """A request the policy cannot answer as asked (the message says what and why)."""
+
+
+def is_agent(env_id: str) -> bool:
+    return env_id.startswith(AGENT_PREFIX)
+
+
+def budget_s(env_kwargs: Mapping[str, object]) -> float:
+    """The program's budget between calls, as the runner reads it (a bad value: the default; the runner refuses it)."""
+    value = env_kwargs.get("budget_s", DEFAULT_BUDGET_S)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return DEFAULT_BUDGET_S
+    return float(value)
+
+
+def call_s(env_kwargs: Mapping[str, object]) -> float:
+    """The longest one reset or step of an agent env may take: its program's budget plus the margin."""
+    return budget_s(env_kwargs) + STEP_MARGIN_S
+
+
+class AgentRequest:
+    """One chat request of an agent program, as its turn's observation carries it."""
+
+    def __init__(self, messages: list[ChatMessage], max_tokens: int | None, call: int) -> None:
+        self.messages = messages
+        self.max_tokens = max_tokens
+        self.call = call
+
+    @classmethod
+    def parse(cls, observation: str) -> AgentRequest:
+        """Read an agent env's observation; raises AgentRequestError for what the policy cannot answer."""
+        try:
+            request = json.loads(observation)
+        except ValueError as e:
+            raise AgentRequestError(f"the agent's request is not JSON ({e}): {observation[:200]!r}") from e
+        if not isinstance(request, dict) or not isinstance(request.get("messages"), list):
+            raise AgentRequestError(f"the agent's request has no messages: {observation[:200]!r}")
+        call = request.get("call")
+        where = f"chat request {call}"
+        if request.get("tools"):
+            raise AgentRequestError(
+                f"{where} passes tools: tool calls are not supported yet (the decode engines do not sample them); "
+                "have the program read actions from the reply's text instead (examples/agent/)"
+            )
+        sampling = request.get("sampling") or {}
+        if sampling.get("stop"):
+            raise AgentRequestError(f"{where} sets stop sequences {sampling['stop']!r}: not supported yet")
+        max_tokens = sampling.get("max_tokens")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise AgentRequestError(f"{where} sets max_tokens={max_tokens!r}: expected a positive integer")
+        messages = [_message(where, i, m) for i, m in enumerate(request["messages"])]
+        return cls(messages, max_tokens, call if isinstance(call, int) else 0)
+
+    def generate_input(
+        self, trajectory_id: str, turn: int, context_uri: str | None, sampling: SamplingParams, **request: Any
+    ) -> GenerateInput:
+        """The decode request of this turn: the task's `sampling` (seeded per turn), `max_tokens` as a cap."""
+        params = sampling.for_turn(turn)
+        if self.max_tokens is not None and self.max_tokens < params.max_new_tokens:
+            params = params.model_copy(update={"max_new_tokens": self.max_tokens})
+        return GenerateInput(
+            trajectory_id=trajectory_id,
+            turn=turn,
+            context_uri=context_uri,
+            user_message="",
+            messages=self.messages,
+            sampling=params,
+            **request,
+        )
+
+
+def request_digest(observation: str) -> str:
+    """What a restore compares an agent's replayed request with (`EnvResetInput.expect_digests`): the sha256 of the
+    observation, so a reset's input stays small however long the conversations grow."""
+    return hashlib.sha256(observation.encode()).hexdigest()
+
+
+def answer_action(text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> str:
+    """The env action that answers an agent's request (`trajflow.envs.agent.parse_action` reads it)."""
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    reason = finish_reason if finish_reason in ("stop", "length") else "stop"
+    return json.dumps({"content": text, "finish_reason": reason, "usage": usage}, sort_keys=True)
+
+
+def _message(where: str, index: int, message: object) -> ChatMessage:
+    if not isinstance(message, dict):
+        raise AgentRequestError(f"{where}: messages[{index}] is not an object")
+    role = "system" if message.get("role") == "developer" else message.get("role")
+    if role not in ROLES or message.get("tool_calls") or message.get("function_call"):
+        raise AgentRequestError(
+            f"{where}: messages[{index}] is a {message.get('role')!r} message"
+            f"{' with tool calls' if role == 'assistant' else ''}: tool calls are not supported yet"
+        )
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise AgentRequestError(f"{where}: messages[{index}] has a {kind!r} part: only text is supported")
+            texts.append(part["text"])
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise AgentRequestError(f"{where}: messages[{index}] has no text content")
+    return ChatMessage(role=role, content=content)
