@@ -2,7 +2,8 @@
 sandbox against its OpenAI-compatible endpoint, every chat request a turn of the TrajectoryWorkflow on the decode
 pool (a scripted policy on the real tokenizer), the program's return value the reward via the real reward service.
 A killed sandbox is restored by re-running the program with its recorded answers; a program that crashes, hangs,
-sends a malformed request, never asks, or asks other than its record on a restore ends `infra_failed` saying which.
+sends a malformed request, never asks, or asks other than its record on a restore ends `infra_failed` saying which;
+`trajflow replay --env-only` re-runs a program on its recorded answers.
 
 The programs are `tests/integration/agent_programs/faulty.py` (stdlib only)."""
 
@@ -17,6 +18,7 @@ from transformers import AutoTokenizer
 
 from tests.conftest import running_stack
 from tests.integration.test_trajectory import GatedEngine
+from trajflow.cli.replay.env_only import replay_env
 from trajflow.contracts import names
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
@@ -51,6 +53,10 @@ async def test_every_chat_request_of_a_program_is_a_recorded_turn(
     engine = script(tiny_model, ["maybe", "yes"])
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
         result = await st.run(request(st, package, "ask", env_kwargs={"task": "is it?"}))
+        lines: list[str] = []  # `trajflow replay --env-only`: the program re-run on its recorded answers, no LLM
+        replayed = await replay_env(st.client, st.store, result.workflow_id, 120, False, lines.append)
+    assert replayed == 0 and "replayed 2/2 actions; the episode ended" in "\n".join(lines), lines
+    assert "DIFFERS" not in "\n".join(lines)
     assert result.status is TrajectoryStatus.COMPLETED, result.error
     assert (result.turns, result.reward, result.env_recoveries) == (2, 1.0, 0)
     record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
