@@ -44,8 +44,8 @@ def test_requests_that_extend_the_context_append_only_their_new_messages(tokeniz
     ctx, _ = append_messages(TurnContext(), tokenizer, first)
     ctx, sampled = sample(tokenizer, ctx, "cat README", version=2)
     kept = list(ctx.token_ids)
-    # the agent sends back everything, our answer as we gave it, and the command's output as a tool message
-    second = [*first, ChatMessage(role="assistant", content="cat README"), ChatMessage(role="tool", content="hi")]
+    # the agent sends back everything, our answer as we gave it, and the command's output
+    second = [*first, ChatMessage(role="assistant", content="cat README"), ChatMessage(role="user", content="hi")]
     ctx2, prompt = append_messages(ctx, tokenizer, second)
     assert prompt[: len(kept)] == kept  # the sampled tokens, exactly
     start, end = ctx2.turn_spans[0]
@@ -61,7 +61,7 @@ def test_a_request_that_rewrites_the_history_is_refused_with_where(tokenizer: An
     first = msgs(("user", "List files."))
     ctx, _ = append_messages(TurnContext(), tokenizer, first)
     ctx, _ = sample(tokenizer, ctx, "ls", version=0)
-    edited = [*first, ChatMessage(role="assistant", content="ls -la"), ChatMessage(role="tool", content="a b")]
+    edited = [*first, ChatMessage(role="assistant", content="ls -la"), ChatMessage(role="user", content="a b")]
     with pytest.raises(ContextMismatch, match="message 1 departs.*assistant content differs") as found:
         append_messages(ctx, tokenizer, edited)
     assert found.value.index == 1
