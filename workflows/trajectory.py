@@ -210,7 +210,8 @@ class TrajectoryWorkflow:
         self.timings["env_s"] += workflow.time() - t1
         self.actions.append(action)
         self.observation = step.observation
-        self.turns.append(TurnSummary.of(gen, step))
+        # an answer with tool calls is recorded whole, so a replay (`--env-only`) sends the program the same calls
+        self.turns.append(TurnSummary.of(gen, step, action if gen.tool_calls else None))
         # kept current turn by turn, so a visibility query (or the UI's list) sees where a running episode is
         self._upsert(
             SA_TURNS.value_set(len(self.turns)), SA_VERSION.value_set(min(t.policy_version for t in self.turns))

@@ -280,9 +280,10 @@ class TurnSummary(Contract):
     records written before it was kept."""
 
     @classmethod
-    def of(cls, gen: GenerateResult, step: EnvStepResult) -> TurnSummary:
+    def of(cls, gen: GenerateResult, step: EnvStepResult, action: str | None = None) -> TurnSummary:
+        """`action` when the env was sent other than the completion's text (an agent's answer with tool calls)."""
         return cls(
-            action=gen.text,
+            action=gen.text if action is None else action,
             observation=step.observation,
             env_reward=step.reward,
             policy_version=gen.policy_version,
