@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from trajflow.contracts.base import ChatMessage, ToolCall, ToolFunction
 from trajflow.contracts.records import TurnContext
-from trajflow.rl.chat import append_completion, append_messages
+from trajflow.rl.chat import ContextMismatch, append_completion, append_messages
 from trajflow.rl.models import TOOLS_TEMPLATE, build_tiny_model
 from trajflow.rl.tool_calls import ToolsUnsupported, parse_tool_calls, supports_tools
 
@@ -100,6 +100,9 @@ def test_a_tool_round_trip_extends_the_context_token_faithfully(tools_tok: Any) 
     # the program echoes the answer as the OpenAI client gives it (content null: ""), then the tool's result
     echoed = ChatMessage(role="assistant", content="", tool_calls=calls)
     result = ChatMessage(role="tool", content="hello", tool_call_id=calls[0].id)
+    rewritten = ChatMessage(role="assistant", content="", tool_calls=[calls[0].model_copy(update={"id": "other"})])
+    with pytest.raises(ContextMismatch, match="message 2 departs.*assistant tool calls or tool call id differs"):
+        append_messages(ctx, tools_tok, [*first, rewritten, result], TOOLS)
     ctx2, prompt2 = append_messages(ctx, tools_tok, [*first, echoed, result], TOOLS)
     assert prompt2[: len(kept)] == kept, "the sampled tool call is never re-tokenised"
     start, end = ctx2.turn_spans[0]

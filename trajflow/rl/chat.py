@@ -188,30 +188,6 @@ class ContextMismatch(ValueError):
         self.index = index
 
 
-AGENT_ROLES = ("system", "user", "assistant", "tool")
-
-
-def agent_messages(messages: list[dict[str, Any]]) -> list[ChatMessage]:
-    """An OpenAI-style request's messages as the context's: text content (a list of text parts joined), known roles;
-    anything else (tool calls, images, names) raises ValueError saying which message."""
-    out = []
-    for i, m in enumerate(messages):
-        role, content = m.get("role"), m.get("content")
-        extra = sorted(k for k, v in m.items() if k not in ("role", "content") and v not in (None, [], ""))
-        if role not in AGENT_ROLES:
-            raise ValueError(f"message {i}: role {role!r} is not one of {', '.join(AGENT_ROLES)}")
-        if extra:
-            raise ValueError(f"message {i}: fields {extra} are not supported (text messages only)")
-        if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise ValueError(f"message {i}: only text content parts are supported")
-            content = "".join(str(p.get("text", "")) for p in content)
-        if not isinstance(content, str):
-            raise ValueError(f"message {i}: content must be a string or a list of text parts")
-        out.append(ChatMessage(role=role, content=content))
-    return out
-
-
 def append_messages(
     ctx: TurnContext, tokenizer: ChatTokenizer, messages: list[ChatMessage], tools: Tools = None
 ) -> tuple[TurnContext, list[int]]:
@@ -230,7 +206,8 @@ def append_messages(
             if mine != theirs:
                 why = f"a {theirs.role} message where the context has a {mine.role} one"
                 if mine.role == theirs.role:
-                    why = f"its {mine.role} content differs from what the context holds"
+                    what = "content" if mine.content != theirs.content else "tool calls or tool call id"
+                    why = f"its {mine.role} {what} differs from what the context holds"
                 raise ContextMismatch(i, why)
         if len(messages) <= len(ctx.messages):
             raise ContextMismatch(len(messages), "it adds no message to the context")
