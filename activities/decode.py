@@ -6,8 +6,10 @@ answers a request that needs version v only with weights of v or newer, else the
 
 Loads the trajectory's token-level context (from this worker's memory, else from the store), appends the new
 observation (chat formatting on our side; an agent's turn brings its whole conversation, which must extend the
-context, else `AgentContextMismatch`, not retried), generates, stores what this turn added to the context (a delta
-linked to the previous turn's: `activities.contexts`) and returns the text, the delta's URI and the policy version.
+context, else `AgentContextMismatch`, not retried; its tools are rendered by the model's chat template, one without
+tools fails the trajectory, `BadRequest`), generates (with tools: the completion's tool calls parsed out of its
+text), stores what this turn added to the context (a delta linked to the previous turn's: `activities.contexts`)
+and returns the text, the delta's URI and the policy version.
 
 An engine that talks to a server raises `EngineError`s, mapped here once: unavailable is retried (past the retry
 budget the trajectory is infra-failed), a rejected request fails the trajectory (`BadRequest`), a misconfigured
@@ -31,6 +33,7 @@ from trajflow.contracts.trajectory import GenerateInput, GenerateResult
 from trajflow.observability.metrics import record
 from trajflow.rl.chat import ContextMismatch, append_completion, append_messages, append_user
 from trajflow.rl.engines.base import Completion, Engine, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
+from trajflow.rl.tool_calls import ToolsUnsupported, parse_tool_calls
 
 HEARTBEAT_EVERY_S = 5.0
 """Below a fifth of the heartbeat timeout in workflows/stubs.py."""
@@ -61,9 +64,11 @@ class DecodeActivities:
             ctx, prompt_ids = append_user(before, self.engine.tokenizer, inp.user_message, inp.system_prompt)
         else:  # an agent's turn: its whole conversation, which must extend the context
             try:
-                ctx, prompt_ids = append_messages(before, self.engine.tokenizer, inp.messages)
+                ctx, prompt_ids = append_messages(before, self.engine.tokenizer, inp.messages, inp.tools)
             except ContextMismatch as e:
                 raise ApplicationError(str(e), type=names.ERR_CONTEXT_MISMATCH, non_retryable=True) from e
+            except ToolsUnsupported as e:  # the trajectory's request: it fails, it is not an infra failure
+                raise ApplicationError(str(e), type=names.ERR_BAD_REQUEST, non_retryable=True) from e
         try:
             completion = await with_heartbeats(
                 self.engine.generate(prompt_ids, inp.sampling, inp.policy), "generating", HEARTBEAT_EVERY_S
@@ -83,18 +88,23 @@ class DecodeActivities:
                 type=names.ERR_POLICY_BEHIND,
             )
         _record_completion(completion)
-        ctx = append_completion(ctx, completion.token_ids, completion.logprobs, completion.text, version)
+        text, calls, finish_reason = completion.text, None, completion.finish_reason
+        if inp.tools:  # the answer as the program reads it: text and tool calls (the tokens stay as sampled)
+            text, parsed = parse_tool_calls(completion.text, inp.turn)
+            calls, finish_reason = parsed or None, "tool_calls" if parsed else finish_reason
+        ctx = append_completion(ctx, completion.token_ids, completion.logprobs, text, version, calls)
         key = context_key(inp.trajectory_id, inp.turn, activity.info().attempt)
         uri = await asyncio.to_thread(self.contexts.save, key, inp.context_uri, before, ctx)
         return GenerateResult(
-            text=completion.text,
+            text=text,
             context_uri=uri,
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(completion.token_ids),
             policy_version=version,
-            finish_reason=completion.finish_reason,
+            finish_reason=finish_reason,
             pool=self.pool,
             worker_id=self.worker_id,
+            tool_calls=calls,
         )
 
 

@@ -121,7 +121,7 @@ class TrajectoryWorkflow:
                 done = last.terminated or last.truncated
         except EnvFault as e:
             status, error = TrajectoryStatus.FAILED, str(e)
-        except AgentRequestError as e:  # a request the policy cannot answer as asked (tools, stop sequences)
+        except AgentRequestError as e:  # a request the policy cannot answer as asked (stop sequences, non-text parts)
             status, error = TrajectoryStatus.FAILED, f"agent request: {e}"
         except InfraFault as e:
             status, error = TrajectoryStatus.INFRA_FAILED, str(e)
@@ -200,7 +200,9 @@ class TrajectoryWorkflow:
         self.context_uri = gen.context_uri
         action = gen.text
         if self.agent:  # the answer the program's endpoint returns, with its finish reason and token counts
-            action = answer_action(gen.text, gen.finish_reason, gen.prompt_tokens, gen.completion_tokens)
+            action = answer_action(
+                gen.text, gen.finish_reason, gen.prompt_tokens, gen.completion_tokens, gen.tool_calls
+            )
         with spans.span("env.step", turn=turn) as span:
             step = await self._step_with_recovery(action)
             if self.agent:  # the program's own time between this answer and its next request (or its end)
@@ -208,7 +210,8 @@ class TrajectoryWorkflow:
         self.timings["env_s"] += workflow.time() - t1
         self.actions.append(action)
         self.observation = step.observation
-        self.turns.append(TurnSummary.of(gen, step))
+        # an answer with tool calls is recorded whole, so a replay (`--env-only`) sends the program the same calls
+        self.turns.append(TurnSummary.of(gen, step, action if gen.tool_calls else None))
         # kept current turn by turn, so a visibility query (or the UI's list) sees where a running episode is
         self._upsert(
             SA_TURNS.value_set(len(self.turns)), SA_VERSION.value_set(min(t.policy_version for t in self.turns))

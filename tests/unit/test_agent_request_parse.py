@@ -9,7 +9,7 @@ import json
 import pytest
 
 from trajflow.contracts.agent import AGENT_PREFIX, AgentRequest, AgentRequestError, answer_action, is_agent
-from trajflow.contracts.base import ChatMessage
+from trajflow.contracts.base import ChatMessage, ToolCall, ToolFunction
 from trajflow.contracts.trajectory import SamplingParams
 from trajflow.envs.agent import parse_action
 from trajflow.envs.agent_http import normalize_request
@@ -52,10 +52,10 @@ def test_a_request_becomes_the_decode_input_with_the_tasks_sampling_and_its_max_
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "ls", "parameters": {}}}]}, "passes tools"),
         ({"stop": "\n"}, "stop sequences"),
         ({"max_tokens": 0}, "max_tokens=0"),
-        ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "'tool' message"),
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]}, "tool_calls[0] must"),
+        ({"messages": [{"role": "function", "content": "x", "name": "f"}]}, "'function' message"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "'image_url' part"),
     ],
 )
@@ -63,6 +63,43 @@ def test_a_request_the_policy_cannot_answer_is_refused_saying_why(body, says):
     with pytest.raises(AgentRequestError, match="chat request 3") as err:
         AgentRequest.parse(observation(**body))
     assert says in str(err.value)
+
+
+TOOLS = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def test_tools_tool_calls_and_tool_results_go_to_the_decode_input():
+    call = {"id": "call_0_0", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}
+    messages = [
+        {"role": "user", "content": "list it"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0_0", "content": "a.txt"},
+    ]
+    inp = AgentRequest.parse(observation(messages=messages, tools=TOOLS)).generate_input("w", 1, None, SamplingParams())
+    assert inp.tools == TOOLS
+    assert inp.messages == [
+        ChatMessage(role="user", content="list it"),
+        ChatMessage(
+            role="assistant",
+            content="",
+            tool_calls=[ToolCall(id="call_0_0", function=ToolFunction(name="ls", arguments='{"path": "."}'))],
+        ),
+        ChatMessage(role="tool", content="a.txt", tool_call_id="call_0_0"),
+    ]
+    plain = AgentRequest.parse(observation()).generate_input("w", 0, None, SamplingParams())
+    assert plain.tools is None and plain.messages == [ChatMessage(role="user", content="hi")]
+
+
+def test_an_answer_with_tool_calls_is_read_back_as_the_program_echoes_it():
+    calls = [ToolCall(id="call_2_0", function=ToolFunction(name="ls", arguments='{"path": "."}'))]
+    answer = parse_action(answer_action("", "tool_calls", 10, 5, calls))
+    assert answer.content is None and answer.finish_reason == "tool_calls"
+    assert answer.tool_calls == [c.model_dump() for c in calls]
+    # the program's next request echoes the assistant message: it reads back as the context's message
+    echoed = {"role": "assistant", "content": answer.content, "tool_calls": answer.tool_calls}
+    request = AgentRequest.parse(observation(messages=[{"role": "user", "content": "hi"}, echoed], tools=TOOLS))
+    assert request.messages[1] == ChatMessage(role="assistant", content="", tool_calls=calls)
+    assert "tool_calls" not in json.loads(answer_action("hi", "stop", 1, 1)), "a plain answer is as before"
 
 
 def test_an_observation_that_is_not_a_request_is_refused():

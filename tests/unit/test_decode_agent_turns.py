@@ -1,7 +1,9 @@
 """The decode activity's agent turns (`GenerateInput.messages`, issue 26): a request whose conversation extends the
 trajectory's context is generated from the context's own tokens plus the new messages (the sampled tokens kept), and
 one that rewrites the history fails non-retryably with `AgentContextMismatch`. The real tiny policy on the HF engine
-and a local store, through Temporal's activity environment."""
+and a local store, through Temporal's activity environment. A request with tools gets the completion's tool calls
+parsed (a scripted policy on the tiny tokenizer with a tools template); on a template without tools it fails the
+trajectory (`BadRequest`, not retried)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,10 @@ from trajflow.contracts import names
 from trajflow.contracts.records import ChatMessage
 from trajflow.contracts.trajectory import GenerateInput, SamplingParams
 from trajflow.rl.engines.hf import HFEngine
+from trajflow.rl.engines.scripted import ScriptedEngine
+from trajflow.rl.models import TOOLS_TEMPLATE
+
+TOOLS = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object", "properties": {}}}}]
 
 
 async def test_an_agents_turns_extend_the_context_and_a_rewritten_history_is_refused(
@@ -38,17 +44,17 @@ async def test_an_agents_turns_extend_the_context_and_a_rewritten_history_is_ref
             )  # fmt: skip
 
         one = await env.run(decode.generate, turn(0, first, None))
-        second = [*first, ChatMessage(role="assistant", content=one.text), ChatMessage(role="tool", content="ok")]
+        second = [*first, ChatMessage(role="assistant", content=one.text), ChatMessage(role="user", content="ok")]
         two = await env.run(decode.generate, turn(1, second, one.context_uri))
         ctx = decode.contexts.load(two.context_uri)
-        assert [m.role for m in ctx.messages] == ["system", "user", "assistant", "tool", "assistant"]
+        assert [m.role for m in ctx.messages] == ["system", "user", "assistant", "user", "assistant"]
         start, end = ctx.turn_spans[0]
         assert end - start == one.completion_tokens and ctx.loss_mask[start:end] == [1] * one.completion_tokens
         before = decode.contexts.load(one.context_uri)
         assert ctx.token_ids[: len(before.token_ids)] == before.token_ids  # the first turn's tokens, as sampled
         assert two.prompt_tokens > len(before.token_ids) and ctx.loss_mask[end : two.prompt_tokens] == [0] * (
             two.prompt_tokens - end
-        )  # the tool message (and the turn's end) appended as prompt
+        )  # the new message (and the turn's end) appended as prompt
 
         rewritten = [*first, ChatMessage(role="assistant", content="something else"), *second[3:]]
         with pytest.raises(ApplicationError) as refused:
@@ -57,3 +63,32 @@ async def test_an_agents_turns_extend_the_context_and_a_rewritten_history_is_ref
         assert "message 2 departs" in str(refused.value)
     finally:
         await engine.close()
+
+
+async def test_a_request_with_tools_gets_the_tool_calls_or_fails_on_a_template_without_tools(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    reply = 'Looking.<tool_call>\n{"name": "ls", "arguments": {"dir": "."}}\n</tool_call>'
+    engine = ScriptedEngine(tokenizer, reply, name="tiny")
+    decode = DecodeActivities(engine, LocalStore(tmp_path / "store"), "agents", "w0")
+    inp = GenerateInput(
+        trajectory_id="agent/t", turn=2, context_uri=None, user_message="", tools=TOOLS,
+        messages=[ChatMessage(role="user", content="list")], sampling=SamplingParams(max_new_tokens=64),
+    )  # fmt: skip
+    with pytest.raises(ApplicationError) as refused:
+        await ActivityEnvironment().run(decode.generate, inp)
+    assert refused.value.type == names.ERR_BAD_REQUEST and refused.value.non_retryable
+    assert "chat template (tiny) has no tools" in str(refused.value)
+
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    result = await ActivityEnvironment().run(decode.generate, inp)
+    assert (result.text, result.finish_reason) == ("Looking.", "tool_calls")
+    assert result.tool_calls is not None and [c.model_dump() for c in result.tool_calls] == [
+        {"id": "call_2_0", "type": "function", "function": {"name": "ls", "arguments": '{"dir": "."}'}}
+    ]
+    ctx = decode.contexts.load(result.context_uri)
+    assert ctx.messages[-1] == ChatMessage(role="assistant", content="Looking.", tool_calls=result.tool_calls)
+    assert sum(ctx.loss_mask) == result.completion_tokens, "the sampled tokens, the raw tool call included"

@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from trajflow.contracts.records import ChatMessage, TurnContext
-from trajflow.rl.chat import ContextMismatch, agent_messages, append_completion, append_messages
+from trajflow.rl.chat import ContextMismatch, append_completion, append_messages
 from trajflow.rl.models import build_tiny_model
 
 
@@ -44,8 +44,8 @@ def test_requests_that_extend_the_context_append_only_their_new_messages(tokeniz
     ctx, _ = append_messages(TurnContext(), tokenizer, first)
     ctx, sampled = sample(tokenizer, ctx, "cat README", version=2)
     kept = list(ctx.token_ids)
-    # the agent sends back everything, our answer as we gave it, and the command's output as a tool message
-    second = [*first, ChatMessage(role="assistant", content="cat README"), ChatMessage(role="tool", content="hi")]
+    # the agent sends back everything, our answer as we gave it, and the command's output
+    second = [*first, ChatMessage(role="assistant", content="cat README"), ChatMessage(role="user", content="hi")]
     ctx2, prompt = append_messages(ctx, tokenizer, second)
     assert prompt[: len(kept)] == kept  # the sampled tokens, exactly
     start, end = ctx2.turn_spans[0]
@@ -61,7 +61,7 @@ def test_a_request_that_rewrites_the_history_is_refused_with_where(tokenizer: An
     first = msgs(("user", "List files."))
     ctx, _ = append_messages(TurnContext(), tokenizer, first)
     ctx, _ = sample(tokenizer, ctx, "ls", version=0)
-    edited = [*first, ChatMessage(role="assistant", content="ls -la"), ChatMessage(role="tool", content="a b")]
+    edited = [*first, ChatMessage(role="assistant", content="ls -la"), ChatMessage(role="user", content="a b")]
     with pytest.raises(ContextMismatch, match="message 1 departs.*assistant content differs") as found:
         append_messages(ctx, tokenizer, edited)
     assert found.value.index == 1
@@ -72,17 +72,3 @@ def test_a_request_that_rewrites_the_history_is_refused_with_where(tokenizer: An
         append_messages(ctx, tokenizer, [*first, ChatMessage(role="assistant", content="ls")][:1])
     with pytest.raises(ValueError, match="must end with a message that is not the assistant's"):
         append_messages(ctx, tokenizer, [*first, ChatMessage(role="assistant", content="ls")])
-
-
-def test_request_messages_are_text_only_until_tool_calls_are_rendered() -> None:
-    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert agent_messages(parts) == msgs(("user", "ab"))
-    assert agent_messages([{"role": "tool", "content": "out", "tool_call_id": None}]) == msgs(("tool", "out"))
-    with pytest.raises(ValueError, match=r"message 1: fields \['tool_calls'\] are not supported"):
-        agent_messages([{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [{}]}])
-    with pytest.raises(ValueError, match="message 0: role 'developer' is not one of"):
-        agent_messages([{"role": "developer", "content": "x"}])
-    with pytest.raises(ValueError, match="only text content parts"):
-        agent_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
-    with pytest.raises(ValueError, match="content must be a string"):
-        agent_messages([{"role": "user", "content": 3}])

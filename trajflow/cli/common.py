@@ -16,6 +16,7 @@ import typer
 
 if TYPE_CHECKING:
     from trajflow.contracts.config import RunConfig
+    from trajflow.contracts.tasks import TaskConfig
 
 T = TypeVar("T")
 
@@ -83,9 +84,21 @@ def publish_envs(config: RunConfig) -> RunConfig:
     before anything starts."""
     from trajflow.envs.user.submit import packaged, publish_config
 
+    check_tools(config)
     if not any(packaged(t.env_id) or t.env_path for t in config.tasks):
         return config
     return published(lambda store, wheel_cache: publish_config(config, store, wheel_cache, say))
+
+
+def check_tools(config: RunConfig, tasks: list[TaskConfig] | None = None) -> None:
+    """Exit 2 when one of `tasks` (default: the config's) declares `tools = true` but the model's chat template has
+    no tools (its tokenizer read from `[model] name_or_path` as the workers resolve it; only if one declares tools)."""
+    from trajflow.cli.commands.tools import tools_refusal
+
+    refusal = tools_refusal(config, config.tasks if tasks is None else tasks, say)
+    if refusal:
+        typer.secho(refusal, fg="red", err=True)
+        raise typer.Exit(2)
 
 
 def published(publish: Callable[[Any, Path], T]) -> T:

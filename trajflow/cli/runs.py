@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 
 from trajflow.cli.common import DEFAULT_CONFIG, ConfigOpt, app, config_file
+from trajflow.cli.common import check_tools as _check_tools
 from trajflow.cli.common import exit_now as _exit
 from trajflow.cli.common import load_config as _config
 from trajflow.cli.common import publish_envs as _publish_envs
@@ -77,6 +78,8 @@ def _publish_request(
     env_path."""
     from trajflow.envs.user.submit import packaged, publish_request
 
+    if env is None:  # the config's own task: refused here if it passes tools the model cannot render
+        _check_tools(config, [next(t for t in config.tasks if task is None or t.name == task)])
     if not packaged(req.env_id) and env_path is None:
         return req
     if env_path is not None:

@@ -9,9 +9,16 @@ behaviour policy is the run's, not the program's: the request's temperature, top
 `max_tokens` a cap on the task's `max_new_tokens`. `answer_action` is what goes back: the completion's text, finish
 reason and token counts as the JSON action the endpoint answers the program with.
 
-Limits: text only. A request with `tools`, tool messages or an assistant's tool calls, with `stop` sequences, or with a
-content part that is not text is refused with `AgentRequestError` (the decode engines sample neither tool calls nor
-stop strings yet; SmolLM2's chat template has no tools). Runs inside workflows: pure, no I/O.
+Tools: a request's `tools` go with it to the decode pool (`GenerateInput.tools`), where the model's chat template
+renders them with the conversation's tool calls (an assistant message's `tool_calls`, OpenAI format, `content` null
+read as empty) and tool results (`tool` messages with their `tool_call_id`); the completion's tool calls are parsed
+there (`trajflow.rl.tool_calls`: Hermes/Qwen `<tool_call>` blocks, ids `call_<turn>_<i>`) and come back in the answer
+with finish reason `tool_calls`. A model whose template has no tools fails the trajectory (`failed`) saying so; a task
+that declares `tools = true` is refused at submission instead.
+
+Limits: a request with `stop` sequences or with a content part that is not text is refused with `AgentRequestError`
+(the decode engines sample no stop strings yet); `tool_choice` is not used (the model decides); a tool message's
+`name` and the legacy `function_call` are not read. Runs inside workflows: pure, no I/O.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from trajflow.contracts.base import ChatMessage
+from trajflow.contracts.base import ChatMessage, ToolCall, ToolFunction
 from trajflow.contracts.trajectory import GenerateInput, SamplingParams
 
 AGENT_PREFIX = "agent:"
@@ -32,7 +39,7 @@ constant of the same value, `trajflow.envs.agent.DEFAULT_BUDGET_S`, decides when
 STEP_MARGIN_S = 30.0
 """How much longer than the program's budget a reset or step of an agent env may take before its sandbox is taken
 for lost (the runner's `hung` comes first)."""
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 """The roles a context holds; `developer` is read as `system`."""
 
 
@@ -60,10 +67,13 @@ def call_s(env_kwargs: Mapping[str, object]) -> float:
 class AgentRequest:
     """One chat request of an agent program, as its turn's observation carries it."""
 
-    def __init__(self, messages: list[ChatMessage], max_tokens: int | None, call: int) -> None:
+    def __init__(
+        self, messages: list[ChatMessage], max_tokens: int | None, call: int, tools: list[dict[str, Any]] | None = None
+    ) -> None:
         self.messages = messages
         self.max_tokens = max_tokens
         self.call = call
+        self.tools = tools
 
     @classmethod
     def parse(cls, observation: str) -> AgentRequest:
@@ -76,11 +86,9 @@ class AgentRequest:
             raise AgentRequestError(f"the agent's request has no messages: {observation[:200]!r}")
         call = request.get("call")
         where = f"chat request {call}"
-        if request.get("tools"):
-            raise AgentRequestError(
-                f"{where} passes tools: tool calls are not supported yet (the decode engines do not sample them); "
-                "have the program read actions from the reply's text instead (examples/agent/)"
-            )
+        tools = request.get("tools") or None
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise AgentRequestError(f"{where}: 'tools' must be a list of objects")
         sampling = request.get("sampling") or {}
         if sampling.get("stop"):
             raise AgentRequestError(f"{where} sets stop sequences {sampling['stop']!r}: not supported yet")
@@ -88,7 +96,7 @@ class AgentRequest:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise AgentRequestError(f"{where} sets max_tokens={max_tokens!r}: expected a positive integer")
         messages = [_message(where, i, m) for i, m in enumerate(request["messages"])]
-        return cls(messages, max_tokens, call if isinstance(call, int) else 0)
+        return cls(messages, max_tokens, call if isinstance(call, int) else 0, tools)
 
     def generate_input(
         self, trajectory_id: str, turn: int, context_uri: str | None, sampling: SamplingParams, **request: Any
@@ -103,6 +111,7 @@ class AgentRequest:
             context_uri=context_uri,
             user_message="",
             messages=self.messages,
+            tools=self.tools,
             sampling=params,
             **request,
         )
@@ -114,27 +123,41 @@ def request_digest(observation: str) -> str:
     return hashlib.sha256(observation.encode()).hexdigest()
 
 
-def answer_action(text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> str:
-    """The env action that answers an agent's request (`trajflow.envs.agent.parse_action` reads it)."""
+def answer_action(
+    text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int, tool_calls: list[ToolCall] | None = None
+) -> str:
+    """The env action that answers an agent's request (`trajflow.envs.agent.parse_action` reads it); with tool calls
+    an empty text is `null` content, as the OpenAI API writes it."""
     usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-    reason = finish_reason if finish_reason in ("stop", "length") else "stop"
-    return json.dumps({"content": text, "finish_reason": reason, "usage": usage}, sort_keys=True)
+    reason = finish_reason if finish_reason in ("stop", "length", "tool_calls") else "stop"
+    answer: dict[str, Any] = {"content": text, "finish_reason": reason, "usage": usage}
+    if tool_calls:
+        answer["tool_calls"] = [c.model_dump() for c in tool_calls]
+        answer["content"] = text or None
+    return json.dumps(answer, sort_keys=True)
 
 
 def _message(where: str, index: int, message: object) -> ChatMessage:
     if not isinstance(message, dict):
         raise AgentRequestError(f"{where}: messages[{index}] is not an object")
     role = "system" if message.get("role") == "developer" else message.get("role")
-    if role not in ROLES or message.get("tool_calls") or message.get("function_call"):
+    if role not in ROLES or message.get("function_call"):
         raise AgentRequestError(
             f"{where}: messages[{index}] is a {message.get('role')!r} message"
-            f"{' with tool calls' if role == 'assistant' else ''}: tool calls are not supported yet"
+            f"{' with a function_call' if message.get('function_call') else ''}: "
+            f"expected one of {', '.join(ROLES)} (tool calls as `tool_calls`)"
         )
+    calls = _tool_calls(where, index, message.get("tool_calls")) if role == "assistant" else None
+    call_id = message.get("tool_call_id") if role == "tool" else None
+    if call_id is not None and not isinstance(call_id, str):
+        raise AgentRequestError(f"{where}: messages[{index}] has a tool_call_id that is not a string")
     content = message.get("content")
+    if content is None and calls:
+        content = ""
     if isinstance(content, list):
         texts = []
         for part in content:
@@ -145,4 +168,26 @@ def _message(where: str, index: int, message: object) -> ChatMessage:
         content = "".join(texts)
     if not isinstance(content, str):
         raise AgentRequestError(f"{where}: messages[{index}] has no text content")
-    return ChatMessage(role=role, content=content)
+    return ChatMessage(role=role, content=content, tool_calls=calls, tool_call_id=call_id)
+
+
+def _tool_calls(where: str, index: int, calls: object) -> list[ToolCall] | None:
+    """An assistant message's tool calls (OpenAI format, arguments a JSON string)."""
+    if not calls:
+        return None
+    if not isinstance(calls, list):
+        raise AgentRequestError(f"{where}: messages[{index}].tool_calls is not a list")
+    out = []
+    for i, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(call, dict) and isinstance(call.get("id"), str) and isinstance(function, dict)) or not (
+            isinstance(function.get("name"), str) and isinstance(function.get("arguments"), str)
+        ):
+            raise AgentRequestError(
+                f"{where}: messages[{index}].tool_calls[{i}] must be "
+                "{'id': str, 'type': 'function', 'function': {'name': str, 'arguments': str}}"
+            )
+        out.append(
+            ToolCall(id=call["id"], function=ToolFunction(name=function["name"], arguments=function["arguments"]))
+        )
+    return out

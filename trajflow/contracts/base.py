@@ -15,7 +15,7 @@ Limits: the constants are not strict JSON (RFC 8259); a reader in another langua
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,8 +37,29 @@ class MutableContract(Contract):
     model_config = ConfigDict(frozen=False)
 
 
+class ToolFunction(Contract):
+    """The function a tool call calls (OpenAI's `tool_calls[].function`)."""
+
+    name: str
+    arguments: str
+    """Its arguments as a JSON string, as the OpenAI API carries them."""
+
+
+class ToolCall(Contract):
+    """One tool call of an assistant message (OpenAI's `tool_calls[]`)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolFunction
+
+
 class ChatMessage(Contract):
     """One message of a chat conversation, as the context records it (`trajflow.contracts.records.TurnContext`)."""
 
     role: str
+    """`system`, `user`, `assistant` or `tool` (an agent's tool result)."""
     content: str
+    tool_calls: list[ToolCall] | None = None
+    """An assistant message's tool calls (agent turns with tools); None in a message without."""
+    tool_call_id: str | None = None
+    """A `tool` message's answer to which call."""

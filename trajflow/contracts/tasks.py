@@ -30,6 +30,10 @@ class TaskConfig(Contract):
     env_package: EnvPackage = ""
     """Set when the run is submitted: the object-store URI of the env's packed source
     (`trajflow.envs.user.packages`)."""
+    tools: bool = False
+    """An `agent:` task whose program passes tools (`tools` in its chat requests): the run is refused at submission
+    unless the model's chat template renders tools. A request with tools on a task without it is answered where the
+    template renders tools, and fails its trajectory where it does not."""
     max_turns: Annotated[int, Field(ge=1, le=200)] = 8
     system_prompt: SystemPrompt = DEFAULT_SYSTEM_PROMPT
     sampling: SamplingParams = SamplingParams()

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import hashlib
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from trajflow.contracts.base import ChatMessage, Contract, FiniteFloat, JsonScalar
+from trajflow.contracts.base import ChatMessage, Contract, FiniteFloat, JsonScalar, ToolCall
 from trajflow.contracts.envs import EnvCloseInput as EnvCloseInput
 from trajflow.contracts.envs import EnvResetInput as EnvResetInput
 from trajflow.contracts.envs import EnvResetResult as EnvResetResult
@@ -211,6 +211,9 @@ class GenerateInput(Contract):
     messages: list[ChatMessage] | None = None
     """An agent's turn (`agent:` envs): its request's whole conversation, in place of `user_message` and
     `system_prompt`; it must extend the context (`trajflow.rl.chat.append_messages`)."""
+    tools: list[dict[str, Any]] | None = None
+    """An agent's request's tools (OpenAI format): rendered by the model's chat template, the completion's tool calls
+    parsed (`trajflow.rl.tool_calls`)."""
     system_prompt: str = ""
     sampling: SamplingParams = SamplingParams()
     min_policy_version: int = 0
@@ -220,6 +223,7 @@ class GenerateInput(Contract):
 
 class GenerateResult(Contract):
     text: str
+    """The completion's text (with `tools`: without its tool calls)."""
     context_uri: str
     """The updated context: what this turn added to it (token ids, logprobs, loss mask, version), stored as a delta
     linked to the previous turn's, so the whole context so far can be read back from it."""
@@ -229,6 +233,8 @@ class GenerateResult(Contract):
     finish_reason: str
     pool: str
     worker_id: str
+    tool_calls: list[ToolCall] | None = None
+    """The tool calls parsed from the completion (a request with `tools`; finish reason `tool_calls`)."""
 
 
 class ScoreRequest(Contract):
@@ -274,9 +280,10 @@ class TurnSummary(Contract):
     records written before it was kept."""
 
     @classmethod
-    def of(cls, gen: GenerateResult, step: EnvStepResult) -> TurnSummary:
+    def of(cls, gen: GenerateResult, step: EnvStepResult, action: str | None = None) -> TurnSummary:
+        """`action` when the env was sent other than the completion's text (an agent's answer with tool calls)."""
         return cls(
-            action=gen.text,
+            action=gen.text if action is None else action,
             observation=step.observation,
             env_reward=step.reward,
             policy_version=gen.policy_version,

@@ -24,15 +24,23 @@ Limits:
   at once. With ChatML the seam is a special token, so the split is the same.
 - The rendering of an assistant turn uses the decoded text; that only matters to locate the turn's end suffix.
 - Messages must alternate: `append_user` needs an empty context or one that ends with a completion.
-- `append_messages` takes text messages (`role` system, user, assistant or tool; `content` a string or a list of
-  text parts); tool calls and other fields are refused until the agent side renders them.
+- Tools (an agent's request with `tools`, assistant tool calls, `tool` results) are rendered by the model's own chat
+  template (`tools=` of `apply_chat_template`, tool-call arguments as objects where they are JSON objects); a template
+  without tools raises `ToolsUnsupported` (`trajflow.rl.tool_calls`). The context keeps an answer's *parsed* message
+  (content and tool calls, as the program echoes it back) beside the sampled tokens, so the next request compares
+  equal; only its rendering locates the turn's end, never its tokens.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
 
+from trajflow.contracts.base import ToolCall
 from trajflow.contracts.records import ChatMessage, TurnContext
+from trajflow.rl.tool_calls import require_tools
+
+Tools = list[dict[str, Any]] | None
 
 _SENTINEL = "\u2063trajflow-end-of-content\u2063"
 
@@ -50,15 +58,43 @@ class ChatTokenizer(Protocol):
     def convert_ids_to_tokens(self, ids: Any) -> Any: ...
 
 
-def _render(tokenizer: ChatTokenizer, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+def _render(
+    tokenizer: ChatTokenizer, messages: list[dict[str, Any]], generation_prompt: bool, tools: Tools = None
+) -> str:
+    kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
     if not isinstance(text, str):
         raise TypeError(f"apply_chat_template returned {type(text).__name__}, expected str")
     return text
 
 
-def _as_dicts(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    return [{"role": m.role, "content": m.content} for m in messages]
+def _arguments(text: str) -> object:
+    """A tool call's arguments as templates expect them: the object its JSON holds, else the string itself."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def _as_dict(m: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": c.type,
+                "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)},
+            }
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def _as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    return [_as_dict(m) for m in messages]
 
 
 def _encode(tokenizer: ChatTokenizer, text: str) -> list[int]:
@@ -66,10 +102,10 @@ def _encode(tokenizer: ChatTokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def assistant_turn_suffix(tokenizer: ChatTokenizer, history: list[dict[str, str]]) -> str:
+def assistant_turn_suffix(tokenizer: ChatTokenizer, history: list[dict[str, Any]], tools: Tools = None) -> str:
     """The text the template writes after an assistant message's content (ChatML: `<|im_end|>\\n`)."""
     probe = [*history, {"role": "assistant", "content": _SENTINEL}]
-    rendered = _render(tokenizer, probe, generation_prompt=False)
+    rendered = _render(tokenizer, probe, generation_prompt=False, tools=tools)
     index = rendered.rfind(_SENTINEL)
     if index < 0:
         raise ValueError("the chat template does not render assistant messages verbatim; cannot find the turn end")
@@ -83,10 +119,10 @@ def _eos_ids(tokenizer: ChatTokenizer) -> set[int]:
     return set(eos) if isinstance(eos, list) else {int(eos)}
 
 
-def _missing_turn_end(tokenizer: ChatTokenizer, ctx: TurnContext) -> str:
+def _missing_turn_end(tokenizer: ChatTokenizer, ctx: TurnContext, tools: Tools) -> str:
     """The part of the last assistant turn's end suffix that the sampled tokens do not contain."""
     history = _as_dicts(ctx.messages[:-1])
-    suffix = assistant_turn_suffix(tokenizer, history)
+    suffix = assistant_turn_suffix(tokenizer, history, tools)
     start, end = ctx.turn_spans[-1]
     last_token = ctx.token_ids[end - 1] if end > start else None
     if last_token is not None and last_token in _eos_ids(tokenizer):
@@ -119,18 +155,20 @@ def append_user(
     return _extend(ctx, tokenizer, [*ctx.messages, *system, user])
 
 
-def _extend(ctx: TurnContext, tokenizer: ChatTokenizer, messages: list[ChatMessage]) -> tuple[TurnContext, list[int]]:
+def _extend(
+    ctx: TurnContext, tokenizer: ChatTokenizer, messages: list[ChatMessage], tools: Tools = None
+) -> tuple[TurnContext, list[int]]:
     """The context with `messages` (the context's own, then new ones) and its prompt ids: on an empty context the
     whole conversation rendered, otherwise the new messages rendered as a delta after the last sampled turn (with
     the part of its end the sampled tokens lack). New tokens get mask 0 and logprob 0.0."""
     if not ctx.messages:
-        delta_ids = _encode(tokenizer, _render(tokenizer, _as_dicts(messages), generation_prompt=True))
+        delta_ids = _encode(tokenizer, _render(tokenizer, _as_dicts(messages), generation_prompt=True, tools=tools))
     else:
-        before = _render(tokenizer, _as_dicts(ctx.messages), generation_prompt=False)
-        after = _render(tokenizer, _as_dicts(messages), generation_prompt=True)
+        before = _render(tokenizer, _as_dicts(ctx.messages), generation_prompt=False, tools=tools)
+        after = _render(tokenizer, _as_dicts(messages), generation_prompt=True, tools=tools)
         if not after.startswith(before):
             raise ValueError("the chat template is not append-only: adding a message changed earlier text")
-        delta_ids = _encode(tokenizer, _missing_turn_end(tokenizer, ctx) + after[len(before) :])
+        delta_ids = _encode(tokenizer, _missing_turn_end(tokenizer, ctx, tools) + after[len(before) :])
     new_ctx = ctx.model_copy(
         update={
             "messages": list(messages),
@@ -150,50 +188,30 @@ class ContextMismatch(ValueError):
         self.index = index
 
 
-AGENT_ROLES = ("system", "user", "assistant", "tool")
-
-
-def agent_messages(messages: list[dict[str, Any]]) -> list[ChatMessage]:
-    """An OpenAI-style request's messages as the context's: text content (a list of text parts joined), known roles;
-    anything else (tool calls, images, names) raises ValueError saying which message."""
-    out = []
-    for i, m in enumerate(messages):
-        role, content = m.get("role"), m.get("content")
-        extra = sorted(k for k, v in m.items() if k not in ("role", "content") and v not in (None, [], ""))
-        if role not in AGENT_ROLES:
-            raise ValueError(f"message {i}: role {role!r} is not one of {', '.join(AGENT_ROLES)}")
-        if extra:
-            raise ValueError(f"message {i}: fields {extra} are not supported (text messages only)")
-        if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise ValueError(f"message {i}: only text content parts are supported")
-            content = "".join(str(p.get("text", "")) for p in content)
-        if not isinstance(content, str):
-            raise ValueError(f"message {i}: content must be a string or a list of text parts")
-        out.append(ChatMessage(role=role, content=content))
-    return out
-
-
 def append_messages(
-    ctx: TurnContext, tokenizer: ChatTokenizer, messages: list[ChatMessage]
+    ctx: TurnContext, tokenizer: ChatTokenizer, messages: list[ChatMessage], tools: Tools = None
 ) -> tuple[TurnContext, list[int]]:
-    """An agent's turn: `messages` is its request's whole conversation. On an empty context it is rendered whole;
-    otherwise it must extend the context (`ContextMismatch` if not) and only the messages after it are appended,
-    as a delta after the last sampled turn. Returns the new context and the full prompt ids, ending with the
-    generation prompt. New tokens get mask 0 and logprob 0.0; earlier tokens are kept exactly."""
+    """An agent's turn: `messages` is its request's whole conversation, `tools` its request's tools. On an empty
+    context it is rendered whole; otherwise it must extend the context (`ContextMismatch` if not) and only the
+    messages after it are appended, as a delta after the last sampled turn. Returns the new context and the full
+    prompt ids, ending with the generation prompt. New tokens get mask 0 and logprob 0.0; earlier tokens are kept
+    exactly. Tools, tool calls or tool results on a template without tools raise `ToolsUnsupported`."""
     if not messages or messages[-1].role == "assistant":
         raise ValueError("an agent's request must end with a message that is not the assistant's")
+    if tools or any(m.tool_calls or m.role == "tool" for m in messages):
+        require_tools(tokenizer, ctx.model or str(getattr(tokenizer, "name_or_path", "")))
     if ctx.messages:
         _check_alternation(ctx)
         for i, (mine, theirs) in enumerate(zip(ctx.messages, messages, strict=False)):
             if mine != theirs:
                 why = f"a {theirs.role} message where the context has a {mine.role} one"
                 if mine.role == theirs.role:
-                    why = f"its {mine.role} content differs from what the context holds"
+                    what = "content" if mine.content != theirs.content else "tool calls or tool call id"
+                    why = f"its {mine.role} {what} differs from what the context holds"
                 raise ContextMismatch(i, why)
         if len(messages) <= len(ctx.messages):
             raise ContextMismatch(len(messages), "it adds no message to the context")
-    return _extend(ctx, tokenizer, messages)
+    return _extend(ctx, tokenizer, messages, tools)
 
 
 def append_completion(
@@ -202,8 +220,10 @@ def append_completion(
     completion_logprobs: list[float],
     text: str,
     version: int,
+    tool_calls: list[ToolCall] | None = None,
 ) -> TurnContext:
-    """Add the sampled tokens (mask 1, their logprobs) as the assistant's turn, with its policy version and span."""
+    """Add the sampled tokens (mask 1, their logprobs) as the assistant's turn, with its policy version and span;
+    the turn's message is `text` with `tool_calls` (the completion as parsed: `trajflow.rl.tool_calls`)."""
     if len(completion_ids) != len(completion_logprobs):
         raise ValueError(
             f"{len(completion_ids)} completion ids but {len(completion_logprobs)} logprobs: they must be aligned"
@@ -214,7 +234,7 @@ def append_completion(
     end = start + len(completion_ids)
     return ctx.model_copy(
         update={
-            "messages": [*ctx.messages, ChatMessage(role="assistant", content=text)],
+            "messages": [*ctx.messages, ChatMessage(role="assistant", content=text, tool_calls=tool_calls or None)],
             "token_ids": [*ctx.token_ids, *completion_ids],
             "logprobs": [*ctx.logprobs, *(float(x) for x in completion_logprobs)],
             "loss_mask": [*ctx.loss_mask, *([1] * len(completion_ids))],

@@ -44,6 +44,30 @@ CHATML_TEMPLATE = (
 )
 """ChatML as Qwen2/SmolLM2 use it (without a default system message)."""
 
+TOOLS_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{% endif %}"
+    "{{ 'Tools you may call:\\n<tools>\\n' }}{% for tool in tools %}{{ tool | tojson + '\\n' }}{% endfor %}"
+    '{{ \'</tools>\\nCall one as <tool_call>\\n{"name": NAME, "arguments": OBJECT}\\n</tool_call><|im_end|>\\n\' }}'
+    "{% elif messages[0]['role'] == 'system' %}{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' and loop.first %}"
+    "{% elif message['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' + message['content'] }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{% if message['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ '<tool_call>\\n{\"name\": ' + call['function']['name'] | tojson + ', \"arguments\": ' }}"
+    "{{ call['function']['arguments'] | tojson + '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + message['content'] + '\\n</tool_response><|im_end|>\\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""ChatML with tools in the Hermes/Qwen style, written for tests (the tiny model and SmolLM2 have no tools): the
+tools listed in the system turn, an assistant's calls as `<tool_call>` blocks of JSON (arguments an object), tool
+results as `<tool_response>` blocks in a user turn (`trajflow.rl.tool_calls` parses the calls back)."""
+
 TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
 _TINY_CORPUS = """\
