@@ -1,6 +1,6 @@
-"""`python3 post.py TEXT`: one chat request of the `agent-cmd:` programs beside it (tests/integration/test_agent_cmd.py),
-stdlib only: TEXT as the user's next message of the conversation kept in the program's cwd (each request extends the
-previous one, as an agent's does); prints the answer."""
+"""`python3 post.py TEXT`: one chat request of the `agent-cmd:` programs beside it
+(tests/integration/test_agent_cmd.py), stdlib only: TEXT as the user's next message of the conversation kept in the
+program's cwd (each request extends the previous one, as an agent's does); prints the answer."""
 
 import json
 import os
