@@ -2,13 +2,17 @@
 execute bits, run as is in the hardened sandbox against its OpenAI-compatible endpoint (through a python3 helper beside
 them: the image has no curl), every chat request a turn of the TrajectoryWorkflow on the decode pool (a scripted
 policy on the real tokenizer), the reward from the program's reward file; a non-zero exit status ends the trajectory
-`infra_failed` as `crashed` with its stderr, status 0 without a reward file as `bad_result`.
+`infra_failed` as `crashed` with its stderr, status 0 without a reward file as `bad_result`. `trajflow train` and
+`rollout` refuse a bad command at submission with exit 2.
 
 The programs are `tests/integration/agent_cmd_programs/` (sh and stdlib python3)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,7 @@ from trajflow.sandbox.user_images import USER_ROOT
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[2]
 PROGRAMS = Path(__file__).parent / "agent_cmd_programs"
 SAMPLING = SamplingParams(temperature=0.0, max_new_tokens=16)
 
@@ -80,3 +85,29 @@ async def test_a_failing_command_ends_infra_failed_saying_which(
         assert "exited with status 3" in (result.error or "") and "the agent broke here" in (result.error or "")
     else:
         assert "without writing its reward file" in (result.error or "")
+
+
+@pytest.mark.parametrize(
+    ("env_id", "args", "says"),
+    [
+        ("agent-cmd:notes.txt", "", "is neither executable nor a script with a #! line"),
+        ("agent-cmd:absent.sh", "", "does not exist"),
+        ("agent-cmd:run.sh", "'unclosed", "cannot be split as a shell would"),
+    ],
+    ids=["not-executable", "missing", "bad-args"],
+)
+def test_a_bad_command_is_refused_at_submission(tmp_path: Path, env_id: str, args: str, says: str) -> None:
+    env = tmp_path / "agent"
+    env.mkdir()
+    (env / "notes.txt").write_text("no #! line, no execute bit\n")
+    (env / "run.sh").write_text("#!/bin/sh\n")
+    config = tmp_path / "bad.toml"
+    config.write_text(
+        f'[[tasks]]\nname = "mine"\nenv_id = "{env_id}"\nenv_path = "{env}"\nenv_kwargs = {{ args = "{args}" }}\n'
+    )
+    environ = {**os.environ, "TRAJFLOW_STATE_DIR": str(tmp_path / "state"), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:9"}
+    trajflow = str(Path(sys.executable).parent / "trajflow")
+    for command in (["train", str(config)], ["rollout", "-c", str(config)]):
+        proc = subprocess.run([trajflow, *command], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert says in proc.stderr, proc.stderr
