@@ -1,7 +1,8 @@
 """Agent programs as command lines (`agent-cmd:FILE`) through the whole stack: `#!/bin/sh` programs packed with their
 execute bits, run as is in the hardened sandbox against its OpenAI-compatible endpoint (through a python3 helper beside
 them: the image has no curl), every chat request a turn of the TrajectoryWorkflow on the decode pool (a scripted
-policy on the real tokenizer), the reward from the program's reward file; a non-zero exit status ends the trajectory
+policy on the real tokenizer), the reward from the program's reward file; a killed sandbox is restored by re-running
+the command with its recorded answers; a non-zero exit status ends the trajectory
 `infra_failed` as `crashed` with its stderr, status 0 without a reward file as `bad_result`. `trajflow train` and
 `rollout` refuse a bad command at submission with exit 2.
 
@@ -9,6 +10,7 @@ The programs are `tests/integration/agent_cmd_programs/` (sh and stdlib python3)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -19,6 +21,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.conftest import running_stack
+from tests.integration.test_trajectory import GatedEngine
+from trajflow.contracts import names
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
 from trajflow.envs.user.submit import package_env
@@ -64,6 +68,22 @@ async def test_a_shell_program_completes_with_the_reward_from_its_reward_file(
     assert [m["content"] for m in second["messages"]] == ['question 5: "is it?" --polite', "maybe", "sure?"]
     assert [t.action for t in record.turns] == ["maybe", "yes"]
     assert record.turns[1].observation == "" and record.turns[1].env_reward == 1.0
+
+
+async def test_a_killed_sandbox_reruns_the_command_with_its_recorded_answers(
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, package, docker_client
+) -> None:
+    engine = GatedEngine(ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), ["maybe", "yes"]), gate_at=1)
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
+        handle = await st.start(request(st, package, "ask.sh", task="is it?"))
+        await asyncio.wait_for(engine.reached.wait(), 180)
+        progress = await handle.query(names.QUERY_PROGRESS)
+        docker_client.containers.get(sandbox_manager.get(progress["sandbox"]).container_id).kill()
+        engine.released.set()
+        result = await handle.result()
+    assert result.status is TrajectoryStatus.COMPLETED, result.error
+    assert (result.turns, result.reward, result.env_recoveries) == (2, 1.0, 1)
+    assert engine.calls == 2, "the restored program's first call was answered from the record, not decoded"
 
 
 @pytest.mark.parametrize(
