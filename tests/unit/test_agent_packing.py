@@ -112,7 +112,7 @@ def test_submission_refuses_an_agent_task_without_env_path_and_env_path_on_other
     store = LocalStore(tmp_path / "store")
     with pytest.raises(EnvSourceError, match="task 'bot': agent:solver:solve: an agent: program needs its source"):
         publish_task(TaskConfig(name="bot", env_id="agent:solver:solve"), store, tmp_path / "w", print)
-    with pytest.raises(EnvSourceError, match="env_path is for py:, agent: and data: envs"):
+    with pytest.raises(EnvSourceError, match="env_path is for py:, agent:, agent-cmd: and data: envs"):
         publish_task(TaskConfig(name="g", env_path=str(tmp_path)), store, tmp_path / "w", print)
 
 

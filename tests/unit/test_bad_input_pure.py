@@ -63,7 +63,14 @@ def test_json_that_is_not_an_object_or_not_json_says_so() -> None:
 
 
 @pytest.mark.parametrize(
-    "env_id", ["game:GuessTheNumber-v0-easy", "rg:basic_arithmetic", "shell:roman-numerals", "synthetic:gaussian-delay"]
+    "env_id",
+    [
+        "game:GuessTheNumber-v0-easy",
+        "rg:basic_arithmetic",
+        "shell:roman-numerals",
+        "synthetic:gaussian-delay",
+        "agent-cmd:bin/agent",
+    ],
 )
 def test_env_ids_of_every_kind_are_accepted(env_id: str) -> None:
     assert TrajectoryRequest(env_id=env_id).env_id == env_id == TaskConfig(env_id=env_id).env_id

@@ -33,14 +33,15 @@ def rollout(
     env: Annotated[
         str | None,
         typer.Option(
-            help="Env id: game:, rg:, shell:, gym:, py:MODULE:CLASS, agent:MODULE:FUNCTION or data:NAME (default: "
-            "the first task's)."
+            help="Env id: game:, rg:, shell:, gym:, py:MODULE:CLASS, agent:MODULE:FUNCTION, agent-cmd:FILE or "
+            "data:NAME (default: the first task's)."
         ),
     ] = None,
     env_path: Annotated[
         Path | None,
         typer.Option(
-            help="A py: env's or agent: program's source directory (its module, requirements.txt); a data: task's file."
+            help="A py: env's or agent:/agent-cmd: program's source directory (its module or command, "
+            "requirements.txt); a data: task's file."
         ),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Environment seed (default: --request's, else 0).")] = None,
@@ -74,8 +75,8 @@ def rollout(
 def _publish_request(
     req: TrajectoryRequest, config: RunConfig, task: str | None, env: str | None, env_path: Path | None
 ) -> TrajectoryRequest:
-    """`req` with its `py:`/`agent:`/`data:` env packaged: from --env-path, else (the config's own env) the task's
-    env_path."""
+    """`req` with its `py:`/`agent:`/`agent-cmd:`/`data:` env packaged: from --env-path, else (the config's own env)
+    the task's env_path."""
     from trajflow.envs.user.submit import packaged, publish_request
 
     if env is None:  # the config's own task: refused here if it passes tools the model cannot render

@@ -33,6 +33,9 @@ from trajflow.contracts.trajectory import GenerateInput, SamplingParams
 
 AGENT_PREFIX = "agent:"
 """Env ids `agent:MODULE:FUNCTION` are an agent program's (the runner's own constant of the same value)."""
+AGENT_CMD_PREFIX = "agent-cmd:"
+"""Env ids `agent-cmd:FILE` are an agent program run as a command line (the runner's own constant of the same value,
+`trajflow/envs/agent_cmd.py`)."""
 DEFAULT_BUDGET_S = 600.0
 """How long a program may work between an answer and its next request (`env_kwargs["budget_s"]`; the runner's own
 constant of the same value, `trajflow.envs.agent.DEFAULT_BUDGET_S`, decides when it is `hung`)."""
@@ -48,7 +51,8 @@ class AgentRequestError(ValueError):
 
 
 def is_agent(env_id: str) -> bool:
-    return env_id.startswith(AGENT_PREFIX)
+    """An agent program's env id: `agent:MODULE:FUNCTION` or `agent-cmd:FILE`."""
+    return env_id.startswith((AGENT_PREFIX, AGENT_CMD_PREFIX))
 
 
 def budget_s(env_kwargs: Mapping[str, object]) -> float:

@@ -23,9 +23,9 @@ MAX_OBSERVATION_CHARS = 16_000
 """An env observation longer than this (an agent that printed 10 MB) is cut to its head and tail, with a marker
 saying how much was cut: that is the env's answer, not an infra failure (`trajflow.envs.formatting.cap_observation`)."""
 MAX_AGENT_REQUEST_CHARS = 1_000_000
-"""An `agent:` env's observation is its program's whole chat request as JSON and is never cut (cut JSON does not
-parse); one longer than this fails the episode (`AgentError`, kind malformed_request). Temporal's payload limit is
-2 MB, and the request's text is escaped once more inside the activity result's JSON."""
+"""An `agent:` (or `agent-cmd:`) env's observation is its program's whole chat request as JSON and is never cut (cut
+JSON does not parse); one longer than this fails the episode (`AgentError`, kind malformed_request). Temporal's payload
+limit is 2 MB, and the request's text is escaped once more inside the activity result's JSON."""
 MAX_SYSTEM_PROMPT_CHARS = 32_000
 """System prompts ride in every `llm.generate` input: 200 turns at the cap add ~6 MB to a history (limit 50 MB)."""
 MAX_ID_CHARS = 1000
@@ -36,13 +36,14 @@ MAX_ENV_ID_CHARS = 200
 MAX_ENV_KWARGS = 64
 MAX_ENV_KWARG_CHARS = 4096
 
-_ENV_ID = re.compile(r"[a-z][a-z0-9_]*:\S+")
+_ENV_ID = re.compile(r"[a-z][a-z0-9_-]*:\S+")
 ENV_ID_HELP = (
     "expected <kind>:<name>, e.g. game:GuessTheNumber-v0-easy, rg:basic_arithmetic, shell:roman-numerals, "
-    "py:MODULE:CLASS, agent:MODULE:FUNCTION, data:NAME or gym:FrozenLake-v1 "
+    "py:MODULE:CLASS, agent:MODULE:FUNCTION, agent-cmd:FILE, data:NAME or gym:FrozenLake-v1 "
     "(GEM's ids: python -c 'from gem.envs.registration import ENV_REGISTRY; print(sorted(ENV_REGISTRY))'; "
     "shell tasks: the directories of trajflow/envs/shell_tasks; py: a user's env class, its source in env_path; "
-    "agent: a user's agent program, its source in env_path; data: a JSONL or Parquet file in env_path; "
+    "agent: a user's agent program, its source in env_path; agent-cmd: the same run as a command line, FILE an "
+    "executable in env_path, its arguments env_kwargs.args; data: a JSONL or Parquet file in env_path; "
     "gym: a gymnasium id with a text interface, see trajflow/envs/gym_text.py)"
 )
 
@@ -54,8 +55,8 @@ def _env_id(value: str) -> str:
 
 
 EnvId = Annotated[str, Field(min_length=3, max_length=MAX_ENV_ID_CHARS), AfterValidator(_env_id)]
-"""A GEM env id (`game:...`, `rg:...`), `shell:<task>`, `py:MODULE:CLASS`, `agent:MODULE:FUNCTION`, `data:NAME` or
-`gym:<gymnasium id>`;
+"""A GEM env id (`game:...`, `rg:...`), `shell:<task>`, `py:MODULE:CLASS`, `agent:MODULE:FUNCTION`, `agent-cmd:FILE`,
+`data:NAME` or `gym:<gymnasium id>`;
 checked for form here, for existence by the env worker."""
 EnvPackage = Annotated[str, Field(max_length=MAX_ID_CHARS)]
 """A user env's or dataset's package: an object-store URI (`trajflow.envs.user.packages`), or empty."""

@@ -24,8 +24,8 @@ class TaskConfig(Contract):
     env_id: EnvId = DEFAULT_ENV_ID
     env_kwargs: EnvKwargs = Field(default_factory=dict)
     env_path: str = ""
-    """A `py:MODULE:CLASS` env's or `agent:MODULE:FUNCTION` program's source directory (relative to the config file;
-    made absolute when it is loaded): MODULE, its package and an optional requirements.txt
+    """A `py:MODULE:CLASS` env's or `agent:MODULE:FUNCTION`/`agent-cmd:FILE` program's source directory (relative to
+    the config file; made absolute when it is loaded): MODULE (or FILE), its package and an optional requirements.txt
     (`trajflow.envs.user.source`); a `data:NAME` task's file."""
     env_package: EnvPackage = ""
     """Set when the run is submitted: the object-store URI of the env's packed source

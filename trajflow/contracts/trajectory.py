@@ -99,13 +99,14 @@ class TrajectoryRequest(Contract):
 
     env_id: EnvId = DEFAULT_ENV_ID
     """A GEM environment id (e.g. `game:GuessTheNumber-v0-easy`, an `rg:` reasoning-gym id), `shell:<task>`, a
-    user's own env class `py:MODULE:CLASS` or agent program `agent:MODULE:FUNCTION` (both with `env_package`)."""
+    user's own env class `py:MODULE:CLASS` or agent program `agent:MODULE:FUNCTION` or `agent-cmd:FILE` (all three with
+    `env_package`)."""
     seed: int = 0
     """Seed of the environment's reset; the same seed gives the same episode start."""
     env_kwargs: EnvKwargs = Field(default_factory=dict)
     """Overrides passed to `gem.make` (e.g. `{"max_turns": 20}`), or to a user env class."""
     env_package: EnvPackage = ""
-    """A `py:MODULE:CLASS` env's or `agent:MODULE:FUNCTION` program's packed source (a `data:NAME` task's file): its
+    """A `py:MODULE:CLASS` env's or `agent:`/`agent-cmd:` program's packed source (a `data:NAME` task's file): its
     object-store URI, set when the run or rollout is submitted (`trajflow/envs/user/`); empty for every other kind."""
     max_turns: Annotated[int, Field(ge=1, le=200)] = 8
     """Turn limit on our side; the episode ends as completed (truncated) when it is reached."""

@@ -14,8 +14,10 @@ the record; with the same seed (passed to it, and as PYTHONHASHSEED) a determini
 The program: `FUNCTION(task, seed)` in MODULE (found on the sandbox's PYTHONPATH, the user env layer first), where
 `task` is `env_kwargs["task"]` (any JSON value, None when absent) and `seed` the reset's int; it may be `async`. It runs
 as a child process (its own process group, a fresh empty cwd, stdin closed) with OPENAI_BASE_URL, OPENAI_API_KEY (a
-dummy) and TRAJFLOW_AGENT_REWARD_FILE set. Its reward: the return value, a number or {"reward": number, "info": {..}};
-or, when it returns None and exits with status 0, the same written as JSON to TRAJFLOW_AGENT_REWARD_FILE.
+dummy), TRAJFLOW_AGENT_REWARD_FILE, TRAJFLOW_AGENT_TASK (the task as JSON text) and TRAJFLOW_AGENT_SEED set. Its
+reward: the return value, a number or {"reward": number, "info": {..}}; or, when it returns None and exits with status
+0, the same written as JSON to TRAJFLOW_AGENT_REWARD_FILE. A command line (`agent-cmd:FILE`, `agent_cmd.py`) runs the
+same way, its reward from its exit status and reward file.
 
 An action is a JSON object {"content": str|null, "tool_calls": [...]?, "finish_reason"?, "usage"?} or plain text
 (the content). A JSON object is read as an answer only when it has "content" or "tool_calls" and no other keys than
@@ -70,8 +72,8 @@ ANSWER_KEYS = {"content", "tool_calls", "finish_reason", "usage"}
 FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
 KINDS = ("crashed", "hung", "malformed_request", "bad_result")
 
-BOOTSTRAP = r"""
-import asyncio, importlib, json, os, sys
+GUARD = r"""
+import json, os, sys
 
 spec = json.load(open(sys.argv[1]))
 if os.fork() == 0:  # the guard: once the runner's end of the pipe closes (the runner died), it ends the group
@@ -80,6 +82,13 @@ if os.fork() == 0:  # the guard: once the runner's end of the pipe closes (the r
     finally:
         os.killpg(0, 9)
 os.close(spec["guard"])
+"""
+"""The start of every bootstrap (this one's and `agent_cmd.py`'s): it forks the guard."""
+BOOTSTRAP = (
+    GUARD
+    + r"""
+import asyncio, importlib
+
 sys.argv = [spec["module"]]
 value = getattr(importlib.import_module(spec["module"]), spec["function"])(spec["task"], spec["seed"])
 if asyncio.iscoroutine(value):
@@ -92,6 +101,7 @@ with open(spec["result"] + ".tmp", "w") as f:
     f.write(text)
 os.replace(spec["result"] + ".tmp", spec["result"])
 """
+)
 
 
 class AgentError(Exception):
@@ -157,15 +167,22 @@ class AgentEnv:
 
     owns_processes = True
     """The runner closes such an env when it drops it."""
+    bootstrap = BOOTSTRAP
+    """The child's Python program (`python -c BOOTSTRAP SPEC_FILE`): it forks the guard, then runs the agent."""
 
     def __init__(self, target: str, task: Any = None, budget_s: float = DEFAULT_BUDGET_S) -> None:
         module, _, function = target.partition(":")
         if not all(part.isidentifier() for part in module.split(".")) or not function.isidentifier():
             raise ValueError(f"an agent env is named agent:MODULE:FUNCTION, not agent:{target}")
+        self.module, self.function = module, function
+        self._init(task, budget_s)
+
+    def _init(self, task: Any, budget_s: float) -> None:
+        """Check the task and budget, and set up the state of an env whose program has not started."""
         if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0:
             raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
         json.dumps(task)  # TypeError unless JSON-safe: it goes to the program as JSON
-        self.module, self.function, self.task, self.budget_s = module, function, task, float(budget_s)
+        self.task, self.budget_s = task, float(budget_s)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._endpoint: Endpoint | None = None
@@ -228,12 +245,13 @@ class AgentEnv:
         assert self._dir is not None
         work = self._dir / "work"
         work.mkdir()
-        spec = {"module": self.module, "function": self.function, "task": self.task, "seed": seed}
+        spec = {**self._spec(), "task": self.task, "seed": seed}
         guard, self._guard = os.pipe()  # the runner holds the write end: its death is the guard's EOF
         spec.update(guard=guard, result=str(self._dir / "result.json"))
         (self._dir / "spec.json").write_text(json.dumps(spec))
         env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": API_KEY, "PYTHONUNBUFFERED": "1"}
         env.update(TRAJFLOW_AGENT_REWARD_FILE=str(self._dir / "reward.json"), PYTHONHASHSEED=str(seed % 2**32))
+        env.update(TRAJFLOW_AGENT_TASK=json.dumps(self.task), TRAJFLOW_AGENT_SEED=str(seed))
         env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, ["127.0.0.1,localhost", env.get("NO_PROXY")]))
         layer = os.environ.get("TRAJFLOW_USERENV_DIR", USERENV_DIR)
         path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -242,7 +260,7 @@ class AgentEnv:
         try:
             with open(self._dir / "stderr.log", "wb") as stderr:
                 return subprocess.Popen(
-                    [sys.executable, "-c", BOOTSTRAP, str(self._dir / "spec.json")],
+                    [sys.executable, "-c", self.bootstrap, str(self._dir / "spec.json")],
                     cwd=work,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -253,6 +271,10 @@ class AgentEnv:
                 )
         finally:
             os.close(guard)
+
+    def _spec(self) -> dict[str, Any]:
+        """What the bootstrap needs to run this program, besides its task, seed, guard and result file."""
+        return {"module": self.module, "function": self.function}
 
     def _next(self) -> tuple[str, float, bool, dict[str, Any]]:
         """Wait for the program's next request or its exit: (observation, reward, terminated, info)."""
@@ -304,15 +326,25 @@ class AgentEnv:
         finally:
             self.close()
         if outcome is None:
-            if status == 0 and written is not None:
-                return reward_of(_json_or_text(written), "its reward file")
-            how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
-            raise AgentError("crashed", f"the agent program {how} without a result; the end of its stderr:\n{stderr}")
+            return self._exit_reward(status, written, stderr)
         if "unserializable" in outcome:
             raise AgentError("bad_result", f"its return value is not JSON: {outcome['unserializable']}")
         if outcome["value"] is None and written is not None:
             return reward_of(_json_or_text(written), "its reward file")
         return reward_of(outcome["value"], "its return value")
+
+    def _exit_reward(self, status: int, written: str | None, stderr: str) -> tuple[float, dict[str, Any]]:
+        """The reward of a program that exited with `status` without a return value (`written`: its reward file's
+        text, None when it wrote none)."""
+        if status == 0 and written is not None:
+            return reward_of(_json_or_text(written), "its reward file")
+        raise crashed(status, stderr, how="{} without a result")
+
+
+def crashed(status: int, stderr: str, program: str = "the agent program", how: str = "{}") -> AgentError:
+    """The `crashed` error of a program that exited with `status` (negative: killed by that signal)."""
+    ended = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+    return AgentError("crashed", f"{program} {how.format(ended)}; the end of its stderr:\n{stderr}")
 
 
 def _json_or_text(text: str) -> object:

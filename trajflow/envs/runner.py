@@ -1,7 +1,8 @@
 """Hosts ONE environment (GEM; a shell task: `shell:<task>`, see `trajflow/envs/shell.py`; a gymnasium env through its
 text interface: `gym:<ID>`, see `trajflow/envs/gym_adapter.py`; a user's own env class: `py:MODULE:CLASS`; a dataset
 task: `data:NAME`, see `trajflow/envs/dataset.py`; or a user's agent program whose every chat request is a turn:
-`agent:MODULE:FUNCTION`, see `trajflow/envs/agent.py`) behind a Unix socket: the program a sandbox container runs.
+`agent:MODULE:FUNCTION`, see `trajflow/envs/agent.py`, or a command line `agent-cmd:FILE`, see
+`trajflow/envs/agent_cmd.py`) behind a Unix socket: the program a sandbox container runs.
 
 Protocol: newline-delimited JSON, one request -> one response line, sequential per connection. Several
 connections may be open (a host that lost its connection reconnects); they share the one environment,
@@ -69,7 +70,11 @@ USERENV_DIR = "/opt/trajflow/userenv"
 STEP_RESULT = "(observation, reward, terminated, truncated, info)"
 AGENT_PREFIX = "agent:"
 """Env ids `agent:MODULE:FUNCTION` are a user's agent program (`trajflow/envs/agent.py`), hosted without GEM."""
-NO_GEM_PREFIXES = (SHELL_PREFIX, GYM_PREFIX, USER_PREFIX, DATA_PREFIX, AGENT_PREFIX)
+AGENT_CMD_PREFIX = "agent-cmd:"
+"""Env ids `agent-cmd:FILE` are a user's agent program run as a command line (`trajflow/envs/agent_cmd.py`)."""
+AGENT_PREFIXES = (AGENT_PREFIX, AGENT_CMD_PREFIX)
+"""The agent programs' env ids (`trajflow.contracts.agent.is_agent`, which this runner cannot import)."""
+NO_GEM_PREFIXES = (SHELL_PREFIX, GYM_PREFIX, USER_PREFIX, DATA_PREFIX, *AGENT_PREFIXES)
 
 Response = dict[str, Any]
 
@@ -137,7 +142,7 @@ class EnvHost:
             return self._reset_data(env_id[len(DATA_PREFIX) :], seed, env_kwargs)
         if env_id.startswith(GYM_PREFIX):
             return self._reset_gym(env_id[len(GYM_PREFIX) :], seed, env_kwargs)
-        if env_id.startswith(AGENT_PREFIX):
+        if env_id.startswith(AGENT_PREFIXES):
             return self._reset_agent(env_id, seed, env_kwargs)
         if self._loader.light and env_id.startswith("rg:"):
             raise RequestError("BadRequest", f"this sandbox was started for a non-rg env and cannot host {env_id!r}")
@@ -237,10 +242,14 @@ class EnvHost:
         return self._begin(env, seed, f"gymnasium environment {name!r}")
 
     def _reset_agent(self, env_id: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
-        agent = _sibling("agent")
+        command = env_id.startswith(AGENT_CMD_PREFIX)
+        agent = _sibling("agent_cmd" if command else "agent")
         self._drop_env()
         try:
-            env = agent.AgentEnv(env_id[len(AGENT_PREFIX) :], **env_kwargs)
+            if command:
+                env = agent.CommandAgentEnv(env_id[len(AGENT_CMD_PREFIX) :], **env_kwargs)
+            else:
+                env = agent.AgentEnv(env_id[len(AGENT_PREFIX) :], **env_kwargs)
         except (TypeError, ValueError) as e:
             raise RequestError("BadRequest", f"bad env id or env_kwargs for {env_id}: {e}") from e
         try:

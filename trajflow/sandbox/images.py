@@ -35,7 +35,7 @@ from pathlib import Path
 
 import docker
 
-from trajflow.envs.runner import AGENT_PREFIX, DATA_PREFIX, SHELL_PREFIX, USER_PREFIX
+from trajflow.envs.runner import AGENT_PREFIXES, DATA_PREFIX, SHELL_PREFIX, USER_PREFIX
 from trajflow.envs.shell import TASKS_ROOT
 from trajflow.sandbox.builder import wheels
 from trajflow.sandbox.builder.base import base_image_tag, build_base_image
@@ -78,6 +78,7 @@ RUNTIME_SOURCES: tuple[str, ...] = (
     "dataset.py",
     "verify.py",
     "agent.py",
+    "agent_cmd.py",
     "agent_http.py",
 )
 """The files of `trajflow/envs/` copied into the runtime layer, beside each other in /opt/trajflow (the runner imports
@@ -322,13 +323,14 @@ class ImageResolver:
         self._lock = threading.Lock()
 
     def image_for(self, env_id: str, package: str = "") -> str:
-        """The image of `env_id`; `package`: a `py:`, `agent:` or `data:` env's package URI
+        """The image of `env_id`; `package`: a `py:`, `agent:`, `agent-cmd:` or `data:` env's package URI
         (`TrajectoryRequest.env_package`), whose layer holds the user's source."""
-        user = env_id.startswith((USER_PREFIX, DATA_PREFIX, AGENT_PREFIX))
-        if user and not package and env_id.startswith(AGENT_PREFIX):
+        user = env_id.startswith((USER_PREFIX, DATA_PREFIX, *AGENT_PREFIXES))
+        if user and not package and env_id.startswith(AGENT_PREFIXES):
             raise UnknownTask(
                 f'{env_id}: an agent: program needs its source directory packed: give the task env_path = "DIR" '
-                "(or --env-path DIR), the directory that holds its module; the submission then sets env_package"
+                "(or --env-path DIR), the directory that holds its module or command; the submission then sets "
+                "env_package"
             )
         if user and not package:
             raise UnknownTask(

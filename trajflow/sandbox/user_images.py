@@ -2,7 +2,8 @@
 its requirements on the runtime layer, named `trajflow-userenv:<hash>`; a dataset task's (`data:NAME`) is the same
 layer holding its one file.
 
-The hash covers the runtime tag, every source file, the requirements and their wheels' sha256, so the same package
+The hash covers the runtime tag, every source file (and which are executable: they stay so in the layer, for
+`agent-cmd:` programs), the requirements and their wheels' sha256, so the same package
 builds once per host and an edited env gets a new layer. The wheels are downloaded on the host into the wheel cache
 (`trajflow.sandbox.builder.wheels`, one directory per requirement set) and installed in a build stage, so the build is
 offline. The user's packages go first on the image's PYTHONPATH (/opt/trajflow/userenv, then its requirements, then the
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import docker
 
-from trajflow.envs.user.source import read_requirements, source_files
+from trajflow.envs.user.source import executable_files, read_requirements, source_files
 from trajflow.sandbox.builder import wheels
 from trajflow.sandbox.builder.docker_build import Progress, build_from_context, build_lock, digest, image_exists, quiet
 from trajflow.sandbox.images import ensure_runtime_image
@@ -51,9 +52,13 @@ ENV PYTHONPATH={USER_ROOT}:{USER_SITE}:/opt/trajflow/site TRAJFLOW_USERENV_DIR={
 
 
 def user_image_tag(
-    runtime_tag: str, files: dict[str, bytes], requirements: tuple[str, ...], wheel_hashes: dict[str, str]
+    runtime_tag: str,
+    files: dict[str, bytes],
+    requirements: tuple[str, ...],
+    wheel_hashes: dict[str, str],
+    executable: frozenset[str] = frozenset(),
 ) -> str:
-    parts = {
+    parts: dict[str, object] = {
         "runtime": runtime_tag,
         "files": {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(files.items())},
         "requirements": requirements,
@@ -61,6 +66,8 @@ def user_image_tag(
         "dockerfile": user_dockerfile(runtime_tag, sorted(wheel_hashes), requirements),
         "format": USER_FORMAT,
     }
+    if executable:  # only then: the tags of packages without executables stay what they were
+        parts["executable"] = sorted(executable)
     return f"{USER_REPO}:{digest(parts)}"
 
 
@@ -72,6 +79,7 @@ def ensure_user_image(
     report = progress or quiet
     cache_dir = Path(cache_dir)
     files = source_files(package_dir)
+    executable = executable_files(package_dir)
     requirements = read_requirements(package_dir)
     runtime = ensure_runtime_image(client, cache_dir, progress)
     hashes: dict[str, str] = {}
@@ -79,7 +87,7 @@ def ensure_user_image(
         hashes = wheels.cached_wheels(cache_dir, requirements) or wheels.download_wheels(
             cache_dir, report, requirements
         )
-    tag = user_image_tag(runtime, files, requirements, hashes)
+    tag = user_image_tag(runtime, files, requirements, hashes, executable)
     if image_exists(client, tag):
         return tag
     with build_lock(cache_dir):
@@ -93,6 +101,7 @@ def ensure_user_image(
             tag=tag,
             wheels=wheels.wheel_dir(cache_dir, requirements) if requirements else None,
             files={f"env/{rel}": data for rel, data in files.items()},
+            executable=frozenset(f"env/{rel}" for rel in executable),
             dockerfile=user_dockerfile(runtime, sorted(hashes), requirements),
             labels={"trajflow.layer": "userenv", "trajflow.hash": tag.partition(":")[2], "trajflow.base": runtime},
             progress=report,

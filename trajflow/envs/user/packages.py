@@ -2,8 +2,9 @@
 the sha256 of that tar, put once at submission and unpacked once per env worker host (under its cache directory)
 where the image layer is built.
 
-The tar is deterministic (sorted names, zero times and owners, mode 0644), so the same files give the same key on
-every host and the image layer built from them is cached by content.
+The tar is deterministic (sorted names, zero times and owners, mode 0644, or 0755 for a file with an execute bit:
+an `agent-cmd:` program must stay runnable), so the same files give the same key on every host and the image layer
+built from them is cached by content.
 Limits: packages are never deleted from the store (they are small and runs and replays refer to them).
 """
 
@@ -28,13 +29,13 @@ class PackageError(RuntimeError):
     """A package that cannot be fetched or does not match its name."""
 
 
-def pack(files: dict[str, bytes]) -> bytes:
-    """The deterministic tar of `files` (relative POSIX path -> content)."""
+def pack(files: dict[str, bytes], executable: frozenset[str] = frozenset()) -> bytes:
+    """The deterministic tar of `files` (relative POSIX path -> content); those in `executable` get mode 0755."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for rel in sorted(files):
             info = tarfile.TarInfo(rel)
-            info.size, info.mode, info.mtime = len(files[rel]), 0o644, 0
+            info.size, info.mode, info.mtime = len(files[rel]), 0o755 if rel in executable else 0o644, 0
             tar.addfile(info, io.BytesIO(files[rel]))
     return out.getvalue()
 
@@ -52,9 +53,10 @@ def digest_of(uri: str) -> str:
     return digest
 
 
-def publish(files: dict[str, bytes], store: ObjectStore) -> str:
-    """Put the package of `files` (a user env's source, a dataset) into the store unless it is there; its URI."""
-    data = pack(files)
+def publish(files: dict[str, bytes], store: ObjectStore, executable: frozenset[str] = frozenset()) -> str:
+    """Put the package of `files` (a user env's source, a dataset; `executable` those with an execute bit) into the
+    store unless it is there; its URI."""
+    data = pack(files, executable)
     key = package_key(data)
     uri = store.uri_for(key)
     if not store.exists(uri):
@@ -63,9 +65,9 @@ def publish(files: dict[str, bytes], store: ObjectStore) -> str:
 
 
 def extract_files(tar: tarfile.TarFile, dest: Path) -> None:
-    """Write the tar's members under `dest`: plain files at relative paths only (what `pack` writes); an absolute
-    path, a `..`, a link or a device is refused. Checked here rather than by tarfile's `filter="data"`, which the
-    Python of the worker image (Debian 12's 3.11.2) does not have."""
+    """Write the tar's members under `dest`: plain files at relative paths only (what `pack` writes), those with an
+    execute bit made executable (0755); an absolute path, a `..`, a link or a device is refused. Checked here rather
+    than by tarfile's `filter="data"`, which the Python of the worker image (Debian 12's 3.11.2) does not have."""
     for member in tar.getmembers():
         parts = PurePosixPath(member.name).parts
         if not member.isfile() or member.name.startswith("/") or ".." in parts or not parts:
@@ -75,6 +77,8 @@ def extract_files(tar: tarfile.TarFile, dest: Path) -> None:
         source = tar.extractfile(member)
         assert source is not None  # a plain file always has its bytes
         out.write_bytes(source.read())
+        if member.mode & 0o111:
+            out.chmod(0o755)
 
 
 def unpack(store: ObjectStore, uri: str, cache_dir: Path) -> Path:

@@ -1,6 +1,6 @@
 """A user's own environment, env id `py:MODULE:CLASS`, or agent program, env id `agent:MODULE:FUNCTION`
-(`trajflow/envs/agent.py`), as a directory of source: found and checked without importing it (the submitting host
-need not have the env's requirements).
+(`trajflow/envs/agent.py`) or `agent-cmd:FILE` (a command line, `trajflow/envs/agent_cmd.py`), as a directory of source:
+found and checked without importing it (the submitting host need not have the env's requirements).
 
 The directory holds MODULE (dotted: `games/dice.py` or `games/dice/__init__.py` for `games.dice`) and, optionally,
 `requirements.txt` (pip requirement lines; their wheels are resolved on the host, `trajflow.sandbox.builder.wheels`).
@@ -12,7 +12,10 @@ CLASS is defined at the module's top level with the GEM/gymnasium interface, str
         def step(self, action: str) -> tuple[str, float, bool, bool, dict]: ...
 
 FUNCTION is a top-level `def` or `async def` taking `(task, seed)`: the agent program's entry point, which the
-sandbox's runner imports from the same layer (the layer's directory is first on the sandbox's PYTHONPATH).
+sandbox's runner imports from the same layer (the layer's directory is first on the sandbox's PYTHONPATH). FILE is a
+path relative to the directory (no whitespace, no `.`/`..` parts, no hidden parts) to a regular file that is executable
+or starts with `#!`, and `env_kwargs["args"]` (when given) a string a shell can split. Execute bits travel with the
+package (`executable_files`), so a compiled harness runs as it does on the host.
 
 The check reads the module with `ast`: the class must be there, and the `reset` and `step` it defines must take a
 `seed` keyword and one action; the function must be there and take two positional arguments. What `ast` cannot see is
@@ -28,7 +31,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajflow.envs.runner import AGENT_PREFIX, USER_PREFIX
+from trajflow.envs.agent_cmd import command_argv, file_problem
+from trajflow.envs.runner import AGENT_CMD_PREFIX, AGENT_PREFIX, USER_PREFIX
 
 PREFIX = USER_PREFIX
 REQUIREMENTS_FILE = "requirements.txt"
@@ -56,9 +60,14 @@ def is_agent_env(env_id: str) -> bool:
     return env_id.startswith(AGENT_PREFIX)
 
 
+def is_command_env(env_id: str) -> bool:
+    """An `agent-cmd:FILE` program."""
+    return env_id.startswith(AGENT_CMD_PREFIX)
+
+
 def has_source(env_id: str) -> bool:
-    """Whether `env_id` runs from a directory of the user's source (a `py:` env or an `agent:` program)."""
-    return is_user_env(env_id) or is_agent_env(env_id)
+    """Whether `env_id` runs from a directory of the user's source (a `py:` env or an `agent:`/`agent-cmd:` program)."""
+    return is_user_env(env_id) or is_agent_env(env_id) or is_command_env(env_id)
 
 
 def split_env_id(env_id: str) -> tuple[str, str]:
@@ -93,15 +102,28 @@ class EnvSource:
         """Every file of the directory that goes into the package, by POSIX path relative to it, sorted."""
         return source_files(self.root)
 
+    def executables(self) -> frozenset[str]:
+        """The packed files with an execute bit."""
+        return executable_files(self.root)
 
-def source_files(root: Path) -> dict[str, bytes]:
-    files: dict[str, bytes] = {}
+
+def _packed(root: Path) -> list[tuple[str, Path]]:
+    """(POSIX path relative to `root`, path) of every file that goes into a package, sorted."""
+    packed = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if any(part.startswith(".") or part == "__pycache__" for part in rel.parts) or not path.is_file():
-            continue
-        files[rel.as_posix()] = path.read_bytes()
-    return files
+        if path.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in rel.parts):
+            packed.append((rel.as_posix(), path))
+    return packed
+
+
+def source_files(root: Path) -> dict[str, bytes]:
+    return {rel: path.read_bytes() for rel, path in _packed(root)}
+
+
+def executable_files(root: Path) -> frozenset[str]:
+    """The files of `source_files(root)` that have an execute bit (user, group or other)."""
+    return frozenset(rel for rel, path in _packed(root) if path.stat().st_mode & 0o111)
 
 
 def module_path(root: Path, module: str) -> Path | None:
@@ -153,7 +175,37 @@ def read_requirements(root: Path) -> tuple[str, ...]:
 def check_source(env_id: str, env_path: str | Path) -> EnvSource:
     """The user env `env_id` in directory `env_path`, checked; raises EnvSourceError saying what to fix."""
     module, cls = split_env_id(env_id)
-    kind = "an agent: program" if is_agent_env(env_id) else "a py: env"
+    root = _root(env_id, env_path, "an agent: program" if is_agent_env(env_id) else "a py: env")
+    path, tree = parse_module(root, module, env_id)
+    if is_agent_env(env_id):
+        _check_function(env_id, path, tree, cls)
+    else:
+        _check_class(env_id, path, tree, cls)
+    _check_size(env_id, root)
+    return EnvSource(root, module, cls, read_requirements(root))
+
+
+def check_command(env_id: str, env_path: str | Path, args: object = "") -> EnvSource:
+    """The `agent-cmd:FILE` program `env_id` in directory `env_path` run with `args` (`env_kwargs["args"]`),
+    checked; raises EnvSourceError saying what to fix. Its EnvSource's `module` is FILE."""
+    file = env_id.removeprefix(AGENT_CMD_PREFIX)
+    problem = file_problem(file)
+    if problem:
+        raise EnvSourceError(
+            f"{env_id!r} is not an agent-cmd: env id: {problem} (e.g. agent-cmd:run.sh, agent-cmd:bin/agent)"
+        )
+    if any(part.startswith(".") or part == "__pycache__" for part in file.split("/")):
+        raise EnvSourceError(f"{env_id}: hidden files and __pycache__ are not packed: move {file} out of them")
+    root = _root(env_id, env_path, "an agent-cmd: program")
+    try:
+        command_argv(root, file, args)
+    except ValueError as e:
+        raise EnvSourceError(str(e)) from None
+    _check_size(env_id, root)
+    return EnvSource(root, file, "", read_requirements(root))
+
+
+def _root(env_id: str, env_path: str | Path, kind: str) -> Path:
     if not str(env_path):
         raise EnvSourceError(
             f'{env_id}: {kind} needs its source directory: env_path = "DIR" in the task (relative to the config '
@@ -162,18 +214,16 @@ def check_source(env_id: str, env_path: str | Path) -> EnvSource:
     root = Path(env_path).expanduser().resolve()
     if not root.is_dir():
         raise EnvSourceError(f"{env_id}: env_path {str(env_path)!r} is not a directory")
-    path, tree = parse_module(root, module, env_id)
-    if is_agent_env(env_id):
-        _check_function(env_id, path, tree, cls)
-    else:
-        _check_class(env_id, path, tree, cls)
+    return root
+
+
+def _check_size(env_id: str, root: Path) -> None:
     total = sum(len(data) for data in source_files(root).values())
     if total > MAX_SOURCE_BYTES:
         raise EnvSourceError(
             f"{env_id}: {root} holds {total / 2**20:.1f} MiB of files, over the {MAX_SOURCE_BYTES // 2**20} MiB a "
             "packed env may have: keep data sets out of the env's directory (load them in the env from a path or URL)"
         )
-    return EnvSource(root, module, cls, read_requirements(root))
 
 
 def bound_at_top_level(tree: ast.Module, name: str) -> bool:

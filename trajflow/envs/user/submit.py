@@ -1,4 +1,5 @@
-"""Submitting work that names a user env, an agent program or a dataset task: every `py:` and `agent:` task's source
+"""Submitting work that names a user env, an agent program or a dataset task: every `py:`, `agent:` and `agent-cmd:`
+task's source
 (a `data:` task's file) is checked, its requirements resolved into the host's wheel cache (so an unresolvable one
 fails here, not in a sandbox), and its package put into the object store; the task (or request) then carries the
 package's URI, which every env worker builds its layer from."""
@@ -14,7 +15,15 @@ from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.trajectory import TrajectoryRequest
 from trajflow.envs.user.datasets import check_dataset, is_dataset
 from trajflow.envs.user.packages import publish
-from trajflow.envs.user.source import REQUIREMENTS_FILE, EnvSource, EnvSourceError, check_source, has_source
+from trajflow.envs.user.source import (
+    REQUIREMENTS_FILE,
+    EnvSource,
+    EnvSourceError,
+    check_command,
+    check_source,
+    has_source,
+    is_command_env,
+)
 from trajflow.envs.user.verifiers import VerifierSource
 from trajflow.sandbox.builder import wheels
 
@@ -54,9 +63,12 @@ def package_env(
         own = f", verifier {data.verifier.module}:{data.verifier.function}" if data.verifier else ""
         say(f"{env_id}: packaged {data.path} ({data.train_rows} train, {data.test_rows} test rows{own}) as {uri}")
         return uri
-    source = check_source(env_id, env_path)
+    if is_command_env(env_id):
+        source = check_command(env_id, env_path, (env_kwargs or {}).get("args", ""))
+    else:
+        source = check_source(env_id, env_path)
     resolve_requirements(source, wheel_cache, say)
-    uri = publish(source.files(), store)
+    uri = publish(source.files(), store, source.executables())
     say(f"{env_id}: packaged {source.root} as {uri}")
     return uri
 
@@ -66,7 +78,9 @@ def publish_task(task: TaskConfig, store: ObjectStore, wheel_cache: Path, say: S
     what to fix."""
     if not packaged(task.env_id):
         if task.env_path:
-            raise EnvSourceError(f"task {task.name!r}: env_path is for py:, agent: and data: envs, not {task.env_id!r}")
+            raise EnvSourceError(
+                f"task {task.name!r}: env_path is for py:, agent:, agent-cmd: and data: envs, not {task.env_id!r}"
+            )
         return task
     try:
         uri = package_env(task.env_id, task.env_path, store, wheel_cache, say, task.env_kwargs)
@@ -88,7 +102,7 @@ def publish_request(
     """`req` with its env package set when its env is a `py:`, `agent:` or `data:` one (from `env_path`)."""
     if not packaged(req.env_id):
         if env_path:
-            raise EnvSourceError(f"--env-path is for py:, agent: and data: envs, not {req.env_id!r}")
+            raise EnvSourceError(f"--env-path is for py:, agent:, agent-cmd: and data: envs, not {req.env_id!r}")
         return req
     if req.env_package and not env_path:  # published with its task
         return req

@@ -82,9 +82,10 @@ def build_from_context(
     dockerfile: str,
     labels: dict[str, str],
     progress: Progress,
+    executable: frozenset[str] = frozenset(),
 ) -> None:
     """`docker build` a context of the cached wheels (hard-linked under wheels/; none when `wheels` is None),
-    `files` and the Dockerfile."""
+    `files` (those named in `executable` with mode 0755, which COPY keeps) and the Dockerfile."""
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix="context-") as context:
         ctx = Path(context)
         (ctx / "wheels").mkdir()
@@ -94,6 +95,8 @@ def build_from_context(
             target = ctx / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)  # exactly the bytes that were hashed into the tag
+            if name in executable:
+                target.chmod(0o755)
         (ctx / "Dockerfile").write_text(dockerfile)
         stream = client.api.build(path=str(ctx), tag=tag, rm=True, forcerm=True, decode=True, labels=labels)
         for chunk in stream:
