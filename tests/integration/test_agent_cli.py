@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from infra.store import LocalStore
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from trajflow.contracts.records import TrajectoryRecord
 
 pytestmark = pytest.mark.integration
@@ -50,6 +50,16 @@ def test_rollout_of_the_example_agent(cli_stack, tmp_path: Path) -> None:
     assert record.turns[-1].observation == ""  # the program's exit ends the episode
     text = cli_stack.trajflow("rollout", "-c", str(EXAMPLE / "config.toml"), "--seed", "2", timeout=900).stdout
     assert "chat request 1 (2 messages), last user:" in text  # the transcript shows each request's newest message
+
+    def trace() -> str | None:  # the trace view: each call, and the program's own time between calls
+        out = cli_stack.trajflow("trace", out_id, check=False)
+        return out.stdout if out.returncode == 0 and "where the time went" in out.stdout else None
+
+    out_id = out["workflow_id"]
+    timeline = wait_for(trace, 30, interval_s=0.5, what="the agent trajectory's spans")
+    steps = [line for line in timeline.splitlines() if "env.step (turn" in line and "run env.step" not in line]
+    assert len(steps) == out["turns"], timeline
+    assert "call 2, program " in steps[0] and "the agent program between calls: " in timeline, timeline
 
 
 def test_training_on_the_example_agent(cli_stack, tmp_path: Path) -> None:
