@@ -22,10 +22,11 @@ MAX_PAYLOAD_BYTES = 2_000_000
 MAX_OBSERVATION_CHARS = 16_000
 """An env observation longer than this (an agent that printed 10 MB) is cut to its head and tail, with a marker
 saying how much was cut: that is the env's answer, not an infra failure (`trajflow.envs.formatting.cap_observation`)."""
-MAX_AGENT_REQUEST_CHARS = 1_000_000
+MAX_AGENT_REQUEST_CHARS = 512_000
 """An `agent:` (or `agent-cmd:`) env's observation is its program's whole chat request as JSON and is never cut (cut
 JSON does not parse); one longer than this fails the episode (`AgentError`, kind malformed_request). Temporal's payload
-limit is 2 MB, and the request's text is escaped once more inside the activity result's JSON."""
+limit is 2 MB, and the request's text is escaped once more inside the activity result's JSON: a request of quotes and
+backslashes doubles there, so half the limit, less room for the rest of the result, keeps every request under it."""
 MAX_SYSTEM_PROMPT_CHARS = 32_000
 """System prompts ride in every `llm.generate` input: 200 turns at the cap add ~6 MB to a history (limit 50 MB)."""
 MAX_ID_CHARS = 1000
