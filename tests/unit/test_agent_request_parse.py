@@ -128,3 +128,4 @@ def test_the_workflows_budget_is_the_runners():
     assert budget_s({}) == DEFAULT_BUDGET_S and budget_s({"budget_s": 5}) == 5.0
     assert budget_s({"budget_s": True}) == budget_s({"budget_s": -1}) == DEFAULT_BUDGET_S
     assert call_s({"budget_s": 5}) == 35.0
+    assert call_s({"budget_s": 5, "verifier": "check:verify"}) == 40.0  # the verifier's budget after the last call

@@ -64,8 +64,9 @@ def budget_s(env_kwargs: Mapping[str, object]) -> float:
 
 
 def call_s(env_kwargs: Mapping[str, object]) -> float:
-    """The longest one reset or step of an agent env may take: its program's budget plus the margin."""
-    return budget_s(env_kwargs) + STEP_MARGIN_S
+    """The longest one reset or step of an agent env may take: its program's budget plus the margin; twice the budget
+    with a verifier (`env_kwargs["verifier"]`), which may take the budget again after the program's last call."""
+    return budget_s(env_kwargs) * (2 if env_kwargs.get("verifier") is not None else 1) + STEP_MARGIN_S
 
 
 class AgentRequest:

@@ -37,7 +37,8 @@ program. An `openai` client that times out or retries a request sends it again (
 reset) kills the program's process group and stops the endpoint; if the runner dies without closing it, a guard
 process in the group (forked by the bootstrap, blocked on a pipe whose write end only the runner holds) kills the group.
 A process the program starts in a new session or process group escapes both. Its stderr file is not capped. A step
-lasts as long as the program works between its calls (up to `budget_s`): the host's step timeout must be longer.
+lasts as long as the program works between its calls (up to `budget_s`; the last one, a verifier's `budget_s` more):
+the host's step timeout must be longer.
 """
 
 from __future__ import annotations
