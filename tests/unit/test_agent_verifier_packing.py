@@ -65,7 +65,7 @@ def test_a_task_with_a_good_verifier_is_published_with_it(tmp_path: Path, env_id
         (7, "verifier must be a string MODULE:FUNCTION"),
     ],
 )
-def test_a_bad_verifier_is_refused_naming_its_task(tmp_path: Path, verifier: object, says: str) -> None:
+def test_a_bad_verifier_is_refused_naming_its_task(tmp_path: Path, verifier: str | int, says: str) -> None:
     root = program_dir(tmp_path)
     task = TaskConfig(name="t", env_id="agent:solver:solve", env_path=str(root), env_kwargs={"verifier": verifier})
     with pytest.raises(EnvSourceError, match=f"task 't': agent:solver:solve: .*{says}"):

@@ -131,8 +131,8 @@ def request_digest(observation: str) -> str:
 def answer_action(
     text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int, tool_calls: list[ToolCall] | None = None
 ) -> str:
-    """The env action that answers an agent's request (`trajflow.envs.agent.parse_action` reads it); with tool calls
-    an empty text is `null` content, as the OpenAI API writes it."""
+    """The env action that answers an agent's request (`trajflow.envs.agent_http.parse_action` reads it); with tool
+    calls an empty text is `null` content, as the OpenAI API writes it."""
     usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,

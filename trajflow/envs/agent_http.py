@@ -40,7 +40,7 @@ class MalformedRequest(ValueError):
 
 @dataclass(frozen=True)
 class Answer:
-    """The model's answer to one chat request (`agent.parse_action` makes it from a step's action)."""
+    """The model's answer to one chat request (`parse_action` makes it from a step's action)."""
 
     content: str | None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
