@@ -4,7 +4,8 @@ them: the image has no curl), every chat request a turn of the TrajectoryWorkflo
 policy on the real tokenizer), the reward from the program's reward file; a killed sandbox is restored by re-running
 the command with its recorded answers; a non-zero exit status ends the trajectory
 `infra_failed` as `crashed` with its stderr, status 0 without a reward file as `bad_result`. `trajflow train` and
-`rollout` refuse a bad command at submission with exit 2.
+`rollout` refuse a bad command at submission with exit 2. A verifier (`check.py`) run after a program that left
+its answer in a file of its work directory gives the reward.
 
 The programs are `tests/integration/agent_cmd_programs/` (sh and stdlib python3)."""
 
@@ -84,6 +85,20 @@ async def test_a_killed_sandbox_reruns_the_command_with_its_recorded_answers(
     assert result.status is TrajectoryStatus.COMPLETED, result.error
     assert (result.turns, result.reward, result.env_recoveries) == (2, 1.0, 1)
     assert engine.calls == 2, "the restored program's first call was answered from the record, not decoded"
+
+
+async def test_a_verifier_gives_the_reward_from_the_file_the_program_left(
+    temporal_env, reward_service, store, cache_dir, sandbox_manager, tiny_model, package_images
+) -> None:
+    kwargs = {"verifier": "check:verify"}
+    package = package_env("agent-cmd:edit.sh", str(PROGRAMS), store, cache_dir / "images", print, kwargs)
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), ["fixed"])
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
+        result = await st.run(request(st, package, "edit.sh", **kwargs))
+    assert result.status is TrajectoryStatus.COMPLETED, result.error
+    assert (result.turns, result.reward) == (1, 1.0)  # no reward file: without its verifier, a bad_result
+    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
+    assert record.turns[0].observation == "" and record.turns[0].env_reward == 1.0
 
 
 @pytest.mark.parametrize(

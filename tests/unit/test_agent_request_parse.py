@@ -1,6 +1,6 @@
 """An agent's turn as the trajectory workflow reads it (`trajflow.contracts.agent`): the request the sandbox's
 endpoint normalised (`trajflow.envs.agent_http.normalize_request`, the real one) becomes the decode request, and the
-model's answer the action the endpoint parses back (`trajflow.envs.agent.parse_action`, the real one)."""
+model's answer the action the endpoint parses back (`trajflow.envs.agent_http.parse_action`, the real one)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pytest
 from trajflow.contracts.agent import AGENT_PREFIX, AgentRequest, AgentRequestError, answer_action, is_agent
 from trajflow.contracts.base import ChatMessage, ToolCall, ToolFunction
 from trajflow.contracts.trajectory import SamplingParams
-from trajflow.envs.agent import parse_action
-from trajflow.envs.agent_http import normalize_request
+from trajflow.envs.agent_http import normalize_request, parse_action
 from trajflow.envs.runner import AGENT_PREFIX as RUNNER_AGENT_PREFIX
 
 
@@ -128,3 +127,4 @@ def test_the_workflows_budget_is_the_runners():
     assert budget_s({}) == DEFAULT_BUDGET_S and budget_s({"budget_s": 5}) == 5.0
     assert budget_s({"budget_s": True}) == budget_s({"budget_s": -1}) == DEFAULT_BUDGET_S
     assert call_s({"budget_s": 5}) == 35.0
+    assert call_s({"budget_s": 5, "verifier": "check:verify"}) == 40.0  # the verifier's budget after the last call

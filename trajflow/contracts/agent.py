@@ -64,8 +64,9 @@ def budget_s(env_kwargs: Mapping[str, object]) -> float:
 
 
 def call_s(env_kwargs: Mapping[str, object]) -> float:
-    """The longest one reset or step of an agent env may take: its program's budget plus the margin."""
-    return budget_s(env_kwargs) + STEP_MARGIN_S
+    """The longest one reset or step of an agent env may take: its program's budget plus the margin; twice the budget
+    with a verifier (`env_kwargs["verifier"]`), which may take the budget again after the program's last call."""
+    return budget_s(env_kwargs) * (2 if env_kwargs.get("verifier") is not None else 1) + STEP_MARGIN_S
 
 
 class AgentRequest:
@@ -130,8 +131,8 @@ def request_digest(observation: str) -> str:
 def answer_action(
     text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int, tool_calls: list[ToolCall] | None = None
 ) -> str:
-    """The env action that answers an agent's request (`trajflow.envs.agent.parse_action` reads it); with tool calls
-    an empty text is `null` content, as the OpenAI API writes it."""
+    """The env action that answers an agent's request (`trajflow.envs.agent_http.parse_action` reads it); with tool
+    calls an empty text is `null` content, as the OpenAI API writes it."""
     usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,

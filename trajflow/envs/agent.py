@@ -16,7 +16,9 @@ The program: `FUNCTION(task, seed)` in MODULE (found on the sandbox's PYTHONPATH
 as a child process (its own process group, a fresh empty cwd, stdin closed) with OPENAI_BASE_URL, OPENAI_API_KEY (a
 dummy), TRAJFLOW_AGENT_REWARD_FILE, TRAJFLOW_AGENT_TASK (the task as JSON text) and TRAJFLOW_AGENT_SEED set. Its
 reward: the return value, a number or {"reward": number, "info": {..}}; or, when it returns None and exits with status
-0, the same written as JSON to TRAJFLOW_AGENT_REWARD_FILE. A command line (`agent-cmd:FILE`, `agent_cmd.py`) runs the
+0, the same written as JSON to TRAJFLOW_AGENT_REWARD_FILE; or, with `env_kwargs["verifier"] = "MODULE:FUNCTION"`,
+what that returns when run after a program that exited with status 0, in its work directory (`agent_verify.py`: its
+`result` argument, its budget, its failures). A command line (`agent-cmd:FILE`, `agent_cmd.py`) runs the
 same way, its reward from its exit status and reward file.
 
 An action is a JSON object {"content": str|null, "tool_calls": [...]?, "finish_reason"?, "usage"?} or plain text
@@ -35,11 +37,13 @@ program. An `openai` client that times out or retries a request sends it again (
 reset) kills the program's process group and stops the endpoint; if the runner dies without closing it, a guard
 process in the group (forked by the bootstrap, blocked on a pipe whose write end only the runner holds) kills the group.
 A process the program starts in a new session or process group escapes both. Its stderr file is not capped. A step
-lasts as long as the program works between its calls (up to `budget_s`): the host's step timeout must be longer.
+lasts as long as the program works between its calls (up to `budget_s`; the last one, a verifier's `budget_s` more):
+the host's step timeout must be longer.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -52,12 +56,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 if __package__:
-    from trajflow.envs.agent_http import Answer, Endpoint, Event, Exchange
+    from trajflow.envs.agent_http import Endpoint, Event, Exchange, parse_action
 else:  # beside the runner in the sandbox image
-    from agent_http import Answer, Endpoint, Event, Exchange
+    from agent_http import Endpoint, Event, Exchange, parse_action
 
 DEFAULT_BUDGET_S = 600.0
 """How long the program may go without a request or an exit after an answer (or after its start)."""
@@ -68,8 +73,6 @@ REAP_S = 2.0
 """How long closing waits for the killed group's members orphaned to the runner to be reaped."""
 API_KEY = "trajflow-sandbox"
 USERENV_DIR = "/opt/trajflow/userenv"
-ANSWER_KEYS = {"content", "tool_calls", "finish_reason", "usage"}
-FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
 KINDS = ("crashed", "hung", "malformed_request", "bad_result")
 
 GUARD = r"""
@@ -113,45 +116,6 @@ class AgentError(Exception):
         self.message = message
 
 
-class BadAction(ValueError):
-    """An action that cannot be an answer; the request stays pending."""
-
-
-def parse_action(action: str) -> Answer:
-    """A step's action -> the answer sent to the program (see the module docstring); raises BadAction."""
-    try:
-        parsed = json.loads(action)
-    except ValueError:
-        parsed = None
-    if not (isinstance(parsed, dict) and parsed.keys() <= ANSWER_KEYS and parsed.keys() & {"content", "tool_calls"}):
-        return Answer(content=action)
-    content = parsed.get("content")
-    if content is not None and not isinstance(content, str):
-        raise BadAction("an action's 'content' must be a string or null")
-    calls = parsed.get("tool_calls") or []
-    if not isinstance(calls, list):
-        raise BadAction("an action's 'tool_calls' must be a list")
-    tool_calls = [_tool_call(index, call) for index, call in enumerate(calls)]
-    finish = parsed.get("finish_reason") or ("tool_calls" if tool_calls else "stop")
-    if finish not in FINISH_REASONS:
-        raise BadAction(f"finish_reason {finish!r} is not one of {', '.join(FINISH_REASONS)}")
-    usage = parsed.get("usage") or {}
-    if not isinstance(usage, dict):
-        raise BadAction("an action's 'usage' must be an object")
-    return Answer(content=content, tool_calls=tool_calls, finish_reason=finish, usage=usage)
-
-
-def _tool_call(index: int, call: object) -> dict[str, Any]:
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(call, dict) or not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise BadAction(f"tool_calls[{index}] must be {{'function': {{'name': str, 'arguments': str|object}}}}")
-    arguments = function.get("arguments", "")
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments)
-    call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{index}"
-    return {"id": call_id, "type": "function", "function": {"name": function["name"], "arguments": arguments}}
-
-
 def reward_of(value: object, source: str) -> tuple[float, dict[str, Any]]:
     """(reward, info) from a return value or reward file; raises AgentError(bad_result)."""
     reward, info = (value.get("reward"), value.get("info", {})) if isinstance(value, dict) else (value, {})
@@ -170,19 +134,24 @@ class AgentEnv:
     bootstrap = BOOTSTRAP
     """The child's Python program (`python -c BOOTSTRAP SPEC_FILE`): it forks the guard, then runs the agent."""
 
-    def __init__(self, target: str, task: Any = None, budget_s: float = DEFAULT_BUDGET_S) -> None:
+    def __init__(
+        self, target: str, task: Any = None, budget_s: float = DEFAULT_BUDGET_S, verifier: str | None = None
+    ) -> None:
         module, _, function = target.partition(":")
         if not all(part.isidentifier() for part in module.split(".")) or not function.isidentifier():
             raise ValueError(f"an agent env is named agent:MODULE:FUNCTION, not agent:{target}")
         self.module, self.function = module, function
-        self._init(task, budget_s)
+        self._init(task, budget_s, verifier)
 
-    def _init(self, task: Any, budget_s: float) -> None:
-        """Check the task and budget, and set up the state of an env whose program has not started."""
+    def _init(self, task: Any, budget_s: float, verifier: str | None = None) -> None:
+        """Check the task, budget and verifier, and set up the state of an env whose program has not started."""
         if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not budget_s > 0:
             raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
         json.dumps(task)  # TypeError unless JSON-safe: it goes to the program as JSON
-        self.task, self.budget_s = task, float(budget_s)
+        problem = None if verifier is None else _verify().verifier_problem(verifier)
+        if problem:
+            raise ValueError(problem)
+        self.task, self.budget_s, self.verifier, self._seed = task, float(budget_s), verifier, 0
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._endpoint: Endpoint | None = None
@@ -199,7 +168,8 @@ class AgentEnv:
         self._events, self._pending, self._calls = queue.Queue(), None, 0
         self._endpoint = Endpoint(self._events)
         self._dir = Path(tempfile.mkdtemp(prefix="trajflow-agent-"))
-        self._proc = self._start(0 if seed is None else int(seed), self._endpoint.base_url)
+        self._seed = 0 if seed is None else int(seed)
+        self._proc = self._start(self._seed, self._endpoint.base_url)
         self._watcher = threading.Thread(target=_watch, args=(self._proc, self._events), name="agent-exit", daemon=True)
         self._watcher.start()
         self._mark = time.monotonic()
@@ -226,7 +196,7 @@ class AgentEnv:
             guard, self._guard = self._guard, None
             self._pending = None
         if proc is not None:
-            _kill_group(proc)
+            kill_group(proc)
         if guard is not None:
             os.close(guard)
         if watcher is not None:
@@ -249,14 +219,10 @@ class AgentEnv:
         guard, self._guard = os.pipe()  # the runner holds the write end: its death is the guard's EOF
         spec.update(guard=guard, result=str(self._dir / "result.json"))
         (self._dir / "spec.json").write_text(json.dumps(spec))
-        env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": API_KEY, "PYTHONUNBUFFERED": "1"}
-        env.update(TRAJFLOW_AGENT_REWARD_FILE=str(self._dir / "reward.json"), PYTHONHASHSEED=str(seed % 2**32))
+        env = {**user_environment(seed), "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": API_KEY}
+        env.update(TRAJFLOW_AGENT_REWARD_FILE=str(self._dir / "reward.json"))
         env.update(TRAJFLOW_AGENT_TASK=json.dumps(self.task), TRAJFLOW_AGENT_SEED=str(seed))
         env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, ["127.0.0.1,localhost", env.get("NO_PROXY")]))
-        layer = os.environ.get("TRAJFLOW_USERENV_DIR", USERENV_DIR)
-        path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if os.path.isdir(layer) and layer not in path:
-            env["PYTHONPATH"] = os.pathsep.join([layer, *path])
         try:
             with open(self._dir / "stderr.log", "wb") as stderr:
                 return subprocess.Popen(
@@ -314,17 +280,28 @@ class AgentEnv:
         self.close()
 
     def _ending(self, status: int) -> tuple[float, dict[str, Any]]:
-        """The program exited with `status`: its reward and info (the env is closed either way)."""
-        assert self._dir is not None
-        result, reward_file = self._dir / "result.json", self._dir / "reward.json"
-        with open(self._dir / "stderr.log", "rb") as log:
+        """The program exited with `status`: its reward and info (the env is closed either way; a verifier runs in
+        its work directory after its group is killed and before the directory is removed)."""
+        scratch = self._dir
+        assert scratch is not None
+        result, reward_file = scratch / "result.json", scratch / "reward.json"
+        with open(scratch / "stderr.log", "rb") as log:
             log.seek(max(log.seek(0, os.SEEK_END) - STDERR_TAIL, 0))
             stderr = log.read().decode(errors="replace")
         try:
             outcome = json.loads(result.read_text()) if result.is_file() else None
             written = reward_file.read_text() if reward_file.is_file() else None
+            if self.verifier is not None and status == 0 and "unserializable" not in (outcome or {}):
+                self._dir = None  # close() leaves the work directory to the verifier
+                self.close()
+                verify, parsed = _verify(), None if written is None else _json_or_text(written)
+                own = verify.program_result((outcome or {}).get("value"), status, parsed)
+                return verify.run_verifier(
+                    self.verifier, self.task, self._seed, own, scratch, scratch / "work", self.budget_s
+                )
         finally:
             self.close()
+            shutil.rmtree(scratch, ignore_errors=True)
         if outcome is None:
             return self._exit_reward(status, written, stderr)
         if "unserializable" in outcome:
@@ -347,6 +324,21 @@ def crashed(status: int, stderr: str, program: str = "the agent program", how: s
     return AgentError("crashed", f"{program} {how.format(ended)}; the end of its stderr:\n{stderr}")
 
 
+def user_environment(seed: int) -> dict[str, str]:
+    """The runner's environment as a user's program (or verifier) gets it: the layer first on PYTHONPATH, hash seed."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONHASHSEED": str(seed % 2**32)}
+    layer = os.environ.get("TRAJFLOW_USERENV_DIR", USERENV_DIR)
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if os.path.isdir(layer) and layer not in path:
+        env["PYTHONPATH"] = os.pathsep.join([layer, *path])
+    return env
+
+
+def _verify() -> ModuleType:
+    """`agent_verify.py`, imported on use (it imports this module)."""
+    return importlib.import_module(f"{__package__}.agent_verify" if __package__ else "agent_verify")
+
+
 def _json_or_text(text: str) -> object:
     try:
         return json.loads(text)
@@ -358,7 +350,7 @@ def _watch(proc: subprocess.Popen[bytes], events: queue.Queue[Event]) -> None:
     events.put(("exited", proc.wait()))
 
 
-def _kill_group(proc: subprocess.Popen[bytes], reap_s: float = REAP_S) -> None:
+def kill_group(proc: subprocess.Popen[bytes], reap_s: float = REAP_S) -> None:
     """SIGKILL the program's process group (its children too) and reap it: the program, and the members orphaned to
     this process, as they are to a runner that is its container's PID 1 (left unreaped, each zombie would hold one of
     the sandbox's few pids for good)."""

@@ -16,7 +16,8 @@ its exit status is the episode's).
 
 Its reward: exit status 0 and a reward file (a number, or {"reward": number, "info": {..}}, as JSON) give that
 reward; status 0 without a reward file is `bad_result`; any other status (or a signal) is `crashed`, with the status
-and the end of its stderr. Limits: as `agent.py`'s; the program's environment also holds the runner's own (PATH,
+and the end of its stderr. With `env_kwargs["verifier"]`, status 0 runs the verifier instead (`agent_verify.py`: its
+`result` has the parsed reward file, or None), whose return value is the reward. Limits: as `agent.py`'s; the program's environment also holds the runner's own (PATH,
 PYTHONPATH with the layer first).
 """
 
@@ -109,11 +110,18 @@ class CommandAgentEnv(AgentEnv):
 
     bootstrap = EXEC_BOOTSTRAP
 
-    def __init__(self, file: str, task: Any = None, budget_s: float = DEFAULT_BUDGET_S, args: object = "") -> None:
+    def __init__(
+        self,
+        file: str,
+        task: Any = None,
+        budget_s: float = DEFAULT_BUDGET_S,
+        args: object = "",
+        verifier: str | None = None,
+    ) -> None:
         root = Path(os.environ.get("TRAJFLOW_USERENV_DIR", USERENV_DIR))
         self.file = file
         self.argv = command_argv(root, file, args)
-        self._init(task, budget_s)
+        self._init(task, budget_s, verifier)
 
     def _spec(self) -> dict[str, Any]:
         return {"argv": self.argv}

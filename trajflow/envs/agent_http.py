@@ -40,7 +40,7 @@ class MalformedRequest(ValueError):
 
 @dataclass(frozen=True)
 class Answer:
-    """The model's answer to one chat request (`agent.parse_action` makes it from a step's action)."""
+    """The model's answer to one chat request (`parse_action` makes it from a step's action)."""
 
     content: str | None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
@@ -314,3 +314,46 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+
+ANSWER_KEYS = {"content", "tool_calls", "finish_reason", "usage"}
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")
+
+
+class BadAction(ValueError):
+    """An action that cannot be an answer; the request stays pending."""
+
+
+def parse_action(action: str) -> Answer:
+    """A step's action -> the answer sent to the program (see the module docstring); raises BadAction."""
+    try:
+        parsed = json.loads(action)
+    except ValueError:
+        parsed = None
+    if not (isinstance(parsed, dict) and parsed.keys() <= ANSWER_KEYS and parsed.keys() & {"content", "tool_calls"}):
+        return Answer(content=action)
+    content = parsed.get("content")
+    if content is not None and not isinstance(content, str):
+        raise BadAction("an action's 'content' must be a string or null")
+    calls = parsed.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise BadAction("an action's 'tool_calls' must be a list")
+    tool_calls = [_tool_call(index, call) for index, call in enumerate(calls)]
+    finish = parsed.get("finish_reason") or ("tool_calls" if tool_calls else "stop")
+    if finish not in FINISH_REASONS:
+        raise BadAction(f"finish_reason {finish!r} is not one of {', '.join(FINISH_REASONS)}")
+    usage = parsed.get("usage") or {}
+    if not isinstance(usage, dict):
+        raise BadAction("an action's 'usage' must be an object")
+    return Answer(content=content, tool_calls=tool_calls, finish_reason=finish, usage=usage)
+
+
+def _tool_call(index: int, call: object) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(call, dict) or not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise BadAction(f"tool_calls[{index}] must be {{'function': {{'name': str, 'arguments': str|object}}}}")
+    arguments = function.get("arguments", "")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{index}"
+    return {"id": call_id, "type": "function", "function": {"name": function["name"], "arguments": arguments}}

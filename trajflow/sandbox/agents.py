@@ -28,7 +28,7 @@ SHOWN_CHARS = 200
 
 def call_timeout_s(env_id: str, env_kwargs: Mapping[str, object], timeout_s: float) -> float:
     """The timeout of one reset or step of `env_id`: `timeout_s` (the worker's step timeout), raised for an agent env
-    to its budget plus the margin."""
+    to its budget (twice it with a verifier) plus the margin."""
     if not is_agent(env_id):
         return timeout_s
     return max(timeout_s, call_s(env_kwargs))

@@ -80,6 +80,7 @@ RUNTIME_SOURCES: tuple[str, ...] = (
     "agent.py",
     "agent_cmd.py",
     "agent_http.py",
+    "agent_verify.py",
 )
 """The files of `trajflow/envs/` copied into the runtime layer, beside each other in /opt/trajflow (the runner imports
 its siblings flat there)."""

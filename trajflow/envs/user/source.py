@@ -14,7 +14,9 @@ CLASS is defined at the module's top level with the GEM/gymnasium interface, str
 FUNCTION is a top-level `def` or `async def` taking `(task, seed)`: the agent program's entry point, which the
 sandbox's runner imports from the same layer (the layer's directory is first on the sandbox's PYTHONPATH). FILE is a
 path relative to the directory (no whitespace, no `.`/`..` parts, no hidden parts) to a regular file that is executable
-or starts with `#!`, and `env_kwargs["args"]` (when given) a string a shell can split. Execute bits travel with the
+or starts with `#!`, and `env_kwargs["args"]` (when given) a string a shell can split. An agent program's
+`env_kwargs["verifier"]` ("MODULE:FUNCTION", `trajflow/envs/agent_verify.py`) names a module in the same directory
+whose top-level FUNCTION takes `(task, seed, result)` (`check_agent_verifier`). Execute bits travel with the
 package (`executable_files`), so a compiled harness runs as it does on the host.
 
 The check reads the module with `ast`: the class must be there, and the `reset` and `step` it defines must take a
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trajflow.envs.agent_cmd import command_argv, file_problem
+from trajflow.envs.agent_verify import verifier_problem
 from trajflow.envs.runner import AGENT_CMD_PREFIX, AGENT_PREFIX, USER_PREFIX
 
 PREFIX = USER_PREFIX
@@ -263,7 +266,28 @@ def _check_class(env_id: str, path: Path, tree: ast.Module, cls: str) -> None:
             )
 
 
-def _check_function(env_id: str, path: Path, tree: ast.Module, function: str) -> None:
+def check_agent_verifier(env_id: str, env_path: str | Path, verifier: object) -> None:
+    """An agent program's `env_kwargs["verifier"]` ("MODULE:FUNCTION", `trajflow/envs/agent_verify.py`): MODULE in
+    `env_path`, FUNCTION a top-level def taking (task, seed, result); raises EnvSourceError saying what to fix."""
+    problem = verifier_problem(verifier)
+    if problem or not isinstance(verifier, str):
+        raise EnvSourceError(f"{env_id}: {problem} (MODULE a module in the program's directory, env_path)")
+    module, _, function = verifier.partition(":")
+    root = _root(env_id, env_path, "an agent program's verifier")
+    path, tree = parse_module(root, module, f"{env_id}: verifier {verifier}", "verifier module")
+    _check_function(env_id, path, tree, function, ("task", "seed", "result"), "the verifier")
+
+
+def _check_function(
+    env_id: str,
+    path: Path,
+    tree: ast.Module,
+    function: str,
+    params: tuple[str, ...] = ("task", "seed"),
+    what: str = "an agent program's entry point",
+) -> None:
+    """FUNCTION is a top-level def or async def that can be called with `params`, positionally."""
+    call = f"{function}({', '.join(params)})"
     found = next((n for n in tree.body if getattr(n, "name", None) == function), None)
     if found is None:
         if bound_at_top_level(tree, function):
@@ -275,15 +299,16 @@ def _check_function(env_id: str, path: Path, tree: ast.Module, function: str) ->
         )
     if not isinstance(found, (ast.FunctionDef, ast.AsyncFunctionDef)):
         raise EnvSourceError(
-            f"{env_id}: {function} at {path}:{found.lineno} is a class, not a function; an agent program's entry "
-            "point is a top-level def or async def FUNCTION(task, seed)"
+            f"{env_id}: {function} at {path}:{found.lineno} is a class, not a function; {what} is a top-level def "
+            f"or async def {call}"
         )
     args = found.args
     positional = [a.arg for a in (*args.posonlyargs, *args.args)]
-    if (len(positional) < 2 and args.vararg is None) or len(_required_positional(args)) > 2 or None in args.kw_defaults:
+    n = len(params)
+    if (len(positional) < n and args.vararg is None) or len(_required_positional(args)) > n or None in args.kw_defaults:
         raise EnvSourceError(
-            f"{env_id}: {function} at {path}:{found.lineno} cannot be called as {function}(task, seed): the runner "
-            "passes exactly those two arguments, positionally"
+            f"{env_id}: {what} {function} at {path}:{found.lineno} cannot be called as {call}: the runner passes "
+            f"exactly those {n} arguments, positionally"
         )
 
 

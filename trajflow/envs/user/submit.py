@@ -19,10 +19,12 @@ from trajflow.envs.user.source import (
     REQUIREMENTS_FILE,
     EnvSource,
     EnvSourceError,
+    check_agent_verifier,
     check_command,
     check_source,
     has_source,
     is_command_env,
+    is_user_env,
 )
 from trajflow.envs.user.verifiers import VerifierSource
 from trajflow.sandbox.builder import wheels
@@ -67,6 +69,9 @@ def package_env(
         source = check_command(env_id, env_path, (env_kwargs or {}).get("args", ""))
     else:
         source = check_source(env_id, env_path)
+    verifier = (env_kwargs or {}).get("verifier")
+    if verifier is not None and not is_user_env(env_id):  # an agent program's own verifier, in its directory
+        check_agent_verifier(env_id, env_path, verifier)
     resolve_requirements(source, wheel_cache, say)
     uri = publish(source.files(), store, source.executables())
     say(f"{env_id}: packaged {source.root} as {uri}")
