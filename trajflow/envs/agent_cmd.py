@@ -17,8 +17,8 @@ its exit status is the episode's).
 Its reward: exit status 0 and a reward file (a number, or {"reward": number, "info": {..}}, as JSON) give that
 reward; status 0 without a reward file is `bad_result`; any other status (or a signal) is `crashed`, with the status
 and the end of its stderr. With `env_kwargs["verifier"]`, status 0 runs the verifier instead (`agent_verify.py`: its
-`result` has the parsed reward file, or None), whose return value is the reward. Limits: as `agent.py`'s; the program's environment also holds the runner's own (PATH,
-PYTHONPATH with the layer first).
+`result` has the parsed reward file, or None), whose return value is the reward. Limits: as `agent.py`'s; the
+program's environment also holds the runner's own (PATH, PYTHONPATH with the layer first).
 """
 
 from __future__ import annotations
