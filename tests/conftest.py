@@ -341,6 +341,18 @@ async def running_stack(
         await reward_client.close()
 
 
+def submitted_offline(config: Path, state_dir: Path, commands: tuple[str, ...] = ("train", "rollout")) -> list:
+    """`trajflow train CONFIG` and `trajflow rollout -c CONFIG` against no Temporal (127.0.0.1:9): what submission
+    says of a config before anything can run (a bad env or program exits 2 there). One finished process a command."""
+    env = {**os.environ, "TRAJFLOW_STATE_DIR": str(state_dir), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:9"}
+    trajflow = str(Path(sys.executable).parent / "trajflow")
+    argv = {"train": ["train", str(config)], "rollout": ["rollout", "-c", str(config)]}
+    return [
+        subprocess.run([trajflow, *argv[c]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        for c in commands
+    ]
+
+
 @dataclass
 class CliStack:
     """The embedded stack as a user starts it (`trajflow up`), in its own state dir and ports."""

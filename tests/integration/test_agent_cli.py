@@ -6,15 +6,12 @@ and a bad agent program refused at submission with what to fix."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from infra.store import LocalStore
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, submitted_offline, wait_for
 from trajflow.contracts.records import TrajectoryRecord
 
 pytestmark = pytest.mark.integration
@@ -91,9 +88,6 @@ def test_a_bad_agent_program_is_refused_at_submission(tmp_path: Path, source: st
     (env / "mine.py").write_text(source)
     config = tmp_path / "bad.toml"
     config.write_text(f'[[tasks]]\nname = "mine"\nenv_id = "agent:mine:solve"\nenv_path = "{env}"\n')
-    environ = {**os.environ, "TRAJFLOW_STATE_DIR": str(tmp_path / "state"), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:9"}
-    trajflow = str(Path(sys.executable).parent / "trajflow")
-    for command in (["train", str(config)], ["rollout", "-c", str(config)]):
-        proc = subprocess.run([trajflow, *command], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=300)
+    for proc in submitted_offline(config, tmp_path / "state"):
         assert proc.returncode == 2, proc.stderr
         assert says in proc.stderr, proc.stderr

@@ -11,19 +11,15 @@ The programs are `tests/integration/agent_cmd_programs/` (sh and stdlib python3)
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
-from tests.conftest import running_stack
+from tests.conftest import running_stack, submitted_offline
+from tests.integration.test_agent_trajectory import run_killing_its_sandbox
 from tests.integration.test_trajectory import GatedEngine
-from trajflow.contracts import names
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
 from trajflow.envs.user.submit import package_env
@@ -76,12 +72,8 @@ async def test_a_killed_sandbox_reruns_the_command_with_its_recorded_answers(
 ) -> None:
     engine = GatedEngine(ScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), ["maybe", "yes"]), gate_at=1)
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
-        handle = await st.start(request(st, package, "ask.sh", task="is it?"))
-        await asyncio.wait_for(engine.reached.wait(), 180)
-        progress = await handle.query(names.QUERY_PROGRESS)
-        docker_client.containers.get(sandbox_manager.get(progress["sandbox"]).container_id).kill()
-        engine.released.set()
-        result = await handle.result()
+        req = request(st, package, "ask.sh", task="is it?")
+        result = await run_killing_its_sandbox(st, req, engine, sandbox_manager, docker_client)
     assert result.status is TrajectoryStatus.COMPLETED, result.error
     assert (result.turns, result.reward, result.env_recoveries) == (2, 1.0, 1)
     assert engine.calls == 2, "the restored program's first call was answered from the record, not decoded"
@@ -140,9 +132,6 @@ def test_a_bad_command_is_refused_at_submission(tmp_path: Path, env_id: str, arg
     config.write_text(
         f'[[tasks]]\nname = "mine"\nenv_id = "{env_id}"\nenv_path = "{env}"\nenv_kwargs = {{ args = "{args}" }}\n'
     )
-    environ = {**os.environ, "TRAJFLOW_STATE_DIR": str(tmp_path / "state"), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:9"}
-    trajflow = str(Path(sys.executable).parent / "trajflow")
-    for command in (["train", str(config)], ["rollout", "-c", str(config)]):
-        proc = subprocess.run([trajflow, *command], cwd=ROOT, env=environ, capture_output=True, text=True, timeout=300)
+    for proc in submitted_offline(config, tmp_path / "state"):
         assert proc.returncode == 2, proc.stderr
         assert says in proc.stderr, proc.stderr

@@ -9,15 +9,12 @@ model's tokenizer, with `trajflow.rl.models.TOOLS_TEMPLATE` (Hermes style) or it
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
-from tests.conftest import ROOT, running_stack
+from tests.conftest import running_stack, submitted_offline
 from trajflow.cli.replay.env_only import replay_env
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
@@ -101,9 +98,6 @@ def test_a_task_that_passes_tools_is_refused_at_submission_on_a_model_without(tm
         f'[model]\nname_or_path = "tiny"\n\n[[tasks]]\nname = "reader"\nenv_id = "{ENV_ID}"\n'
         f'env_path = "{PROGRAMS}"\ntools = true\n'
     )
-    env = {**os.environ, "TRAJFLOW_STATE_DIR": str(tmp_path / "state"), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:9"}
-    trajflow = str(Path(sys.executable).parent / "trajflow")
-    for command in (["train", str(config)], ["rollout", "-c", str(config)]):
-        proc = subprocess.run([trajflow, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    for proc in submitted_offline(config, tmp_path / "state"):
         assert proc.returncode == 2, proc.stderr
         assert "task 'reader' passes tools (tools = true) but the model's chat template (tiny) has none" in proc.stderr

@@ -76,17 +76,22 @@ async def test_every_chat_request_of_a_program_is_a_recorded_turn(
     assert answers == ["maybe", "yes"]
 
 
+async def run_killing_its_sandbox(st, req, engine: GatedEngine, sandbox_manager, docker_client):
+    """Run `req`, killing its sandbox's container while `engine` holds its gated call; the trajectory's result."""
+    handle = await st.start(req)
+    await asyncio.wait_for(engine.reached.wait(), 180)
+    progress = await handle.query(names.QUERY_PROGRESS)
+    docker_client.containers.get(sandbox_manager.get(progress["sandbox"]).container_id).kill()
+    engine.released.set()
+    return await handle.result()
+
+
 async def test_a_killed_sandbox_reruns_the_program_with_its_recorded_answers(
     temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, package, docker_client
 ) -> None:
     engine = GatedEngine(script(tiny_model, ["maybe", "yes"]), gate_at=1)
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
-        handle = await st.start(request(st, package, "ask"))
-        await asyncio.wait_for(engine.reached.wait(), 180)
-        progress = await handle.query(names.QUERY_PROGRESS)
-        docker_client.containers.get(sandbox_manager.get(progress["sandbox"]).container_id).kill()
-        engine.released.set()
-        result = await handle.result()
+        result = await run_killing_its_sandbox(st, request(st, package, "ask"), engine, sandbox_manager, docker_client)
     assert result.status is TrajectoryStatus.COMPLETED, result.error
     assert (result.turns, result.reward, result.env_recoveries) == (2, 1.0, 1)
     assert engine.calls == 2, "the restored program's first call was answered from the record, not decoded"
@@ -120,11 +125,7 @@ async def test_a_program_that_asks_other_than_its_record_cannot_be_restored(
 ) -> None:
     engine = GatedEngine(script(tiny_model, ["one", "two"]), gate_at=1)
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
-        handle = await st.start(request(st, package, "restless"))
-        await asyncio.wait_for(engine.reached.wait(), 180)
-        progress = await handle.query(names.QUERY_PROGRESS)
-        docker_client.containers.get(sandbox_manager.get(progress["sandbox"]).container_id).kill()
-        engine.released.set()
-        result = await handle.result()
+        req = request(st, package, "restless")
+        result = await run_killing_its_sandbox(st, req, engine, sandbox_manager, docker_client)
     assert result.status is TrajectoryStatus.INFRA_FAILED, result
     assert names.ERR_AGENT_NONDETERMINISTIC in (result.error or ""), result.error

@@ -5,14 +5,11 @@ submission with what to fix, before anything runs."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, submitted_offline
 
 pytestmark = pytest.mark.integration
 
@@ -103,13 +100,11 @@ class MyEnv:
 )
 def test_a_bad_env_is_refused_at_submission(tmp_path: Path, source: str, requirements: str, says: str) -> None:
     config = bad_env(tmp_path, source, requirements)
-    env = {**os.environ, "TRAJFLOW_STATE_DIR": str(tmp_path / "state"), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:9"}
-    trajflow = str(Path(sys.executable).parent / "trajflow")
-    for command in (["train", str(config)], ["rollout", "-c", str(config)]):
-        proc = subprocess.run([trajflow, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    train, rollout = submitted_offline(config, tmp_path / "state")
+    for proc in (train, rollout):
         assert proc.returncode == 2, proc.stderr
-        assert "task 'mine'" in proc.stderr or command[0] == "rollout"
         assert says in proc.stderr
+    assert "task 'mine'" in train.stderr
 
 
 @pytest.mark.parametrize(
@@ -125,11 +120,7 @@ def test_a_bad_agent_program_is_refused_at_submission(tmp_path: Path, source: st
     config = bad_env(tmp_path, source, env_id="agent:my_env:run")
     if not source:
         config.write_text('[[tasks]]\nname = "mine"\nenv_id = "agent:my_env:run"\n')
-    env = {**os.environ, "TRAJFLOW_STATE_DIR": str(tmp_path / "state"), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:9"}
-    trajflow = str(Path(sys.executable).parent / "trajflow")
-    proc = subprocess.run(
-        [trajflow, "rollout", "-c", str(config)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
+    (proc,) = submitted_offline(config, tmp_path / "state", ("rollout",))
     assert proc.returncode == 2, proc.stderr
     assert says in proc.stderr
 
@@ -159,8 +150,5 @@ def test_a_bad_verifier_is_refused_at_submission(tmp_path: Path, verifier: str, 
         f'[[tasks]]\nname = "mine"\nenv_id = "data:rows"\nenv_path = "rows.jsonl"\nmax_turns = 1\n'
         f'reward_fn = "verifier"\nenv_kwargs = {{ verifier = "{verifier}" }}\n'
     )
-    env = {**os.environ, "TRAJFLOW_STATE_DIR": str(tmp_path / "state"), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:9"}
-    trajflow = str(Path(sys.executable).parent / "trajflow")
-    for command in (["train", str(config)], ["rollout", "-c", str(config)]):
-        proc = subprocess.run([trajflow, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    for proc in submitted_offline(config, tmp_path / "state"):
         assert proc.returncode == 2 and says in proc.stderr, proc.stderr

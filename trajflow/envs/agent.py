@@ -87,24 +87,25 @@ if os.fork() == 0:  # the guard: once the runner's end of the pipe closes (the r
 os.close(spec["guard"])
 """
 """The start of every bootstrap (this one's and `agent_cmd.py`'s): it forks the guard."""
-BOOTSTRAP = (
-    GUARD
-    + r"""
+CALL = r"""
 import asyncio, importlib
 
-sys.argv = [spec["module"]]
-value = getattr(importlib.import_module(spec["module"]), spec["function"])(spec["task"], spec["seed"])
-if asyncio.iscoroutine(value):
-    value = asyncio.run(value)
-try:
-    text = json.dumps({"value": value}, allow_nan=False)
-except (TypeError, ValueError):
-    text = json.dumps({"unserializable": repr(value)[:1000]})
-with open(spec["result"] + ".tmp", "w") as f:
-    f.write(text)
-os.replace(spec["result"] + ".tmp", spec["result"])
+
+def call(module, function, args, out):  # FUNCTION(*args) of MODULE, awaited if async: {"value": ...} to `out`
+    sys.argv = [module]
+    value = getattr(importlib.import_module(module), function)(*args)
+    if asyncio.iscoroutine(value):
+        value = asyncio.run(value)
+    try:
+        text = json.dumps({"value": value}, allow_nan=False)
+    except (TypeError, ValueError):
+        text = json.dumps({"unserializable": repr(value)[:1000]})
+    with open(out + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(out + ".tmp", out)
 """
-)
+"""After GUARD in the bootstraps that call a user's function (this one's, `agent_verify.py`'s): `call(...)`."""
+BOOTSTRAP = GUARD + CALL + 'call(spec["module"], spec["function"], (spec["task"], spec["seed"]), spec["result"])\n'
 
 
 class AgentError(Exception):

@@ -30,28 +30,15 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from trajflow.envs.agent import GUARD, STDERR_TAIL, AgentError, kill_group, reward_of, user_environment
+    from trajflow.envs.agent import CALL, GUARD, STDERR_TAIL, AgentError, kill_group, reward_of, user_environment
 else:  # beside the runner in the sandbox image
-    from agent import GUARD, STDERR_TAIL, AgentError, kill_group, reward_of, user_environment
+    from agent import CALL, GUARD, STDERR_TAIL, AgentError, kill_group, reward_of, user_environment
 
 BOOTSTRAP = (
     GUARD
-    + r"""
-import asyncio, importlib
-
-module, _, function = spec["verifier"].partition(":")
-sys.argv = [module]
-value = getattr(importlib.import_module(module), function)(spec["task"], spec["seed"], spec["result"])
-if asyncio.iscoroutine(value):
-    value = asyncio.run(value)
-try:
-    text = json.dumps({"value": value}, allow_nan=False)
-except (TypeError, ValueError):
-    text = json.dumps({"unserializable": repr(value)[:1000]})
-with open(spec["verdict"] + ".tmp", "w") as f:
-    f.write(text)
-os.replace(spec["verdict"] + ".tmp", spec["verdict"])
-"""
+    + CALL
+    + 'module, _, function = spec["verifier"].partition(":")\n'
+    + 'call(module, function, (spec["task"], spec["seed"], spec["result"]), spec["verdict"])\n'
 )
 """The verifier's child program (`python -c BOOTSTRAP SPEC_FILE`): it forks the guard, then calls the verifier."""
 
