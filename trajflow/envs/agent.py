@@ -225,17 +225,7 @@ class AgentEnv:
         env.update(TRAJFLOW_AGENT_TASK=json.dumps(self.task), TRAJFLOW_AGENT_SEED=str(seed))
         env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, ["127.0.0.1,localhost", env.get("NO_PROXY")]))
         try:
-            with open(self._dir / "stderr.log", "wb") as stderr:
-                return subprocess.Popen(
-                    [sys.executable, "-c", self.bootstrap, str(self._dir / "spec.json")],
-                    cwd=work,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=stderr,
-                    start_new_session=True,
-                    pass_fds=(guard,),
-                )
+            return spawn(self.bootstrap, self._dir / "spec.json", work, env, self._dir / "stderr.log", guard)
         finally:
             os.close(guard)
 
@@ -317,6 +307,22 @@ class AgentEnv:
         if status == 0 and written is not None:
             return reward_of(_json_or_text(written), "its reward file")
         raise crashed(status, stderr, how="{} without a result")
+
+
+def spawn(bootstrap: str, spec: Path, cwd: Path, env: dict[str, str], log: Path, guard: int) -> subprocess.Popen[bytes]:
+    """`python -c BOOTSTRAP SPEC` in its own session and process group, stdin closed, stdout discarded, stderr to
+    `log`, holding the guard pipe's read end `guard`."""
+    with open(log, "wb") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-c", bootstrap, str(spec)],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+            pass_fds=(guard,),
+        )
 
 
 def crashed(status: int, stderr: str, program: str = "the agent program", how: str = "{}") -> AgentError:

@@ -25,14 +25,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 if __package__:
-    from trajflow.envs.agent import CALL, GUARD, STDERR_TAIL, AgentError, kill_group, reward_of, user_environment
+    from trajflow.envs.agent import CALL, GUARD, STDERR_TAIL, AgentError, kill_group, reward_of, spawn, user_environment
 else:  # beside the runner in the sandbox image
-    from agent import CALL, GUARD, STDERR_TAIL, AgentError, kill_group, reward_of, user_environment
+    from agent import CALL, GUARD, STDERR_TAIL, AgentError, kill_group, reward_of, spawn, user_environment
 
 BOOTSTRAP = (
     GUARD
@@ -68,17 +67,7 @@ def run_verifier(
         spec_file.write_text(json.dumps({**spec, "guard": guard}))
         env = user_environment(seed)
         env.update(TRAJFLOW_AGENT_TASK=json.dumps(task), TRAJFLOW_AGENT_SEED=str(seed))
-        with open(scratch / "verifier.log", "wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", BOOTSTRAP, str(spec_file)],
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                start_new_session=True,
-                pass_fds=(guard,),
-            )
+        proc = spawn(BOOTSTRAP, spec_file, cwd, env, scratch / "verifier.log", guard)
     except BaseException:
         os.close(keep)
         raise
