@@ -8,8 +8,9 @@ Loads the trajectory's token-level context (from this worker's memory, else from
 observation (chat formatting on our side; an agent's turn brings its whole conversation, which must extend the
 context, else `AgentContextMismatch`, not retried; its tools are rendered by the model's chat template, one without
 tools fails the trajectory, `BadRequest`), generates (with tools: the completion's tool calls parsed out of its
-text), stores what this turn added to the context (a delta linked to the previous turn's: `activities.contexts`)
-and returns the text, the delta's URI and the policy version.
+text; with stop sequences: the answer ended before the first, `trajflow.rl.stops`), stores what this turn added to
+the context (a delta linked to the previous turn's: `activities.contexts`) and returns the text, the delta's URI and
+the policy version.
 
 An engine that talks to a server raises `EngineError`s, mapped here once: unavailable is retried (past the retry
 budget the trajectory is infra-failed), a rejected request fails the trajectory (`BadRequest`), a misconfigured
@@ -33,6 +34,7 @@ from trajflow.contracts.trajectory import GenerateInput, GenerateResult
 from trajflow.observability.metrics import record
 from trajflow.rl.chat import ContextMismatch, append_completion, append_messages, append_user
 from trajflow.rl.engines.base import Completion, Engine, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
+from trajflow.rl.stops import cut_at_stop
 from trajflow.rl.tool_calls import ToolsUnsupported, parse_tool_calls
 
 HEARTBEAT_EVERY_S = 5.0
@@ -88,18 +90,21 @@ class DecodeActivities:
                 type=names.ERR_POLICY_BEHIND,
             )
         _record_completion(completion)
+        ids, logprobs = completion.token_ids, completion.logprobs
         text, calls, finish_reason = completion.text, None, completion.finish_reason
+        if inp.stop and (cut := cut_at_stop(self.engine.tokenizer, ids, logprobs, text, inp.stop)) is not None:
+            (ids, logprobs, text), finish_reason = cut, "stop"  # the answer ends before the stop string
         if inp.tools:  # the answer as the program reads it: text and tool calls (the tokens stay as sampled)
-            text, parsed = parse_tool_calls(completion.text, inp.turn)
+            text, parsed = parse_tool_calls(text, inp.turn)
             calls, finish_reason = parsed or None, "tool_calls" if parsed else finish_reason
-        ctx = append_completion(ctx, completion.token_ids, completion.logprobs, text, version, calls)
+        ctx = append_completion(ctx, ids, logprobs, text, version, calls)
         key = context_key(inp.trajectory_id, inp.turn, activity.info().attempt)
         uri = await asyncio.to_thread(self.contexts.save, key, inp.context_uri, before, ctx)
         return GenerateResult(
             text=text,
             context_uri=uri,
             prompt_tokens=len(prompt_ids),
-            completion_tokens=len(completion.token_ids),
+            completion_tokens=len(ids),
             policy_version=version,
             finish_reason=finish_reason,
             pool=self.pool,

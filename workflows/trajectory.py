@@ -121,7 +121,7 @@ class TrajectoryWorkflow:
                 done = last.terminated or last.truncated
         except EnvFault as e:
             status, error = TrajectoryStatus.FAILED, str(e)
-        except AgentRequestError as e:  # a request the policy cannot answer as asked (stop sequences, non-text parts)
+        except AgentRequestError as e:  # a request the policy cannot answer as asked (e.g. non-text parts)
             status, error = TrajectoryStatus.FAILED, f"agent request: {e}"
         except InfraFault as e:
             status, error = TrajectoryStatus.INFRA_FAILED, str(e)

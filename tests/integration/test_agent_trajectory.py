@@ -42,8 +42,8 @@ def script(tiny_model: Path, replies: list[str]) -> ScriptedEngine:
 
 def request(st, package: str, function: str, **kw):
     return st.request(
-        env_id=f"agent:faulty:{function}", env_package=package, seed=5, sampling=SAMPLING, task="agent",
-        **{"max_turns": 4, **kw},
+        env_id=f"agent:faulty:{function}", env_package=package, seed=5, task="agent",
+        **{"max_turns": 4, "sampling": SAMPLING, **kw},
     )  # fmt: skip
 
 
@@ -74,6 +74,17 @@ async def test_every_chat_request_of_a_program_is_a_recorded_turn(
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     answers = [tokenizer.decode(context.token_ids[a:b], skip_special_tokens=True) for a, b in context.turn_spans]
     assert answers == ["maybe", "yes"]
+
+
+async def test_a_request_with_a_stop_sequence_gets_the_answer_before_it(
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, package
+) -> None:
+    engine = script(tiny_model, ["Action: ls\nObservation: made up by the model"])
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
+        result = await st.run(request(st, package, "react", sampling=SamplingParams(max_new_tokens=64)))
+    assert result.status is TrajectoryStatus.COMPLETED and result.reward == 1.0, result
+    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
+    assert record.turns[0].action == "Action: ls\n"  # what the model said after it is not kept
 
 
 async def run_killing_its_sandbox(st, req, engine: GatedEngine, sandbox_manager, docker_client):

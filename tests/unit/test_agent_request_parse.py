@@ -46,12 +46,16 @@ def test_a_request_becomes_the_decode_input_with_the_tasks_sampling_and_its_max_
     # a cap, never a raise above the task's budget
     big = AgentRequest.parse(observation(max_completion_tokens=4000)).generate_input("w", 0, None, task)
     assert big.sampling.max_new_tokens == 48
+    assert inp.stop is None
+    stops = AgentRequest.parse(observation(stop="Observation:")).generate_input("w", 0, None, task)
+    assert stops.stop == ["Observation:"], "one string is a list of one, as the endpoint normalises it"
 
 
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        ({"stop": "\n"}, "stop sequences"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "expected up to 4 non-empty strings"),
+        ({"stop": [""]}, "expected up to 4 non-empty strings"),
         ({"max_tokens": 0}, "max_tokens=0"),
         ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]}, "tool_calls[0] must"),
         ({"messages": [{"role": "function", "content": "x", "name": "f"}]}, "'function' message"),

@@ -92,3 +92,30 @@ async def test_a_request_with_tools_gets_the_tool_calls_or_fails_on_a_template_w
     ctx = decode.contexts.load(result.context_uri)
     assert ctx.messages[-1] == ChatMessage(role="assistant", content="Looking.", tool_calls=result.tool_calls)
     assert sum(ctx.loss_mask) == result.completion_tokens, "the sampled tokens, the raw tool call included"
+
+
+async def test_a_request_with_stop_sequences_gets_the_answer_before_the_first(tiny_model: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    engine = ScriptedEngine(tokenizer, "Action: ls\nObservation: a.txt\nmore", name="tiny")
+    decode = DecodeActivities(engine, LocalStore(tmp_path / "store"), "agents", "w0")
+    first = [ChatMessage(role="user", content="list")]
+    inp = GenerateInput(
+        trajectory_id="agent/s", turn=0, context_uri=None, user_message="", stop=["Observation:"],
+        messages=first, sampling=SamplingParams(max_new_tokens=64),
+    )  # fmt: skip
+    result = await ActivityEnvironment().run(decode.generate, inp)
+    assert (result.text, result.finish_reason) == ("Action: ls\n", "stop")
+    whole = len(tokenizer.encode("Action: ls\nObservation: a.txt\nmore", add_special_tokens=False)) + 1  # + EOS
+    assert 0 < result.completion_tokens < whole, "the tokens after the stop string are dropped"
+    ctx = decode.contexts.load(result.context_uri)
+    assert sum(ctx.loss_mask) == result.completion_tokens and ctx.messages[-1].content == "Action: ls\n"
+    # the program's next request echoes the answer as it got it: it extends the context
+    nxt = [*first, ChatMessage(role="assistant", content=result.text), ChatMessage(role="user", content="a.txt")]
+    follow = GenerateInput(
+        trajectory_id="agent/s", turn=1, context_uri=result.context_uri, user_message="", messages=nxt,
+        sampling=SamplingParams(max_new_tokens=64),
+    )  # fmt: skip
+    second = await ActivityEnvironment().run(decode.generate, follow)
+    assert decode.contexts.load(second.context_uri).token_ids[: len(ctx.token_ids)] == ctx.token_ids

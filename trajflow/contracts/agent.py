@@ -16,9 +16,12 @@ there (`trajflow.rl.tool_calls`: Hermes/Qwen `<tool_call>` blocks, ids `call_<tu
 with finish reason `tool_calls`. A model whose template has no tools fails the trajectory (`failed`) saying so; a task
 that declares `tools = true` is refused at submission instead.
 
-Limits: a request with `stop` sequences or with a content part that is not text is refused with `AgentRequestError`
-(the decode engines sample no stop strings yet); `tool_choice` is not used (the model decides); a tool message's
-`name` and the legacy `function_call` are not read. Runs inside workflows: pure, no I/O.
+Stop sequences (up to `MAX_STOPS`) go to the decode pool too (`GenerateInput.stop`): the answer ends before the first
+(`trajflow.rl.stops`, the tokens kept up to the one that completed it).
+
+Limits: a request with a content part that is not text is refused with `AgentRequestError`; `tool_choice` is not
+used (the model decides); a tool message's `name` and the legacy `function_call` are not read. Runs inside workflows:
+pure, no I/O.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ constant of the same value, `trajflow.envs.agent.DEFAULT_BUDGET_S`, decides when
 STEP_MARGIN_S = 30.0
 """How much longer than the program's budget a reset or step of an agent env may take before its sandbox is taken
 for lost (the runner's `hung` comes first)."""
+MAX_STOPS = 4
+"""As OpenAI's chat completions: at most four stop sequences a request."""
 ROLES = ("system", "user", "assistant", "tool")
 """The roles a context holds; `developer` is read as `system`."""
 
@@ -73,12 +78,18 @@ class AgentRequest:
     """One chat request of an agent program, as its turn's observation carries it."""
 
     def __init__(
-        self, messages: list[ChatMessage], max_tokens: int | None, call: int, tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[ChatMessage],
+        max_tokens: int | None,
+        call: int,
+        tools: list[dict[str, Any]] | None = None,
+        stop: list[str] | None = None,
     ) -> None:
         self.messages = messages
         self.max_tokens = max_tokens
         self.call = call
         self.tools = tools
+        self.stop = stop
 
     @classmethod
     def parse(cls, observation: str) -> AgentRequest:
@@ -95,13 +106,16 @@ class AgentRequest:
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
             raise AgentRequestError(f"{where}: 'tools' must be a list of objects")
         sampling = request.get("sampling") or {}
-        if sampling.get("stop"):
-            raise AgentRequestError(f"{where} sets stop sequences {sampling['stop']!r}: not supported yet")
+        stop = sampling.get("stop") or None
+        if stop is not None and (
+            not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOPS
+        ):
+            raise AgentRequestError(f"{where} sets stop={stop!r}: expected up to {MAX_STOPS} non-empty strings")
         max_tokens = sampling.get("max_tokens")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise AgentRequestError(f"{where} sets max_tokens={max_tokens!r}: expected a positive integer")
         messages = [_message(where, i, m) for i, m in enumerate(request["messages"])]
-        return cls(messages, max_tokens, call if isinstance(call, int) else 0, tools)
+        return cls(messages, max_tokens, call if isinstance(call, int) else 0, tools, stop)
 
     def generate_input(
         self, trajectory_id: str, turn: int, context_uri: str | None, sampling: SamplingParams, **request: Any
@@ -117,6 +131,7 @@ class AgentRequest:
             user_message="",
             messages=self.messages,
             tools=self.tools,
+            stop=self.stop,
             sampling=params,
             **request,
         )

@@ -215,6 +215,8 @@ class GenerateInput(Contract):
     tools: list[dict[str, Any]] | None = None
     """An agent's request's tools (OpenAI format): rendered by the model's chat template, the completion's tool calls
     parsed (`trajflow.rl.tool_calls`)."""
+    stop: list[str] | None = None
+    """An agent's request's stop sequences: the answer ends before the first (`trajflow.rl.stops`)."""
     system_prompt: str = ""
     sampling: SamplingParams = SamplingParams()
     min_policy_version: int = 0

@@ -59,3 +59,10 @@ def restless(task, seed):
     messages += [{"role": "assistant", "content": say(messages)}, {"role": "user", "content": "again"}]
     say(messages)
     return 0.0
+
+
+def react(task, seed):
+    """One call with a stop sequence, as a ReAct loop makes it: reward 1 when the answer ends before it."""
+    body = {"model": "policy", "messages": [{"role": "user", "content": "act"}], "stop": ["Observation:"]}
+    answer = post(body)["choices"][0]
+    return 1.0 if (answer["message"]["content"], answer["finish_reason"]) == ("Action: ls\n", "stop") else 0.0
