@@ -225,8 +225,8 @@ class TrajectoryWorkflow:
         if not self.agent:
             return req.generate_input(trajectory_id, turn, self.context_uri, self.observation)
         return AgentRequest.parse(self.observation).generate_input(
-            trajectory_id, turn, self.context_uri, req.sampling,
-            system_prompt="", min_policy_version=req.min_policy_version, policy=req.policy,
+            trajectory_id, turn, self.context_uri, req.sampling, min_policy_version=req.min_policy_version,
+            policy=req.policy,
         )  # fmt: skip
 
     async def _open_sandbox(self) -> None:

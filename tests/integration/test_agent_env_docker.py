@@ -14,9 +14,9 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.env import EnvActivities
 from trajflow.contracts import names
+from trajflow.contracts.agent import STEP_MARGIN_S
 from trajflow.contracts.trajectory import EnvResetInput, EnvResetResult, EnvStepInput
 from trajflow.envs.user.submit import package_env
-from trajflow.sandbox.agents import AGENT_STEP_MARGIN_S
 from trajflow.sandbox.user_images import USER_REPO
 
 pytestmark = pytest.mark.integration
@@ -68,7 +68,7 @@ async def test_an_agent_program_runs_from_its_layer_in_a_sandbox(
     started = await reset(acts, "solve", agent_package)
     try:
         assert started.handle.image.startswith(f"{USER_REPO}:") and started.handle.env_id == "agent:bot:solve"
-        assert started.handle.step_timeout_s == 600 + AGENT_STEP_MARGIN_S
+        assert started.handle.step_timeout_s == 600 + STEP_MARGIN_S
         request = json.loads(started.observation)
         assert request["call"] == 1 and request["messages"] == [{"role": "user", "content": "2+2? (seed 5)"}]
         second = await ActivityEnvironment().run(acts.step, EnvStepInput(handle=started.handle, action="4"))

@@ -15,11 +15,11 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.env import EnvActivities
 from trajflow.contracts import names
-from trajflow.contracts.agent import request_digest
+from trajflow.contracts.agent import STEP_MARGIN_S, request_digest
 from trajflow.contracts.limits import MAX_AGENT_REQUEST_CHARS, MAX_OBSERVATION_CHARS
 from trajflow.contracts.trajectory import EnvResetInput, EnvStepInput, SandboxHandle
 from trajflow.envs.agent import DEFAULT_BUDGET_S
-from trajflow.sandbox.agents import AGENT_STEP_MARGIN_S, check_replayed
+from trajflow.sandbox.agents import check_replayed
 from trajflow.sandbox.errors import AgentDiverged, EnvError
 from trajflow.sandbox.leases import LeaseBook
 
@@ -191,10 +191,10 @@ def test_expect_digests_has_one_per_replayed_action_or_none() -> None:
 async def test_an_agent_env_gets_its_budget_plus_a_margin_for_every_call() -> None:
     box = FakeBox(request(1), steps=[step_out(request(2))])
     out = await reset(box, env_kwargs={"budget_s": 120}, replay_actions=["a1"])
-    assert out.handle.step_timeout_s == 120 + AGENT_STEP_MARGIN_S and out.handle.env_id == AGENT
+    assert out.handle.step_timeout_s == 120 + STEP_MARGIN_S and out.handle.env_id == AGENT
     assert box.timeouts == [("reset", 150.0), ("step", 150.0)]
     default = await reset(FakeBox(request(1)))
-    assert default.handle.step_timeout_s == DEFAULT_BUDGET_S + AGENT_STEP_MARGIN_S
+    assert default.handle.step_timeout_s == DEFAULT_BUDGET_S + STEP_MARGIN_S
     small = await reset(FakeBox(request(1)), env_kwargs={"budget_s": 5})  # never below the worker's own timeout
     assert small.handle.step_timeout_s == WORKER_STEP_TIMEOUT_S
 

@@ -2,8 +2,8 @@
 may take, what its observation is, and the check that a program restored by replay asks what its record says.
 
 - Timeout: the program may work up to its budget (`trajflow.contracts.agent.budget_s`) between an answer and its
-  next request, so a reset or step of an agent env gets at least that plus `AGENT_STEP_MARGIN_S`; the runner's own
-  `hung` error (at the budget) comes first, and the sandbox's timeout (which kills the container) only when the
+  next request, so a reset or step of an agent env gets at least that plus `STEP_MARGIN_S` (`call_s`); the runner's
+  own `hung` error (at the budget) comes first, and the sandbox's timeout (which kills the container) only when the
   runner itself is stuck.
 - Observation: the program's chat request as JSON (keys sorted by the runner), never cut and never given an
   `info["suffix"]` (the info's timing, `agent_seconds`, stays out of it); one over `MAX_AGENT_REQUEST_CHARS` is an
@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from trajflow.contracts.agent import STEP_MARGIN_S, call_s, is_agent, request_digest
+from trajflow.contracts.agent import call_s, is_agent, request_digest
 from trajflow.contracts.limits import MAX_AGENT_REQUEST_CHARS
 from trajflow.sandbox.errors import AgentDiverged, EnvError
 
-AGENT_STEP_MARGIN_S = STEP_MARGIN_S
-"""How much longer than the program's budget a reset or step of an agent env may take in the sandbox."""
 SHOWN_CHARS = 200
 """How much of the new request a divergence shows."""
 
