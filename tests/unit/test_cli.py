@@ -35,6 +35,7 @@ def test_every_command_documents_itself() -> None:
         ["setup"],
         ["worker", "decode"],
         ["worker", "env"],
+        ["analyze", "guess-the-number"],
     )
     for cmd in commands:
         result = runner.invoke(app, [*cmd, "--help"])

@@ -105,6 +105,7 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     "trajflow.lab": (set(), set()),
     "trajflow.lab.bench": (None, {"trajflow.lab.chaos", "trajflow.cli"}),
     "trajflow.lab.chaos": (None, {"trajflow.lab.bench", "trajflow.cli.replay"}),
+    "trajflow.lab.analysis": (None, {"trajflow.lab.bench", "trajflow.lab.chaos", "trajflow.cli"}),
     "trajflow.cli.replay": (None, {"trajflow.lab", "trajflow.cli.commands"}),
     "trajflow.cli.commands": (None, {"trajflow.lab"}),
     # the CLI dispatches to the lab, replay and the commands inside its commands: see the tests below

@@ -2,7 +2,7 @@
 
 `app` is assembled here from the command modules: `stack` (setup, reward-image, up, down, status, worker),
 `runs` (rollout, train, chaos, demo), `inspection` (images, trajectories, replay), `configs` (the shipped run configs)
-and `benchmarks` (bench).
+`benchmarks` (bench) and `analysis` (analyze).
 `--help` must stay instant, so nothing heavy (torch, transformers, docker, temporalio) is imported at module
 level in any of them.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 # Each module registers its commands on `app` when imported; the order here is the order of `--help`.
 from trajflow.cli import (
+    analysis,  # noqa: F401
     benchmarks,  # noqa: F401
     configs,  # noqa: F401
     inspection,  # noqa: F401
