@@ -168,3 +168,23 @@ def test_config_needs_groups_of_two_and_keeps_the_replacements_seeds_off_the_eva
     assert TrainingRunConfig.model_validate(fields).eval.first_seed == 100
     with pytest.raises(ValidationError, match="held-out seeds"):
         TrainingRunConfig.model_validate({**fields, "filter_flat_groups": True})
+
+
+def test_the_summary_and_the_live_line_count_the_flat_groups_dropped() -> None:
+    from trajflow.cli.commands.train import progress_line, summarise
+    from trajflow.contracts.training import StepRecord, TrainingCounters, TrainingProgress, TrainingResult
+
+    history = [
+        StepRecord(step=v, time_s=v, reward_mean=0.5, trajectories=4, stale_dropped_total=0, flat_groups_dropped=d)
+        for v, d in ((1, 3), (2, 0))
+    ]
+    counters = TrainingCounters(completed=14, consumed=8, flat_groups_dropped=3)
+    result = TrainingResult(run_id="r", version=2, counters=counters, history=history, wall_seconds=3.0)
+    summary = summarise(TrainingRunConfig(filter_flat_groups=True), "r", result, 3.0, None, None)
+    assert summary.flat_groups_dropped == 3 and summary.flat_groups_dropped_by_step == [3, 0]
+    assert summary.counters.groups_abandoned == 0 and summary.trajectories_dropped_stale == 0
+    p = TrainingProgress(run_id="r", version=2, steps=4, alpha=1, running=0, buffered=0, counters=counters,
+                         last=history[-1], elapsed_s=3.0, tasks=["default"])  # fmt: skip
+    assert "flat-dropped 3" in progress_line(p, 0.0)
+    quiet = p.model_copy(update={"counters": TrainingCounters(consumed=8)})
+    assert "flat" not in progress_line(quiet, 0.0)
