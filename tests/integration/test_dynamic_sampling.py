@@ -17,9 +17,10 @@ from infra import layout
 from infra.policies import PolicyStore
 from tests.conftest import async_wait_for, running_stack
 from tests.integration.test_training_workflow import children, run_config
+from trajflow.cli.replay.check import check, fetch
 from trajflow.client import start_training, training_progress
 from trajflow.contracts import names
-from trajflow.contracts.shards import GroupManifest
+from trajflow.contracts.shards import GroupManifest, shard_id
 from trajflow.contracts.steps import is_flat
 from trajflow.contracts.training import TrainingResult, TrainingState, TrainStepInput
 from trajflow.contracts.trajectory import TrajectoryResult
@@ -94,6 +95,11 @@ async def finished_run(st, cfg, prefix: str) -> tuple[str, TrainingResult, Train
         return all(w.status.name != "RUNNING" for w in await children(st.client, run_id))
 
     await async_wait_for(all_closed, timeout_s=60, what="every trajectory of the run to close")
+    # the filter's decisions replay as they ran: the training workflow's history and, sharded, a shard's
+    histories = [(run_id, await fetch(st.client, run_id))]
+    if cfg.shard_groups():
+        histories.append((shard_id(run_id, 0), await fetch(st.client, shard_id(run_id, 0))))
+    assert [r.error for r in await check(histories)] == [None] * len(histories)
     return run_id, result, state
 
 
