@@ -371,8 +371,8 @@ class Book:
         if len(g.completed) >= n:
             g.completed = g.completed[:n]
             self.cancel_running(g)  # the group is full: redundant samples are not needed
-            rewards_flat = flat.group_is_flat(self.cfg, (r.reward for r in g.completed))
-            if not g.external and (verdict := flat.verdict(self.s, self.cfg, rewards_flat)):
+            rewards_flat = not g.external and flat.group_is_flat(self.cfg, (r.reward for r in g.completed))
+            if verdict := flat.verdict(self.s, self.cfg, rewards_flat):
                 outcome.flat, outcome.flat_group = verdict, g.group
                 if verdict == "dropped":
                     self.close_group(g)  # admission starts a new group in its place

@@ -8,7 +8,8 @@ loop starts a new group (the next seed) in its place. At most `max_flat_groups_p
 steps; past that, flat groups are trained on (zero advantage, as without the filter) until the next step, so a run
 whose every group is flat still ends, and a step never rolls out more than B/n + that many groups.
 
-Limits: user-started trajectories' groups are never dropped (nothing of the run's would replace them).
+Limits: user-started trajectories' groups are never dropped (nothing of the run's would replace them). In a sharded
+run a dropped group's manifest stays in the store, unread (its shard writes it before the training workflow decides).
 """
 
 from __future__ import annotations
