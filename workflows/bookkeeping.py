@@ -30,7 +30,7 @@ from trajflow.contracts.training import (
     TrainStepResult,
 )
 from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
-from workflows import pause
+from workflows import flat, pause
 from workflows.pause import ReportOutcome
 
 HISTORY_KEPT = 200
@@ -229,6 +229,7 @@ class Book:
             metrics=res.metrics,
             train_s=res.seconds,
             wins=sum(r.won for r in refs),
+            flat_groups_dropped=flat.step_done(s),
             by_task=per_task if len(self.cfg.tasks) > 1 else {},
         )
         for name, stats in per_task.items():
@@ -338,7 +339,7 @@ class Book:
             return ReportOutcome()
         else:
             g.running.remove(report.workflow_id)
-        outcome = self._count(report)
+        outcome = pause.count(self.s, self.cfg, report)
         if report.status is TrajectoryStatus.COMPLETED and report.reward is not None and report.trajectory_uri:
             g.completed.append(
                 TrainRef(
@@ -353,11 +354,8 @@ class Book:
             )
         else:
             g.failed += 1
-        outcome.abandoned = self._after_report(g)
+        outcome.abandoned = self._after_report(g, outcome)
         return outcome
-
-    def _count(self, report: TrajectoryReport) -> ReportOutcome:
-        return pause.count(self.s, self.cfg, report)
 
     def resume(self) -> None:
         pause.resume(self.s)
@@ -366,13 +364,18 @@ class Book:
         """While paused, a probe is due: admit one, and return how long to wait before the next."""
         return pause.probe_now(self.s, self.cfg)
 
-    def _after_report(self, g: GroupState) -> GroupState | None:
-        """Cancel the redundant rest of a full group, or queue replacements for failed members, or abandon the
-        group past its restart budget (returned)."""
+    def _after_report(self, g: GroupState, outcome: ReportOutcome) -> GroupState | None:
+        """Cancel the redundant rest of a full group (dropped when flat: `workflows.flat`), or queue replacements for
+        failed members, or abandon the group past its restart budget (returned)."""
         n = self.cfg.group_size
         if len(g.completed) >= n:
             g.completed = g.completed[:n]
             self.cancel_running(g)  # the group is full: redundant samples are not needed
+            rewards_flat = not g.external and flat.group_is_flat(self.cfg, (r.reward for r in g.completed))
+            if verdict := flat.verdict(self.s, self.cfg, rewards_flat):
+                outcome.flat, outcome.flat_group = verdict, g.group
+                if verdict == "dropped":
+                    self.close_group(g)  # admission starts a new group in its place
             return None
         if g.external or g.running:
             return None

@@ -33,7 +33,7 @@ from trajflow.contracts.training import (
     TrainStepInput,
     TrainStepResult,
 )
-from workflows import pause
+from workflows import flat, pause
 from workflows.bookkeeping import HISTORY_KEPT, Book, _member_order
 from workflows.pause import ReportOutcome
 
@@ -87,7 +87,10 @@ class ShardBook:
             return 0
         full = cfg.shard_size()
         left = cfg.steps * cfg.batch_size - s.counters.consumed - cfg.group_size * self.in_pipeline()
-        if groups < full and not (cfg.sync or s.paused or left <= full * cfg.group_size):
+        # flat groups dropped (`filter_flat_groups`) may leave fewer groups than a step needs and a budget below a
+        # shard: waiting for a full one would wait forever
+        starved = cfg.filter_flat_groups and self.in_pipeline() < self.book.groups_per_step()
+        if groups < full and not (cfg.sync or s.paused or starved or left <= full * cfg.group_size):
             return 0
         return min(groups, full)
 
@@ -140,6 +143,10 @@ class ShardBook:
             self.s.counters.late += 1  # a repeated report (its shard was retried), or of a group already written off
             return ReportOutcome()
         outcome = self._count(report.counts, report.last_error, report.shard)
+        if report.ready and (verdict := flat.verdict(self.s, self.cfg, report.flat)):
+            outcome.flat, outcome.flat_group = verdict, group_name(report.k)  # the shard found it flat
+            if verdict == "dropped":
+                return outcome  # never ready: admission starts a new group in its place
         if report.ready:
             self.sh.ready.setdefault(report.oldest_version, IndexSet()).add(report.k)
         else:
@@ -261,6 +268,7 @@ class ShardBook:
             metrics=res.metrics,
             train_s=res.seconds,
             wins=batch.wins if batch else 0,
+            flat_groups_dropped=flat.step_done(s),
             by_task=(batch.by_task if batch else {}) if len(self.cfg.tasks) > 1 else {},
         )
         for name, stats in (batch.by_task if batch else {}).items():

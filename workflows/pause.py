@@ -27,6 +27,9 @@ class ReportOutcome:
     """Why admission resumed with this report, when it did."""
     abandoned: GroupState | None = None
     """The group this report made the workflow give up (members failed past the restart budget)."""
+    flat: str | None = None
+    """`filter_flat_groups`: this report completed a flat group, `dropped` or `trained` (`workflows.flat.verdict`)."""
+    flat_group: str = ""
 
 
 def count(s: TrainingState, cfg: TrainingRunConfig, report: TrajectoryReport) -> ReportOutcome:

@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.contracts.shards import GroupCounts, GroupManifest, GroupReport, ShardDone, group_name
     from trajflow.contracts.training import GroupState, ShardStart, TrainingCounters, TrainingState
     from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
+    from workflows import flat
     from workflows.bookkeeping import Book, _member_order
 
 from workflows import members, stubs
@@ -46,8 +47,9 @@ class ShardWorkflow:
     @workflow.init
     def __init__(self, raw: RawValue = NO_INPUT) -> None:
         self.start = decode_input(raw, ShardStart)
-        # the shard's own pause never triggers: pausing admission is the training workflow's (on group reports)
-        cfg = self.start.run.model_copy(update={"pause_after_infra_failures": 100_000})
+        # the shard's own pause never triggers: pausing admission is the training workflow's (on group reports); so
+        # is dropping flat groups (the shard marks a complete group `flat`, the training workflow decides)
+        cfg = self.start.run.model_copy(update={"pause_after_infra_failures": 100_000, "filter_flat_groups": False})
         self.cfg = cfg
         self.s = TrainingState(run_id=self.start.run_id, version=self.start.min_policy_version)
         self.book = Book(cfg, self.s)
@@ -152,8 +154,10 @@ class ShardWorkflow:
             return  # closed meanwhile (cancelled)
         self.book.close_group(group)
         oldest = min(r.policy_version for r in refs)
+        rewards_flat = flat.group_is_flat(self.start.run, (r.reward for r in refs))
+        shard = workflow.info().workflow_id
         await self._report_group(
-            GroupReport(shard=workflow.info().workflow_id, k=k, ready=True, oldest_version=oldest, manifest_uri=uri)
+            GroupReport(shard=shard, k=k, ready=True, oldest_version=oldest, manifest_uri=uri, flat=rewards_flat)
         )
 
     async def _report_group(self, report: GroupReport) -> None:

@@ -290,6 +290,13 @@ class TrainingWorkflow:
         if outcome.abandoned is not None:
             g = outcome.abandoned
             workflow.logger.warning("abandoning group %s: %d members failed", g.group, g.failed)
+        if outcome.flat is not None:
+            workflow.logger.info("group %s is flat (rewards all equal): %s", outcome.flat_group, outcome.flat)
+            if outcome.flat == "dropped" and s.flat_dropped_step >= self.cfg.max_flat_groups_per_step:
+                workflow.logger.warning(
+                    "run %s dropped %d flat groups since v%d: flat groups are trained on until the next step",
+                    s.run_id, s.flat_dropped_step, s.version,
+                )  # fmt: skip
 
     def _start_prober(self) -> None:
         if self.prober is None or self.prober.done():

@@ -97,6 +97,10 @@ class RunSummary(Contract):
     """Optimizer steps taken: the final policy version."""
     trajectories_trained: int
     trajectories_dropped_stale: int
+    flat_groups_dropped: int = 0
+    """`[train] filter_flat_groups`: groups whose rewards were all equal, left out and replaced (never lost)."""
+    flat_groups_dropped_by_step: list[int] = Field(default_factory=list)
+    """Of them, those dropped since the previous step, per step (those dropped after the last step: in the total)."""
     wall_seconds: float
     trajectories_per_s: float
     """Completed trajectories per second of wall time."""

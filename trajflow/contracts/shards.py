@@ -158,6 +158,9 @@ class GroupReport(_Model):
     oldest_version: int = 0
     """The lowest policy version of the group's samples (what staleness counts), when ready."""
     manifest_uri: str | None = None
+    flat: bool = False
+    """The group's rewards are all equal (`trajflow.contracts.steps.is_flat`); set only with `filter_flat_groups`,
+    the training workflow then drops it within `max_flat_groups_per_step`."""
     counts: GroupCounts = Field(default_factory=GroupCounts)
     last_error: str | None = None
     """The last infra failure of a member, if any (named when admission pauses)."""

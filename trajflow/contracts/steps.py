@@ -13,6 +13,13 @@ from trajflow.contracts.trainer import NanSafeContract
 _Model = NanSafeContract
 
 
+def is_flat(rewards: Iterable[float]) -> bool:
+    """A group whose rewards are all equal (compared exactly), or of fewer than two: its group-relative advantages are
+    all zero, so it carries no learning signal (`trajflow.rl.advantages`; `[train] filter_flat_groups` drops it)."""
+    values = list(rewards)
+    return len(values) < 2 or max(values) == min(values)
+
+
 def lag_histogram(lags: Iterable[int]) -> dict[int, int]:
     """Staleness (v_train - version) -> how many samples had it, by lag."""
     return dict(sorted(Counter(lags).items()))
@@ -76,6 +83,8 @@ class StepRecord(_Model):
     train_s: float = 0.0
     wins: int = 0
     """Trajectories of the batch whose last env reward was at least 1."""
+    flat_groups_dropped: int = 0
+    """`[train] filter_flat_groups`: flat groups dropped (and replaced) since the previous step's record."""
     by_task: dict[str, TaskStats] = Field(default_factory=dict)
     """In a run of several tasks, task name -> its trajectories in this step's batch (absent: none of that task);
     empty in a one-task run (the step's own figures are that task's), so the history a run carries stays small."""

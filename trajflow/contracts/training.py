@@ -75,6 +75,15 @@ class TrainSettings(_Model):
     trajectory resumes admission, as does the `resume_admission` signal."""
     history_events_before_continue: Annotated[int, Field(ge=50, le=40_000)] = 10_000
     """The workflow continues as new once its history holds this many events (Temporal's limit is 51,200)."""
+    filter_flat_groups: bool = False
+    """DAPO's dynamic sampling: a group of the run's own whose rewards are all equal (no GRPO signal) is left out of
+    the batch and a new group (the next seed) is admitted in its place, so each step trains on groups with signal.
+    Counted (`flat_groups_dropped`), never as lost. Needs group_size >= 2 (docs/training.md, "Dynamic sampling")."""
+    max_flat_groups_per_step: Annotated[int, Field(ge=1, le=100_000)] = 16
+    """With `filter_flat_groups`: the most flat groups dropped between two steps. Past it, flat groups are trained
+    on (zero advantage, as without the filter; counted `flat_groups_trained`, logged) until the next step, so a
+    policy whose every group is flat (one that never wins) still trains its steps, at a bounded cost: a step
+    rolls out at most B/n + this many groups."""
     groups_per_shard: Annotated[int, Field(ge=0, le=2_000)] | None = None
     """0: a direct run, every trajectory a child of the training workflow that reports to it (up to 512 in flight,
     `capacity.DIRECT_MAX_IN_FLIGHT`). N > 0: a sharded run (docs/capacity.md): the training workflow starts shard
@@ -99,9 +108,11 @@ class TrainSettings(_Model):
             )
         for problem in self.limit_problems():
             raise ValueError(problem)
+        if self.filter_flat_groups and self.group_size < 2:
+            raise ValueError("filter_flat_groups needs group_size >= 2: every group of one sample is flat")
         groups_needed = (
             (self.steps + self.alpha + 1) * self.batch_size // self.group_size * (1 + self.max_group_restarts)
-        )
+        ) + (self.steps * self.max_flat_groups_per_step if self.filter_flat_groups else 0)  # flat groups' replacements
         if self.first_seed <= self.eval.first_seed < self.first_seed + groups_needed:
             raise ValueError(
                 f"training seeds start at {self.first_seed} and may reach {self.first_seed + groups_needed}; "
@@ -235,6 +246,10 @@ class TrainingCounters(_Model):
     max_in_flight: int = 0
     admission_pauses: int = 0
     """Times admission stopped on a run of infra failures (see `pause_after_infra_failures`)."""
+    flat_groups_dropped: int = 0
+    """`filter_flat_groups`: complete groups of equal rewards left out of the batches and replaced (never lost)."""
+    flat_groups_trained: int = 0
+    """`filter_flat_groups`: flat groups trained on because `max_flat_groups_per_step` were dropped already."""
 
 
 class StopRequest(_Model):
@@ -290,6 +305,9 @@ class TrainingState(_Model):
     answers a step it already took, or is taking, with that step's result)."""
     stopping: StopRequest | None = None
     """A stop asked for (the `stop` signal), with the version the run ends at; None while the run goes on."""
+    flat_dropped_step: int = 0
+    """Flat groups dropped since the last step (`filter_flat_groups`): at `max_flat_groups_per_step`, flat groups
+    are trained on until the next step resets it."""
     sharded: ShardedState | None = None
     """A sharded run's groups and shards (`groups_per_shard` > 0; user-started trajectories stay in `groups`)."""
 

@@ -16,13 +16,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from trajflow.contracts.steps import is_flat
+
 
 def group_advantages(rewards: Sequence[float], *, normalize_std: bool = True, eps: float = 1e-6) -> list[float]:
     """Advantages of one group's rewards, in the same order (see the module docstring)."""
     values = [float(r) for r in rewards]
     if any(not math.isfinite(r) for r in values):
         raise ValueError(f"rewards must be finite, got {values}")
-    if len(values) < 2 or max(values) == min(values):
+    if is_flat(values):
         return [0.0] * len(values)
     mean = sum(values) / len(values)
     centred = [r - mean for r in values]

@@ -54,6 +54,7 @@ def progress_line(
             f"[{time.monotonic() - first_t:6.0f}s] step {step.step if step else p.version}/{p.steps}  reward {reward}  "
             f"running {p.running}  buffered {p.buffered}  trained {c.consumed}  stale-dropped {c.dropped_stale}  "
             f"failed {c.failed}+{c.infra_failed} infra  {rate:.2f} traj/s"
+            + (f"  flat-dropped {c.flat_groups_dropped}" if c.flat_groups_dropped else "")
         )
         + "".join(f"\n{line}" for line in (task_lines(p) if newest else []))
         + (f"\n  ADMISSION PAUSED: {p.paused}" if p.paused else "")
@@ -216,6 +217,7 @@ async def follow_run(
                 say(
                     f"[{time.monotonic() - first:6.0f}s] finished: step {result.version}, trained {c.consumed}, "
                     f"stale-dropped {c.dropped_stale}, failed {c.failed}+{c.infra_failed} infra"
+                    + (f", flat groups dropped {c.flat_groups_dropped}" if c.flat_groups_dropped else "")
                 )
                 return result
             p = await training_progress(handle)
@@ -263,6 +265,8 @@ def summarise(
         steps=result.version,
         trajectories_trained=c.consumed,
         trajectories_dropped_stale=c.dropped_stale,
+        flat_groups_dropped=c.flat_groups_dropped,
+        flat_groups_dropped_by_step=[s.flat_groups_dropped for s in result.history],
         wall_seconds=round(wall, 1),
         trajectories_per_s=round(c.completed / wall, 3) if wall > 0 else 0.0,
         alpha=run.alpha,

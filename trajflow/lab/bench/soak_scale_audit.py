@@ -137,7 +137,7 @@ def audit_sharded(
         problems.append(f"groups {twice[:10]} trained more than once")
     admitted = state.next_group
     never = sorted(set(range(admitted)) - set(trained))
-    if never and c.groups_abandoned + c.dropped_stale // n < len(never):
+    if never and c.groups_abandoned + c.dropped_stale // n + c.flat_groups_dropped < len(never):
         problems.append(
             f"{len(never)} groups admitted and never trained (first {never[:10]}), none dropped or abandoned"
         )
