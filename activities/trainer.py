@@ -170,7 +170,9 @@ class TrainerActivities:
         records = load_records(self.store, [r.trajectory_uri for r in refs])
         load_s = time.monotonic() - started  # the step's reads from the store (manifests, then records)
         try:
-            samples = samples_from_records(records, normalize_std=inp.trainer.normalize_adv_std, refs=refs)
+            samples = samples_from_records(
+                records, normalize_std=inp.trainer.normalize_adv_std, refs=refs, credit=inp.trainer.credit
+            )
         except ValueError as e:  # an unscored or token-less trajectory: retrying cannot fix the batch
             raise ApplicationError(str(e), type=names.ERR_BAD_REQUEST, non_retryable=True) from e
         ranks = self.ranks

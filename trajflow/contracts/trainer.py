@@ -57,6 +57,26 @@ class LossConfig(NanSafeContract):
     generated token's loss. 0: off (the entropy is still logged)."""
 
 
+CreditMode = Literal["trajectory", "step_groups", "tree"]
+
+
+class CreditConfig(NanSafeContract):
+    """How a trajectory's outcome is credited to its turns (`trajflow.rl.credit`; docs/training.md, "Per-turn
+    credit"). Every mode normalises like the group advantage (`normalize_adv_std`)."""
+
+    mode: CreditMode = "trajectory"
+    """`trajectory`: one group-relative advantage per trajectory, on every generated token (GRPO / Dr. GRPO).
+    `step_groups`: GiGPO (Feng et al. 2025): the trajectory's advantage plus `step_weight` x a step advantage per
+    turn, its discounted return relative to the group's turns that acted from the same observation. `tree`: for
+    branched rollouts: per turn, the change in mean outcome of the group's trajectories that share the exact token
+    prefix through that turn; a group without shared prefixes gets the trajectory advantage at every turn."""
+    step_weight: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
+    """step_groups: omega, the weight of the step advantage beside the episode advantage (GiGPO's 1)."""
+    discount: Annotated[float, Field(gt=0.0, le=1.0)] = 0.95
+    """step_groups: gamma, the discount of a turn's return: the outcome R at the last turn T counts gamma^(T - t)
+    at turn t (GiGPO's 0.95)."""
+
+
 LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The attention and MLP projections of a Llama-style decoder block (Llama, Qwen2, SmolLM2, Mistral)."""
 
@@ -98,6 +118,8 @@ class TrainerConfig(NanSafeContract):
     step's input (so in a run config leave it out, or equal to that)."""
     normalize_adv_std: bool = True
     """GRPO advantages (r - group mean) / group std; False keeps r - group mean (Dr. GRPO)."""
+    credit: CreditConfig = CreditConfig()
+    """Per-turn credit: which advantage each turn's tokens get (`CreditConfig`); the default is one per trajectory."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Trainer weights and optimizer state dtype; published weights are written in the decode dtype."""
     autocast: Literal["auto", "bf16", "off"] = "auto"
@@ -122,6 +144,17 @@ class TrainerConfig(NanSafeContract):
     lora: LoraConfig | None = None
     """Set: train low-rank adapters only (every base weight frozen) instead of the weights themselves; excludes
     `train_last_layers`. See `LoraConfig`."""
+
+    @model_validator(mode="after")
+    def _credit_fits_the_loss(self) -> TrainerConfig:
+        if self.credit.mode != "trajectory" and self.loss.kind == "topr":
+            raise ValueError(
+                f"trainer.credit.mode {self.credit.mode!r} gives each turn its own advantage, but loss topr's "
+                "truncated weight is the whole sequence's importance ratio, derived for one reward per sequence: "
+                "with advantages whose sign changes within a sequence it is not TOPR's estimator. Use "
+                "credit.mode = 'trajectory' with topr, or another loss kind (ppo_clip, tis, cispo, decoupled_ppo)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_way_to_freeze(self) -> TrainerConfig:

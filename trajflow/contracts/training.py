@@ -20,6 +20,7 @@ from trajflow.contracts.steps import StepRecord as StepRecord
 from trajflow.contracts.steps import TaskStats as TaskStats
 from trajflow.contracts.steps import TrainRef as TrainRef
 from trajflow.contracts.tasks import TaskConfig
+from trajflow.contracts.trainer import CreditConfig as CreditConfig
 from trajflow.contracts.trainer import LoraConfig as LoraConfig
 from trajflow.contracts.trainer import LossConfig as LossConfig
 from trajflow.contracts.trainer import LossKind as LossKind

@@ -6,7 +6,8 @@
 
 A group of one sample, or one whose rewards are all equal, carries no learning signal: its advantages are exactly
 zero (not eps-divided rounding noise). Every token of a trajectory gets its trajectory's advantage; that
-broadcast happens in the loss, not here.
+broadcast happens in the loss, not here. Per-turn credit (one advantage per turn, `trajflow.rl.credit`) builds on
+these.
 
 Limits: no batch-level normalisation and no reward shaping (length penalties, KL-in-reward); rewards must be finite.
 """

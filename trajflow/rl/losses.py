@@ -1,7 +1,8 @@
 """Token-level policy-gradient losses with off-policy corrections, the KL and entropy terms, and diagnostics.
 
 Every loss sees, per generated token t of sequence i: the trainer's logprob `logp` (carries grad), the rollout
-(behaviour) policy's logprob `b` recorded by the decode worker, the sequence's advantage `A_i`, and a loss mask.
+(behaviour) policy's logprob `b` recorded by the decode worker, its advantage `A` (the sequence's `A_i` given as
+[B] and broadcast to its tokens, or each token's own given as [B, L]: per-turn credit), and a loss mask.
 The ratio is r = exp(logp - b). `sg` is stop-gradient. Per-token losses:
 
 - `ppo_clip`: -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A). The clipped surrogate of PPO (Schulman et al.
@@ -16,7 +17,9 @@ The ratio is r = exp(logp - b). `sg` is stop-gradient. Per-token losses:
   masked tokens of (logp - b)) the SEQUENCE's importance ratio pi(y|x) / mu(y|x). Tapered off-policy REINFORCE
   (Le Roux et al. 2025, "Tapered Off-Policy REINFORCE", arXiv 2503.14286, eq. for grad J_TOPR): positive
   examples get plain REINFORCE, negative ones a truncated sequence-level importance weight; the paper's reward
-  (less its baseline c) is our group advantage A_i. Every token of a sequence gets the same weight.
+  (less its baseline c) is our group advantage A_i. Every token of a sequence gets the same weight. With [B, L]
+  advantages the branch is taken token by token (by the sign of the token's A); the config refuses per-turn
+  credit with topr (`TrainerConfig`), since the estimator is derived for one reward per sequence.
 - `decoupled_ppo`: -w min(r' A, clip(r', 1 - clip_low, 1 + clip_high) A) with r' = exp(logp - prox) against the
   proximal policy's logprobs `prox` and w = sg(min(exp(prox - b), tis_cap)). Decoupled PPO (Hilton et al. 2021,
   "Batch Size-Invariance for Policy Optimization"), as AReaL uses it for asynchronous RL (Fu et al. 2025), with
@@ -48,8 +51,8 @@ ppo_clip, the truncated/clipped weight for tis/cispo/topr, w r' or 0 for decoupl
 logprobs `kl_ref` (mean of the chosen estimator), with entropies `entropy` (mean per-token entropy).
 `merge_metrics` combines micro-batches: token-weighted means, max of maxima, min of minima.
 
-Limits: no GSPO-style sequence-level ratios except TOPR's weight; advantages are one scalar per sequence; the
-KL is to the initial model only (no moving reference).
+Limits: no GSPO-style sequence-level ratios except TOPR's weight; the KL is to the initial model only (no moving
+reference).
 """
 
 from __future__ import annotations
@@ -84,8 +87,8 @@ _PerToken = tuple[Tensor, Tensor, Tensor]
 
 @dataclass(frozen=True)
 class _Tokens:
-    """One batch's per-token inputs, all [B, L]: `adv` is broadcast, `ratio` = exp(logp - behaviour) on `valid`
-    (1 elsewhere)."""
+    """One batch's per-token inputs, all [B, L]: `adv` is broadcast from [B] or given per token, `ratio` =
+    exp(logp - behaviour) on `valid` (1 elsewhere)."""
 
     logp: Tensor
     behaviour: Tensor
@@ -230,8 +233,11 @@ def _check_shapes(logprobs: Tensor, advantages: Tensor, **aligned: Tensor | None
             raise ValueError(
                 f"{name} {tuple(tensor.shape)} must be the same [B, L] shape as logprobs {tuple(logprobs.shape)}"
             )
-    if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(f"advantages {tuple(advantages.shape)} must be [B] = [{logprobs.shape[0]}]")
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise ValueError(
+            f"advantages {tuple(advantages.shape)} must be [B] = [{logprobs.shape[0]}] or [B, L] = "
+            f"{list(logprobs.shape)}"
+        )
 
 
 def policy_loss(
@@ -246,7 +252,8 @@ def policy_loss(
     entropy: Tensor | None = None,
     denominator: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The aggregated loss of a [B, L] batch (advantages [B]) and its metrics; see the module docstring.
+    """The aggregated loss of a [B, L] batch (advantages [B], one a sequence, or [B, L], one a token) and its
+    metrics; see the module docstring.
 
     `prox_logprobs`: the proximal policy's (decoupled_ppo needs them). `ref_logprobs`: the frozen reference's
     (needed when kl_coef > 0; logged as `kl_ref` whenever given). `entropy`: each token's entropy (needed, with
@@ -265,7 +272,8 @@ def policy_loss(
     valid = mask > 0
     behaviour = behaviour_logprobs.detach().to(logprobs.dtype)
     ratio = torch.exp(torch.where(valid, logprobs - behaviour, 0.0))
-    adv = advantages.detach().to(logprobs.dtype)[:, None].expand_as(logprobs)
+    adv = advantages.detach().to(logprobs.dtype)
+    adv = adv[:, None].expand_as(logprobs) if adv.dim() == 1 else adv
     tokens = _Tokens(logprobs, behaviour, ratio, adv, valid, prox_logprobs)
     per_token, clipped, weight = _LOSSES[cfg.kind](cfg, tokens)
     extra: dict[str, Tensor] = {}

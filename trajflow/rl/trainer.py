@@ -101,8 +101,9 @@ def _trainable_parameters(
 
 @dataclass
 class Collated:
-    """A right-padded micro-batch, on the training device. `prox` and `ref` ([B, L - 1], aligned with the token
-    logprobs) are the step's fixed proximal and reference logprobs, where the step computed them."""
+    """A right-padded micro-batch, on the training device. `advantages` is [B], or [B, L] (aligned with `ids`)
+    when a sample carries per-token advantages. `prox` and `ref` ([B, L - 1], aligned with the token logprobs) are
+    the step's fixed proximal and reference logprobs, where the step computed them."""
 
     ids: torch.Tensor
     attention: torch.Tensor
@@ -198,6 +199,12 @@ class PolicyTrainer:
             behaviour[row, :n] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
             mask[row, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
         advantages = torch.tensor([s.advantage for s in batch], dtype=torch.float32)
+        if any(s.token_advantages is not None for s in batch):  # per-turn credit: [B, L], a value a token
+            per_token = torch.zeros((len(batch), width), dtype=torch.float32)
+            for row, s in enumerate(batch):
+                n = len(s.token_ids)
+                per_token[row, :n] = torch.tensor(s.token_advantages or [s.advantage] * n, dtype=torch.float32)
+            advantages = per_token
         temperatures = torch.tensor([s.temperature for s in batch], dtype=torch.float32)
         device = self.accelerator.device
         tensors = (t.to(device) for t in (ids, attention, behaviour, mask, advantages, temperatures))

@@ -175,11 +175,13 @@ def _micro_step(
         with torch.no_grad():
             entropy = token_entropy(logits.detach(), logz.detach(), valid)
     entropy = torch.nn.functional.pad(entropy, (start, 0))
+    # per-token advantages are aligned with the ids; token t's logprob is column t - 1
+    advantages = data.advantages if data.advantages.dim() == 1 else data.advantages[:, 1:]
     loss, metrics = policy_loss(
         cfg.loss,
         logp,
         data.behaviour[:, 1:],
-        data.advantages,
+        advantages,
         mask,
         data.prox if data.prox is not None else logp.detach(),  # one update: the step's start is this pass
         ref_logprobs=data.ref,
