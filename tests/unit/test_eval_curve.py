@@ -15,7 +15,7 @@ from infra.policies import PolicyStore
 from infra.store import LocalStore
 from trajflow.cli.commands.eval_curve import CURVE_FILE, EvalCurve, due, read_points
 from trajflow.cli.commands.plots import reward_figure
-from trajflow.cli.commands.train import summarise
+from trajflow.cli.commands.train import summarise, verdict
 from trajflow.contracts.runs import CurvePoint, EpisodeEval, EvalResult
 from trajflow.contracts.training import EvalConfig, StepRecord, TrainingCounters, TrainingResult, TrainingRunConfig
 from trajflow.contracts.trajectory import TrajectoryStatus
@@ -163,7 +163,7 @@ async def test_a_reattach_evaluates_only_what_is_missing_and_says_what_was_prune
     curve.seen(9)
     points = await curve.close(None, None)
     assert again == [8] and [p.version for p in points] == [2, 4, 8]
-    assert "held-out v6: not evaluated, its weights were pruned from the store before it was held" in said
+    assert "held-out v6: not evaluated, its weights are not in the store (pruned before it was held)" in said
     assert len((tmp_path / CURVE_FILE).read_text().splitlines()) == 3
 
 
@@ -227,3 +227,24 @@ def test_the_summary_and_the_plot_carry_the_curve() -> None:
     assert np.asarray(line.get_xdata()).tolist() == [0, 2, 4]
     assert np.asarray(line.get_ydata()).tolist() == [0.0, 0.5, 1.0]
     assert curve_scalars(curve[1]) == {"eval_curve/success_rate": 0.5, "eval_curve/mean_reward": 0.5}
+
+
+async def test_a_run_that_ends_early_gets_no_eval_during_training_at_its_last_version(tmp_path: Path) -> None:
+    evaluated, said = [], []
+    curve, _ = a_curve(tmp_path, FakeHolds(), evaluated, said, every=2, steps=10)
+    curve.seen(3)
+    curve.ended(6)  # stopped at v6: the eval after training is v6's
+    after = an_eval(6, [True, True, False, False])
+    points = await curve.close(None, after)
+    assert evaluated == [2, 4] and [(p.version, p.seconds) for p in points] == [(2, 2.0), (4, 2.0), (6, 0.0)]
+
+
+def test_the_verdict_draws_the_curve() -> None:
+    history = [StepRecord(step=1, time_s=60.0, reward_mean=0.5, trajectories=8, stale_dropped_total=0)]
+    result = TrainingResult(run_id="r", version=4, counters=TrainingCounters(), wall_seconds=60.0, history=history)
+    curve = [CurvePoint.of(an_eval(v, [True] * (v // 2) + [False] * (4 - v // 2))) for v in (0, 2, 4)]  # 0, 1/4, 1/2
+    before, after = an_eval(0, [False] * 4), an_eval(4, [True] * 4)
+    line = verdict(summarise(TrainingRunConfig(), "r", result, 60.0, before, after, curve), Path("reward.png"))
+    assert "held-out greedy success 0/4 (0%) -> 4/4 (100%), by step ▁▃▅ (v0..v4 on 4 seeds), mean reward" in line
+    line = verdict(summarise(TrainingRunConfig(), "r", result, 60.0, before, after), Path("reward.png"))
+    assert "by step" not in line

@@ -120,7 +120,7 @@ class EvalCurve:
                 continue
             self.passed.add(v)
             if not self.holds.hold(v):
-                self.say(f"held-out v{v}: not evaluated, its weights were pruned from the store before it was held")
+                self.say(f"held-out v{v}: not evaluated, its weights are not in the store (pruned before it was held)")
                 continue
             self.queued.append(v)
         if self.queued and (self.task is None or self.task.done()):
@@ -147,14 +147,21 @@ class EvalCurve:
                 f"mean reward {point.mean_reward:.3f} ({point.seconds:.0f}s, during training)"
             )
 
+    def ended(self, version: int) -> None:
+        """The run ended at `version` (its last step, or earlier when stopped): what is due below it is queued, and
+        nothing at it, which the eval after training covers."""
+        self.steps = min(self.steps, version)
+        self.seen(version)
+
     async def close(self, before: EvalResult | None, after: EvalResult | None) -> list[CurvePoint]:
         """Await the eval in flight and those queued; the curve: every eval during training and, on the same seeds,
-        the evals before and after (logged to the trackers here), in version order."""
+        the evals before and after (logged to the trackers here) where no eval during training took that version,
+        in version order."""
         while self.task is not None and not self.task.done():
             await self.task
         points = dict(self.done)
         for result in (before, after):
-            if result is not None and len(result.per_episode) >= self.episodes:
+            if result is not None and result.version not in points and len(result.per_episode) >= self.episodes:
                 point = CurvePoint.of(result, self.episodes)
                 points[point.version] = point
                 self.trackers.scalars(point.version, curve_scalars(point))

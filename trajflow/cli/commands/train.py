@@ -163,7 +163,7 @@ async def finish(
     if result.stopped:
         say(f"run {run_id} stopped early: {result.stopped}")
     if curve is not None:
-        curve.seen(result.version)  # the steps that finished after the last poll
+        curve.ended(result.version)  # the steps that finished after the last poll, below the last
     after = await evaluate(client, run, say, policy=run_id, version=result.version) if evaluate_now else None
     if after is not None:
         trackers.scalars(result.version, eval_scalars(after))
@@ -301,9 +301,14 @@ def summarise(
     )
 
 
+VERDICT_CURVE_POINTS = 40
+"""The verdict's sparkline of held-out success by step shows at most the last this many points."""
+
+
 def verdict(summary: RunSummary, plot: Path) -> str:
     """The run in one line for the end of `trajflow train`: held-out greedy success and mean reward before and
-    after (when evaluated), steps, training wall time, and where the plot is."""
+    after (when evaluated), the held-out success by step as a sparkline (with `[train.eval] every`), steps,
+    training wall time, and where the plot is."""
     minutes = summary.wall_seconds / 60
     head = f"run {summary.run_id}: {summary.steps} steps in {minutes:.1f} min of training"
     before, after = summary.eval_before, summary.eval_after
@@ -311,7 +316,14 @@ def verdict(summary: RunSummary, plot: Path) -> str:
     per_task = f"; {per_task}" if per_task else ""
     if before is None or after is None:
         return f"{head} (not evaluated){per_task}; plot: {plot}"
+    curve = summary.eval_curve[-VERDICT_CURVE_POINTS:]
+    by_step = (
+        f", by step {''.join(SPARKS[round(p.rate * (len(SPARKS) - 1))] for p in curve)} "  # on 0..1, not min..max
+        f"(v{curve[0].version}..v{curve[-1].version} on {curve[0].episodes} seeds)"
+        if len(curve) > 2
+        else ""
+    )
     return (
-        f"{head}; held-out greedy success {greedy_success(before)} -> {greedy_success(after)}, "
+        f"{head}; held-out greedy success {greedy_success(before)} -> {greedy_success(after)}{by_step}, "
         f"mean reward {before.mean_reward:.3f} -> {after.mean_reward:.3f}{per_task}; plot: {plot}"
     )
