@@ -80,6 +80,11 @@ def policy_latest_key(run_id: str) -> str:
     return f"{policy_prefix(run_id)}/latest.json"
 
 
+def policy_hold_key(run_id: str, version: int) -> str:
+    """A hold on a published version (`PolicyStore.hold`): while it exists, pruning keeps that version."""
+    return f"{policy_prefix(run_id)}/holds/{_version(version)}"
+
+
 def dir_file_key(prefix: str, name: str) -> str:
     """A file of the directory uploaded under `prefix`."""
     return f"{prefix}/{name}"

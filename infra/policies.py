@@ -17,8 +17,13 @@ Each worker process downloads into its own cache directory, `<cache>/policies/<w
 `workers.common.new_worker_id`); `sweep_dead_worker_caches` removes those of this host's workers that no longer
 run (a restarted stack would otherwise keep every old worker's weights: ~0.5 GB a version for SmolLM2 in float32).
 
-Not covered: garbage collection of a run's store objects beyond `prune` (keeping the newest few versions; an older
-version can no longer be served, pinned or not, unless a decode worker still has it in its cache).
+A client that will still need an older version (`trajflow train`'s evals during training) holds it (`hold`, a small
+object under `policy/holds/`) until it is done (`release`); `prune` keeps held versions. A hold left by a process
+that died keeps its version until someone releases it (`trajflow attach` evaluates and releases it).
+
+Not covered: garbage collection of a run's store objects beyond `prune` (keeping the newest few versions and the
+held ones; an older version can no longer be served, pinned or not, unless a decode worker still has it in its
+cache).
 """
 
 from __future__ import annotations
@@ -31,7 +36,14 @@ import time
 import uuid
 from pathlib import Path
 
-from infra.layout import dir_file_key, manifest_key, policy_latest_key, policy_prefix, policy_version_prefix
+from infra.layout import (
+    dir_file_key,
+    manifest_key,
+    policy_hold_key,
+    policy_latest_key,
+    policy_prefix,
+    policy_version_prefix,
+)
 from infra.store import ObjectNotFound, ObjectStore
 from trajflow.contracts.trajectory import split_policy
 from trajflow.rl.engines.base import PolicyWeights
@@ -60,12 +72,33 @@ class PolicyStore:
         return manifest_uri
 
     def prune(self, run_id: str, keep: int = 2) -> None:
-        """Delete all but the newest `keep` published versions of a run (the pointer's target is always kept)."""
+        """Delete all but the newest `keep` published versions of a run and the held ones (the pointer's target is
+        always kept)."""
         newest = self.latest_version(run_id, fresh=True)
+        held = self.held(run_id)
         for uri in self.store.list(f"{policy_prefix(run_id)}/v"):
             name = uri.rsplit("/policy/", 1)[1].split("/", 1)[0]
             if name.startswith("v") and name[1:].isdigit() and int(name[1:]) <= newest - keep:
-                self.store.delete(uri)
+                if int(name[1:]) not in held:
+                    self.store.delete(uri)
+
+    def hold(self, run_id: str, version: int) -> bool:
+        """Keep `version` of `run_id` from being pruned until `release`; False (and no hold) when its weights are not
+        in the store any more. A prune that had already begun when the hold was written may still remove it."""
+        self.store.put_json(policy_hold_key(run_id, version), {"version": version})
+        if version in self.versions(run_id):
+            return True
+        self.release(run_id, version)
+        return False
+
+    def release(self, run_id: str, version: int) -> None:
+        """End a hold (the next prune removes the version if it is old enough); nothing when there is none."""
+        self.store.delete(self.store.uri_for(policy_hold_key(run_id, version)))
+
+    def held(self, run_id: str) -> set[int]:
+        """The versions of `run_id` that are held now."""
+        names = (uri.rsplit("/", 1)[1] for uri in self.store.list(f"{policy_prefix(run_id)}/holds/v"))
+        return {int(n[1:]) for n in names if n[1:].isdigit()}
 
     # --- following (decode side): the WeightSource protocol -------------------------------------------------
 

@@ -25,9 +25,11 @@ pytestmark = pytest.mark.integration
 
 
 def long_config(tmp_path: Path) -> Path:
-    """The smoke config with more steps than the test lets it run, and a short evaluation."""
+    """The smoke config with more steps than the test lets it run, and a short evaluation, also during training."""
     text = (ROOT / "trajflow" / "configs" / "smoke.toml").read_text()
-    text = text.replace("steps = 3", "steps = 40").replace("eval = { episodes = 8 }", "eval = { episodes = 2 }")
+    text = text.replace("steps = 3", "steps = 40").replace(
+        "eval = { episodes = 8 }", "eval = { episodes = 2, every = 1 }"
+    )
     path = tmp_path / "long.toml"
     path.write_text(text)
     return path
@@ -88,6 +90,14 @@ def test_a_run_outlives_its_cli_is_re_attached_and_stopped(cli_stack: CliStack, 
     # the evaluation before (recorded by the first CLI) and after (run by the attached one)
     assert summary["eval_before"]["version"] == 0 and summary["eval_after"]["version"] == summary["steps"]
     assert json.loads((run_dir / "summary.json").read_text())["stopped"] == summary["stopped"]
+    # the evals during training went on where the first CLI left them: each version at most once, and every one
+    # missing said (pruned before either CLI held it); nothing is held any more
+    curve = [p["version"] for p in summary["eval_curve"]]
+    evaluated = [json.loads(line)["version"] for line in (run_dir / "eval_curve.jsonl").read_text().splitlines()]
+    assert len(evaluated) == len(set(evaluated)) and curve == sorted({0, *evaluated, summary["steps"]})
+    for v in set(range(1, summary["steps"])) - set(evaluated):
+        assert f"held-out v{v}: not evaluated, its weights are not in the store" in log
+    assert not list((cli_stack.state_dir / "store" / "runs" / run_id / "policy" / "holds").glob("v*"))
     assert running_trajectories(cli_stack, run_id) == 0
     # attaching to a run that ended gives its summary at once; an unknown run is a clear error
     again = cli_stack.trajflow("attach", run_id, "--no-eval")

@@ -201,7 +201,7 @@ def _attach(run_id: str, json_summary: Path | None, no_eval: bool) -> None:
     run_dir = settings.state_dir / "runs" / run_id
 
     async def main() -> RunSummary:
-        return await attach_run(await connect(settings), run_id, run_dir, _say, skip_eval=no_eval)
+        return await attach_run(await connect(settings), run_id, run_dir, _say, skip_eval=no_eval, settings=settings)
 
     summary = _run_or_exit(main)
     if json_summary:

@@ -61,6 +61,37 @@ class EvalResult(Contract):
     """One row per held-out seed, in seed order."""
 
 
+class CurvePoint(Contract):
+    """One point of a run's held-out success by step (`RunSummary.eval_curve`): a greedy eval of one version on the
+    same first held-out seeds as every other point (`[train.eval] during_episodes` of them)."""
+
+    version: int
+    successes: int
+    """Greedy wins (an episode that did not complete counts as a loss)."""
+    episodes: int
+    rate: float
+    """successes / episodes."""
+    mean_reward: float
+    """Mean reward of the scored greedy episodes (0.0 when none was)."""
+    seconds: float
+    """Wall seconds of this eval (0.0 for the points taken from the evals before and after training)."""
+
+    @classmethod
+    def of(cls, result: EvalResult, episodes: int | None = None) -> CurvePoint:
+        """The point of `result`'s first `episodes` seeds (all of them when None)."""
+        rows = result.per_episode[:episodes] if episodes is not None else result.per_episode
+        rewards = [r.greedy_reward for r in rows if r.greedy_reward is not None]
+        wins = sum(r.greedy_win for r in rows)
+        return cls(
+            version=result.version,
+            successes=wins,
+            episodes=len(rows),
+            rate=wins / len(rows) if rows else 0.0,
+            mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
+            seconds=result.seconds if episodes is None else 0.0,
+        )
+
+
 class TaskEval(Contract):
     """One task's share of an evaluation: its greedy episodes (the eval's tasks take turns over the seeds)."""
 
@@ -123,3 +154,7 @@ class RunSummary(Contract):
     after (every task of the run, one-task runs too)."""
     stopped: str | None = None
     """Why the run ended before its last step (`trajflow stop`); None when it ran all its steps."""
+    eval_curve: list[CurvePoint] = Field(default_factory=list)
+    """Held-out greedy success by version, on the same `[train.eval] during_episodes` first held-out seeds: the
+    evals during training (every `[train.eval] every` versions) and, from their first seeds, the evals before and
+    after; in version order. Empty when `every` is 0."""

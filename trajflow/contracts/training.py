@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from trajflow.contracts import capacity
 from trajflow.contracts.capacity import MAX_CHILDREN_IN_FLIGHT as MAX_CHILDREN_IN_FLIGHT
+from trajflow.contracts.evaluation import EvalConfig as EvalConfig
 from trajflow.contracts.limits import PoolName, WorkflowIdRef
 from trajflow.contracts.shards import BatchStats, GroupSpec, Ranges, ShardedState
 from trajflow.contracts.steps import StepRecord as StepRecord
@@ -28,13 +29,6 @@ from trajflow.contracts.trainer import NanSafeContract, TrainerConfig
 from trajflow.contracts.trajectory import TrajectoryResult, derive_seed
 
 _Model = NanSafeContract
-
-
-class EvalConfig(_Model):
-    episodes: Annotated[int, Field(ge=0, le=10_000)] = 50
-    """Held-out episodes evaluated greedily before and after training by `trajflow train` (0: no eval)."""
-    first_seed: int = 1_000_000
-    """Held-out seeds are first_seed, first_seed+1, ...; training seeds must not reach them."""
 
 
 class TrainSettings(_Model):

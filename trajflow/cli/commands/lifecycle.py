@@ -13,9 +13,11 @@ from pathlib import Path
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
+from infra.settings import Settings
 from infra.temporal import execution_status
+from trajflow.cli.commands.eval_curve import start_curve
 from trajflow.cli.commands.evaluate import Say
-from trajflow.cli.commands.train import EVAL_BEFORE, finish, follow_run
+from trajflow.cli.commands.train import EVAL_BEFORE, finish, follow_run, on_steps
 from trajflow.client import attach_training, stop_training
 from trajflow.contracts import names
 from trajflow.contracts.runs import EvalResult, RunSummary
@@ -34,10 +36,19 @@ def eval_before(run_dir: Path) -> EvalResult | None:
     return EvalResult.model_validate_json(path.read_text()) if path.is_file() else None
 
 
-async def attach(client: Client, run_id: str, run_dir: Path, say: Say, *, skip_eval: bool = False) -> RunSummary:
+async def attach(
+    client: Client,
+    run_id: str,
+    run_dir: Path,
+    say: Say,
+    *,
+    skip_eval: bool = False,
+    settings: Settings | None = None,
+) -> RunSummary:
     """Follow run `run_id` to its end (LookupError for an unknown one; `RunEnded` for one that ends without a
-    result), then evaluate the final policy and write the summary and plots, as `trajflow train` does. A run that
-    has ended and has its summary already: that summary, unchanged."""
+    result), then evaluate the final policy and write the summary and plots, as `trajflow train` does. With
+    `settings` (the store's), the evals during training (`[train.eval] every`) go on where the run directory's
+    record ends (`eval_curve`). A run that has ended and has its summary already: that summary, unchanged."""
     handle = await attach_training(run_id, client=client)
     written = run_dir / "summary.json"
     if (await handle.describe()).status is not WorkflowExecutionStatus.RUNNING and written.is_file():
@@ -45,11 +56,13 @@ async def attach(client: Client, run_id: str, run_dir: Path, say: Say, *, skip_e
         return RunSummary.model_validate_json(written.read_text())
     run = await handle.query(names.QUERY_RUN_CONFIG, result_type=TrainingRunConfig)
     say(f"attached to training run {run_id}: {run.steps} steps of B={run.batch_size}, alpha={run.alpha}")
-    result = await follow_run(handle, say)
-    before = eval_before(run_dir)
     evaluate_now = not skip_eval and run.eval.episodes > 0
+    trackers = Fanout([], say)
+    curve = start_curve(client, settings, run, run_id, run_dir, trackers, say) if evaluate_now and settings else None
+    result = await follow_run(handle, say, on_step=on_steps(lambda _: None, curve))
+    before = eval_before(run_dir)
     return await finish(
-        client, run, run_id, run_dir, result, result.wall_seconds, before, Fanout([], say), say, evaluate_now
+        client, run, run_id, run_dir, result, result.wall_seconds, before, trackers, say, evaluate_now, curve
     )
 
 

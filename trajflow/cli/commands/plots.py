@@ -1,7 +1,7 @@
 """The plots `trajflow train` writes beside a run's `summary.json`, drawn from that summary alone (so a summary read
 back draws the same plots): reward.png (training batch reward against step and wall time, the held-out reward
-before and after; per task too in a run of several tasks, with their success) and staleness.png (how stale the
-trained samples were).
+before and after, the held-out greedy success by step when the run evaluated during training; per task too in a
+run of several tasks, with their success) and staleness.png (how stale the trained samples were).
 
 Figures are built by `*_figure` (returned open, for tests to look at their lines and legends) and saved and
 closed by `write_plots`. matplotlib's Agg backend: no display needed.
@@ -66,6 +66,11 @@ def reward_figure(summary: RunSummary) -> Figure:
     for ev, color in ((summary.eval_before, "r"), (summary.eval_after, "g")):
         if ev:
             ax1.axhline(ev.mean_reward, color=color, ls="--", label=f"held-out mean reward v{ev.version}")
+    if summary.eval_curve:  # on the reward axis: a success rate is in [0, 1] too
+        curve = summary.eval_curve
+        label = f"held-out greedy success ({curve[0].episodes} seeds)"
+        ax1.plot([p.version for p in curve], [p.rate for p in curve], marker="s", ms=4, color="b", label=label)
+        ax1.set_ylabel("reward; success")
     ax1.legend(fontsize=8)
     fig.suptitle("trajflow training run")
     fig.tight_layout()

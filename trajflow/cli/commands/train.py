@@ -1,5 +1,6 @@
-"""What `trajflow train CONFIG` does: evaluate, train through the TrainingWorkflow with live progress, evaluate
-again, then write a JSON summary and plots to the run directory, beside the resolved run config (`config.json`: the
+"""What `trajflow train CONFIG` does: evaluate, train through the TrainingWorkflow with live progress (and, with
+`[train.eval] every`, held-out evals during it: `trajflow.cli.commands.eval_curve`), evaluate again, then write a
+JSON summary and plots to the run directory, beside the resolved run config (`config.json`: the
 whole `RunConfig`, loadable with `RunConfig.model_validate_json`). The evaluation is `trajflow.cli.commands.evaluate`'s.
 """
 
@@ -14,12 +15,13 @@ from pathlib import Path
 from temporalio.client import Client
 
 from infra.settings import Settings
+from trajflow.cli.commands.eval_curve import EvalCurve, read_points, start_curve
 from trajflow.cli.commands.evaluate import Say, evaluate, greedy_success
 from trajflow.cli.commands.per_task import task_lines, task_summaries, task_verdict
 from trajflow.cli.commands.plots import write_plots
 from trajflow.client import start_training, training_progress
 from trajflow.contracts.config import RunConfig
-from trajflow.contracts.runs import EvalResult, RunSummary
+from trajflow.contracts.runs import CurvePoint, EvalResult, RunSummary
 from trajflow.contracts.training import StepRecord, TrainingProgress, TrainingResult, TrainingRunConfig
 from trajflow.observability.tracking.base import Fanout, eval_scalars, open_trackers, step_scalars
 
@@ -123,9 +125,21 @@ async def train(
     ui_host = settings.temporal_address.rsplit(":", 1)[0]
     ui = f"http://{ui_host}:{settings.temporal_ui_port}/namespaces/{settings.temporal_namespace}/workflows/{run_id}"
     say(f"training workflow {run_id} started (Temporal UI: {ui})")
-    result = await follow_run(handle, say, on_step=StepLog(trackers).log)
+    curve = start_curve(client, settings, run, run_id, run_dir, trackers, say) if evaluate_now else None
+    result = await follow_run(handle, say, on_step=on_steps(StepLog(trackers).log, curve))
     wall = time.monotonic() - t0
-    return await finish(client, run, run_id, run_dir, result, wall, before, trackers, say, evaluate_now)
+    return await finish(client, run, run_id, run_dir, result, wall, before, trackers, say, evaluate_now, curve)
+
+
+def on_steps(log: Callable[[StepRecord], None], curve: EvalCurve | None) -> Callable[[StepRecord], None]:
+    """What each finished step does: `log` it, and tell the curve (when there is one) its version is out."""
+
+    def on_step(record: StepRecord) -> None:
+        log(record)
+        if curve is not None:
+            curve.seen(record.step)
+
+    return on_step
 
 
 EVAL_BEFORE = "eval_before.json"
@@ -143,15 +157,20 @@ async def finish(
     trackers: Fanout,
     say: Say,
     evaluate_now: bool,
+    curve: EvalCurve | None = None,
 ) -> RunSummary:
-    """After the run ended: the evaluation after it (when `evaluate_now`), then summary.json and the plots."""
+    """After the run ended: the evaluation after it (when `evaluate_now`), the evals during training still in flight
+    or queued (`curve`; without one, those recorded in the run directory), then summary.json and the plots."""
     if result.stopped:
         say(f"run {run_id} stopped early: {result.stopped}")
+    if curve is not None:
+        curve.ended(result.version)  # the steps that finished after the last poll, below the last
     after = await evaluate(client, run, say, policy=run_id, version=result.version) if evaluate_now else None
     if after is not None:
         trackers.scalars(result.version, eval_scalars(after))
+    points = await curve.close(before, after) if curve is not None else read_points(run_dir)
     trackers.close()
-    summary = summarise(run, run_id, result, wall, before, after)
+    summary = summarise(run, run_id, result, wall, before, after, points)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "summary.json").write_text(summary.model_dump_json(indent=2))
     plots = write_plots(summary, run_dir)
@@ -253,6 +272,7 @@ def summarise(
     wall: float,
     before: EvalResult | None,
     after: EvalResult | None,
+    curve: list[CurvePoint] | None = None,
 ) -> RunSummary:
     c = result.counters
     staleness: Counter[int] = Counter()
@@ -281,12 +301,18 @@ def summarise(
         last_metrics=result.history[-1].metrics if result.history else {},
         tasks=task_summaries([t.name for t in run.tasks], result, before, after),
         stopped=result.stopped,
+        eval_curve=curve or [],
     )
+
+
+VERDICT_CURVE_POINTS = 40
+"""The verdict's sparkline of held-out success by step shows at most the last this many points."""
 
 
 def verdict(summary: RunSummary, plot: Path) -> str:
     """The run in one line for the end of `trajflow train`: held-out greedy success and mean reward before and
-    after (when evaluated), steps, training wall time, and where the plot is."""
+    after (when evaluated), the held-out success by step as a sparkline (with `[train.eval] every`), steps,
+    training wall time, and where the plot is."""
     minutes = summary.wall_seconds / 60
     head = f"run {summary.run_id}: {summary.steps} steps in {minutes:.1f} min of training"
     before, after = summary.eval_before, summary.eval_after
@@ -294,7 +320,14 @@ def verdict(summary: RunSummary, plot: Path) -> str:
     per_task = f"; {per_task}" if per_task else ""
     if before is None or after is None:
         return f"{head} (not evaluated){per_task}; plot: {plot}"
+    curve = summary.eval_curve[-VERDICT_CURVE_POINTS:]
+    by_step = (
+        f", by step {''.join(SPARKS[round(p.rate * (len(SPARKS) - 1))] for p in curve)} "  # on 0..1, not min..max
+        f"(v{curve[0].version}..v{curve[-1].version} on {curve[0].episodes} seeds)"
+        if len(curve) > 2
+        else ""
+    )
     return (
-        f"{head}; held-out greedy success {greedy_success(before)} -> {greedy_success(after)}, "
+        f"{head}; held-out greedy success {greedy_success(before)} -> {greedy_success(after)}{by_step}, "
         f"mean reward {before.mean_reward:.3f} -> {after.mean_reward:.3f}{per_task}; plot: {plot}"
     )

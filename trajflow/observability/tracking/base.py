@@ -1,8 +1,8 @@
 """The logger interface (`Tracker`), what a training step and an evaluation log (`step_scalars`,
 `eval_scalars`), and the trackers a run config names (`open_trackers`), fanned out as one.
 
-Names are grouped by a prefix (`rollout/`, `train/`, `eval/`), the way TensorBoard and W&B group charts; the x
-axis is the policy version a step produced (an evaluation logs at the version it evaluated).
+Names are grouped by a prefix (`rollout/`, `train/`, `eval/`, `eval_curve/`), the way TensorBoard and W&B group
+charts; the x axis is the policy version a step produced (an evaluation logs at the version it evaluated).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from trajflow.contracts.runs import EvalResult
+from trajflow.contracts.runs import CurvePoint, EvalResult
 from trajflow.contracts.tracking import TrackingConfig
 from trajflow.contracts.training import StepRecord
 
@@ -50,6 +50,12 @@ def eval_scalars(result: EvalResult) -> dict[str, float]:
     values = {"eval/success_rate": result.success_rate, "eval/mean_reward": result.mean_reward}
     values.update({f"eval/pass_at_{k}": v for k, v in result.pass_at_k.items()})  # MLflow refuses "@"
     return values
+
+
+def curve_scalars(point: CurvePoint) -> dict[str, float]:
+    """A point of the held-out success by step (`[train.eval] every`): under its own prefix, since its seeds are the
+    first `during_episodes` of the held-out ones, not all of them as `eval/`'s before and after are."""
+    return {"eval_curve/success_rate": point.rate, "eval_curve/mean_reward": point.mean_reward}
 
 
 class Fanout:
