@@ -115,7 +115,7 @@ class RewardActivities:
         prefix, context = prefix_of(record, inp.turn, uri)
         if context is not None:  # a whole TurnContext: `ContextStore.load` reads it as the start of the chain
             key = trajectory_key(inp.trajectory_id, "context-branch.json")
-            prefix.context_uri = self.store.put_json(key, context)
+            prefix = prefix.model_copy(update={"context_uri": self.store.put_json(key, context)})
         return prefix
 
     def _only_record(self, workflow_id: str) -> str:
