@@ -389,7 +389,8 @@ class TrajectoryWorkflow:
         if req.replay_of:
             updates.append(keys.SA_REPLAY_OF.value_set(req.replay_of))
         if req.branch_of:
-            updates += [keys.SA_BRANCH_OF.value_set(req.branch_of), keys.SA_BRANCH_TURN.value_set(req.branch_turn)]
+            turn = float(req.branch_turn)  # a Double: `trajflow.contracts.names.SA_BRANCH_TURN`
+            updates += [keys.SA_BRANCH_OF.value_set(req.branch_of), keys.SA_BRANCH_TURN.value_set(turn)]
         return updates
 
     def _upsert(self, *updates) -> None:

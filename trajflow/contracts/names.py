@@ -68,7 +68,9 @@ SA_REPLAY_OF = "TrajflowReplayOf"
 SA_BRANCH_OF = "TrajflowBranchOf"
 """A branch's parent workflow id (`trajflow branch`)."""
 SA_BRANCH_TURN = "TrajflowBranchTurn"
-"""The turn (1-based) a branch samples from; turns before it are its parent's."""
+"""The turn (1-based) a branch samples from; turns before it are its parent's. A Double holding a whole number: the
+dev server (SQLite visibility) allows 3 Int attributes and trajflow's three are taken; a Double still compares as a
+number (`TrajflowBranchTurn >= 2`)."""
 
 SEARCH_ATTRIBUTES: dict[str, str] = {
     SA_ENV: "Keyword",
@@ -81,7 +83,7 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
     SA_TASK: "Keyword",
     SA_REPLAY_OF: "Keyword",
     SA_BRANCH_OF: "Keyword",
-    SA_BRANCH_TURN: "Int",
+    SA_BRANCH_TURN: "Double",
 }
 """Name -> Temporal type, in the form `temporal server start-dev --search-attribute Name=Type` takes. The dev
 server's SQL visibility allows at most 3 custom Int attributes (all used) and 10 Keyword ones. A server started

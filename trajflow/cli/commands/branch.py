@@ -19,7 +19,7 @@ from trajflow.cli.commands.visibility import quote, row_of
 from trajflow.contracts import names
 from trajflow.contracts.trajectory import TrajectoryResult
 
-_BRANCH_TURN = SearchAttributeKey.for_int(names.SA_BRANCH_TURN)
+_BRANCH_TURN = SearchAttributeKey.for_float(names.SA_BRANCH_TURN)
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Node:
 def _node(wf: WorkflowExecution) -> Node:
     row = row_of(wf)
     turn = wf.typed_search_attributes.get(_BRANCH_TURN)
-    return Node(row.workflow_id, turn, row.status, row.reward, row.turns)
+    return Node(row.workflow_id, None if turn is None else int(turn), row.status, row.reward, row.turns)
 
 
 def branches_query(parent: str) -> str:
