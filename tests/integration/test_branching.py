@@ -7,8 +7,8 @@ its own sampling seed, so a branch that reused its parent's turns 1..k-1 shows t
 from turn k on is visibly its own. Covered: the client's `start_branches` (prefix turns, tokens and the turn-k
 observation equal to the parent's; branches differ from turn k), the search attributes and `trajectories tree`,
 a branch started with only `branch_of` and `branch_turn` (the Temporal UI's form) at k = 1, the refusals (client:
-turn out of range, unknown workflow; workflow: no parent record), and `trajflow branch --json --wait` as a user
-runs it.
+turn out of range, unknown workflow; workflow: no parent record, and a restored env whose observation differs from
+the record's), and `trajflow branch --json --wait` and `trajflow trajectories tree` as a user runs them.
 """
 
 from __future__ import annotations
@@ -77,6 +77,12 @@ async def test_branches_start_from_the_parents_state_and_differ_from_there(
         # the Temporal UI's form: only branch_of and branch_turn (and this test's pools); k = 1 reuses nothing
         ui = await st.run(st.request(branch_of=parent.workflow_id, branch_turn=1))
         missing = await st.run(st.request(branch_of=f"nobody-{st.tag}", branch_turn=2))
+        # a parent whose recorded observation the env does not reproduce (as a non-deterministic env would not)
+        tampered = load(st.store, parent.trajectory_uri)
+        turn1 = tampered.turns[0].model_copy(update={"observation": "not what the env says"})
+        tampered = tampered.model_copy(update={"turns": [turn1, *tampered.turns[1:]]})
+        fake = st.store.put_json(f"tampered/{st.tag}/trajectory.json", tampered)
+        differs = await st.run(st.request(branch_of=parent.workflow_id, branch_turn=2, branch_record=fake))
         with pytest.raises(BranchRefused, match="out of range"):
             await start_branches(parent.workflow_id, 4, 1, client=st.client, store=st.store)
         with pytest.raises(LookupError, match="no workflow"):
@@ -84,7 +90,7 @@ async def test_branches_start_from_the_parents_state_and_differ_from_there(
 
         async def grown():
             root = await tree(st.client, parent.workflow_id)
-            return (root,) if root is not None and len(root.branches) == 4 else None
+            return (root,) if root is not None and len(root.branches) == 5 else None
 
         [root] = await async_wait_for(grown, timeout_s=30, interval_s=0.3, what="the parent's tree")
 
@@ -103,6 +109,14 @@ async def test_branches_start_from_the_parents_state_and_differ_from_there(
         out = await asyncio.to_thread(cli, "branch", parent.workflow_id, "--turn", "3", "--n", "2", "--wait", "--json")
         bad = await asyncio.to_thread(cli, "branch", parent.workflow_id, "--turn", "9", "--n", "1")
         unknown = await asyncio.to_thread(cli, "branch", f"nobody-{st.tag}", "--turn", "2")
+
+        async def all_seven():  # visibility is eventually consistent: the CLI's branches may show a moment late
+            proc = await asyncio.to_thread(cli, "trajectories", "tree", parent.workflow_id, "--json")
+            got = json.loads(proc.stdout)["branches"] if proc.returncode == 0 else []
+            return (proc,) if len(got) == 7 and "running" not in {b["status"] for b in got} else None
+
+        [shown_tree] = await async_wait_for(all_seven, timeout_s=60, interval_s=1, what="7 branches in the CLI's tree")
+        text_tree = await asyncio.to_thread(cli, "trajectories", "tree", parent.workflow_id)
 
     old = load(st.store, parent.trajectory_uri)
     branches = [load(st.store, r.trajectory_uri) for r in results]
@@ -126,9 +140,18 @@ async def test_branches_start_from_the_parents_state_and_differ_from_there(
     ui_rec = load(st.store, ui.trajectory_uri)
     assert ui_rec.first_observation == old.first_observation and ui_rec.request.sampling.temperature == 1.0
     assert missing.status is TrajectoryStatus.FAILED and "no trajectory record" in (missing.error or ""), missing
+    assert differs.status is TrajectoryStatus.FAILED, differs
+    assert "the restored env's observation at turn 2 differs from the parent's" in (differs.error or ""), differs
     assert out.returncode == 0, out.stdout + out.stderr
     shown = json.loads(out.stdout)
     assert shown["turn"] == 3 and [b["status"] for b in shown["branches"]] == ["completed", "completed"], shown
     assert [b["turns"] for b in shown["branches"]] == [3, 3]
+    cli_root = json.loads(shown_tree.stdout)
+    assert cli_root["workflow_id"] == parent.workflow_id and cli_root["branch_turn"] is None
+    at = sorted((b["branch_turn"], b["status"]) for b in cli_root["branches"])
+    assert at == [(1, "completed"), *[(K, "completed")] * 3, (K, "failed"), *[(3, "completed")] * 2], at
+    lines = text_tree.stdout.splitlines()
+    assert lines[0].startswith(parent.workflow_id) and all(x.startswith("  ") for x in lines[1:]), text_tree.stdout
+    assert sum("@turn 3  completed  reward" in x for x in lines) == 2, text_tree.stdout
     assert bad.returncode == 2 and "turn 9 is out of range" in bad.stdout, bad.stdout + bad.stderr
     assert unknown.returncode == 2 and "no workflow" in unknown.stdout, unknown.stdout + unknown.stderr
