@@ -51,6 +51,11 @@ def seeded(tiny_model):
     return SeedScriptedEngine(AutoTokenizer.from_pretrained(tiny_model), "unused")
 
 
+def guess(seed: int | None, turn: int) -> str:
+    """What the engine answers at `turn` (0-based) of a trajectory whose sampling seed is `seed`."""
+    return f"I guess \\boxed{{{100 + (SamplingParams(seed=seed).for_turn(turn).seed or 0) % 800}}}"
+
+
 def load(store, uri: str | None) -> TrajectoryRecord:
     assert uri is not None
     return TrajectoryRecord.model_validate(store.get_json(uri))
@@ -130,6 +135,7 @@ async def test_branches_start_from_the_parents_state_and_differ_from_there(
         # and the parent's tokens through the end of turn k-1
         assert through_turn(rec, K) == through_turn(old, K)
     turn_k = [rec.turns[K - 1].action for rec in branches]
+    assert turn_k == [guess(rec.request.sampling.seed, K - 1) for rec in branches]  # each samples with its own seed
     assert len({rec.request.sampling.seed for rec in branches}) == 3
     assert len(set(turn_k)) > 1, turn_k  # they sample differently from turn k
     assert {n.workflow_id for n in root.branches} >= {h.id for h in handles} and ui.workflow_id in {
@@ -155,3 +161,24 @@ async def test_branches_start_from_the_parents_state_and_differ_from_there(
     assert sum("@turn 3  completed  reward" in x for x in lines) == 2, text_tree.stdout
     assert bad.returncode == 2 and "turn 9 is out of range" in bad.stdout, bad.stdout + bad.stderr
     assert unknown.returncode == 2 and "no workflow" in unknown.stdout, unknown.stdout + unknown.stderr
+
+
+async def test_a_branch_that_loses_its_sandbox_is_restored_through_the_parents_turns_and_its_own(
+    temporal_env, reward_service, store, sandbox_manager, seeded, docker_client
+):
+    from tests.integration.replay_helpers import SandboxKillingEngine
+
+    engine = SandboxKillingEngine(seeded, sandbox_manager, docker_client, kill_at={4})  # the branch's 2nd turn
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+        req = st.request(seed=6, max_turns=3, sampling=SamplingParams(temperature=1.0, seed=8))
+        parent = await st.run(req)  # engine calls 0, 1, 2
+        [handle] = await start_branches(parent.workflow_id, K, 1, client=st.client, store=st.store)
+        engine.handle = handle
+        result = await handle.result()
+    assert engine.killed, "the branch's sandbox was never killed"
+    assert result.status is TrajectoryStatus.COMPLETED and result.turns == 3 and result.env_recoveries == 1, result
+    old, rec = load(st.store, parent.trajectory_uri), load(st.store, result.trajectory_uri)
+    assert rec.turns[: K - 1] == old.turns[: K - 1] and through_turn(rec, K) == through_turn(old, K)
+    # turn 2 is the branch's own (its seed's guess), and the restore replayed it: turn 3 went on from the branch's state
+    assert rec.turns[K - 1].action == guess(rec.request.sampling.seed, K - 1)
+    assert rec.turns[K].observation.startswith("At turn 3"), rec.turns[K].observation
