@@ -5,7 +5,8 @@ The policy is a seed-scripted engine: each completion is a guess the request's s
 game's range, so the episode runs to its turn limit). Each turn of a trajectory has its own seed and each branch
 its own sampling seed, so a branch that reused its parent's turns 1..k-1 shows them exactly, and what it samples
 from turn k on is visibly its own. Covered: the client's `start_branches` (prefix turns, tokens and the turn-k
-observation equal to the parent's; branches differ from turn k), the search attributes and `trajectories tree`,
+observation equal to the parent's; branches differ from turn k; a branch of a branch), the search attributes and
+`trajectories tree`,
 a branch started with only `branch_of` and `branch_turn` (the Temporal UI's form) at k = 1, the refusals (client:
 turn out of range, unknown workflow; workflow: no parent record, and a restored env whose observation differs from
 the record's), and `trajflow branch --json --wait` and `trajflow trajectories tree` as a user runs them.
@@ -78,6 +79,9 @@ async def test_branches_start_from_the_parents_state_and_differ_from_there(
         assert parent.status is TrajectoryStatus.COMPLETED and parent.turns == 3, parent
         handles = await start_branches(parent.workflow_id, K, 3, client=st.client, store=st.store)
         results = await asyncio.gather(*(h.result() for h in handles))
+        # a branch of a branch: its prefix holds the grandparent's turn 1 and its parent's own turn 2
+        [nested] = await start_branches(handles[0].id, 3, 1, client=st.client, store=st.store)
+        grandchild = await nested.result()
 
         # the Temporal UI's form: only branch_of and branch_turn (and this test's pools); k = 1 reuses nothing
         ui = await st.run(st.request(branch_of=parent.workflow_id, branch_turn=1))
@@ -118,7 +122,8 @@ async def test_branches_start_from_the_parents_state_and_differ_from_there(
         async def all_seven():  # visibility is eventually consistent: the CLI's branches may show a moment late
             proc = await asyncio.to_thread(cli, "trajectories", "tree", parent.workflow_id, "--json")
             got = json.loads(proc.stdout)["branches"] if proc.returncode == 0 else []
-            return (proc,) if len(got) == 7 and "running" not in {b["status"] for b in got} else None
+            nested = sum(len(b["branches"]) for b in got)
+            return (proc,) if len(got) == 7 and nested == 1 and "running" not in {b["status"] for b in got} else None
 
         [shown_tree] = await async_wait_for(all_seven, timeout_s=60, interval_s=1, what="7 branches in the CLI's tree")
         text_tree = await asyncio.to_thread(cli, "trajectories", "tree", parent.workflow_id)
@@ -134,6 +139,8 @@ async def test_branches_start_from_the_parents_state_and_differ_from_there(
         # the same observation at turn k (the restored env showed it; it is the user message the branch answered)
         # and the parent's tokens through the end of turn k-1
         assert through_turn(rec, K) == through_turn(old, K)
+    assert grandchild.status is TrajectoryStatus.COMPLETED and grandchild.turns == 3, grandchild
+    assert load(st.store, grandchild.trajectory_uri).turns[:2] == branches[0].turns[:2]
     turn_k = [rec.turns[K - 1].action for rec in branches]
     assert turn_k == [guess(rec.request.sampling.seed, K - 1) for rec in branches]  # each samples with its own seed
     assert len({rec.request.sampling.seed for rec in branches}) == 3
@@ -156,9 +163,12 @@ async def test_branches_start_from_the_parents_state_and_differ_from_there(
     assert cli_root["workflow_id"] == parent.workflow_id and cli_root["branch_turn"] is None
     at = sorted((b["branch_turn"], b["status"]) for b in cli_root["branches"])
     assert at == [(1, "completed"), *[(K, "completed")] * 3, (K, "failed"), *[(3, "completed")] * 2], at
+    nested_at = [(b["workflow_id"], [g["branch_turn"] for g in b["branches"]]) for b in cli_root["branches"]]
+    assert (handles[0].id, [3]) in nested_at and sum(len(g) for _, g in nested_at) == 1, nested_at
     lines = text_tree.stdout.splitlines()
     assert lines[0].startswith(parent.workflow_id) and all(x.startswith("  ") for x in lines[1:]), text_tree.stdout
-    assert sum("@turn 3  completed  reward" in x for x in lines) == 2, text_tree.stdout
+    assert sum(x.startswith("  ") and "@turn 3  completed  reward" in x for x in lines) == 3, text_tree.stdout
+    assert sum(x.startswith("    ") for x in lines) == 1, text_tree.stdout  # the branch of a branch, indented twice
     assert bad.returncode == 2 and "turn 9 is out of range" in bad.stdout, bad.stdout + bad.stderr
     assert unknown.returncode == 2 and "no workflow" in unknown.stdout, unknown.stdout + unknown.stderr
 
