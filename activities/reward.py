@@ -19,9 +19,10 @@ from temporalio.exceptions import ApplicationError
 
 from activities.contexts import ContextStore
 from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
-from infra.layout import group_manifest_key, trajectory_record_key
+from infra.layout import TRAJECTORIES, group_manifest_key, trajectory_key, trajectory_record_key
 from infra.store import ObjectStore, check_key
 from trajflow.contracts import metrics, names
+from trajflow.contracts.branches import BranchInput, BranchPrefix, BranchRefused, prefix_of
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.shards import GroupManifest
 from trajflow.contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult, ScoreInput, ScoreResult
@@ -94,6 +95,38 @@ class RewardActivities:
         key = trajectory_record_key(info.workflow_id, info.workflow_run_id)
         uri = await asyncio.to_thread(self.store.put_json, key, record)
         return SaveTrajectoryResult(trajectory_uri=uri)
+
+    @activity.defn(name=names.TRAJECTORY_BRANCH)
+    async def branch(self, inp: BranchInput) -> BranchPrefix:
+        """A branch's start: its parent's prefix, with the parent's context cut at turn k-1 written for it.
+        Refusals (no record, too few turns, ...) are non-retryable `BadRequest`s: the branch ends `failed`."""
+        try:
+            return await with_heartbeats(asyncio.to_thread(self._branch, inp), "branching", QUICK_EVERY_S)
+        except BranchRefused as e:
+            raise ApplicationError(
+                f"cannot branch {inp.parent} at turn {inp.turn}: {e}", type=names.ERR_BAD_REQUEST, non_retryable=True
+            ) from e
+
+    def _branch(self, inp: BranchInput) -> BranchPrefix:
+        uri = inp.record_uri or self._only_record(inp.parent)
+        if not self.store.exists(uri):
+            raise BranchRefused(f"no record at {uri}")
+        record = TrajectoryRecord.model_validate(self.store.get_json(uri))
+        prefix, context = prefix_of(record, inp.turn, uri)
+        if context is not None:  # a whole TurnContext: `ContextStore.load` reads it as the start of the chain
+            key = trajectory_key(inp.trajectory_id, "context-branch.json")
+            prefix = prefix.model_copy(update={"context_uri": self.store.put_json(key, context)})
+        return prefix
+
+    def _only_record(self, workflow_id: str) -> str:
+        """The one record saved under `workflow_id` (any run); several runs (a reset) must be told apart by URI."""
+        prefix = trajectory_key(workflow_id, "").rstrip("/") + "/"
+        found = [u for u in self.store.list(prefix) if u.endswith("/trajectory.json")]
+        if not found:
+            raise BranchRefused(f"no trajectory record under {TRAJECTORIES}/ for workflow {workflow_id!r}")
+        if len(found) > 1:
+            raise BranchRefused(f"{workflow_id} has {len(found)} runs' records: give branch_record, one of {found}")
+        return found[0]
 
     @activity.defn(name=names.GROUP_SAVE)
     async def save_group(self, manifest: GroupManifest) -> str:

@@ -11,6 +11,9 @@ Training runs the same way: `start_training(TrainingRunConfig(steps=20), run_id=
 TrainingWorkflow's handle (its workflow id is the run id); `attach_training("my-run")` returns the same handle from
 another process; `training_progress(handle)` shows where it is.
 
+`start_branches("traj-...", turn=2, n=4)` starts 4 continuations of a finished trajectory from its turn 2 (each a
+trajectory of its own, restored to the parent's state at turn 2: `trajflow.contracts.branches`).
+
 `stop_training("my-run")` ends it early: graceful (the current step trained, the rest cancelled) or `now=True`.
 
 Addresses come from the `TRAJFLOW_*` settings (the embedded stack's by default).
@@ -23,9 +26,10 @@ import uuid
 from temporalio.client import Client, WorkflowHandle
 
 from infra.settings import Settings, load_settings
-from infra.store import open_store_from
+from infra.store import ObjectStore, open_store_from
 from infra.temporal import connect
 from trajflow.contracts import names
+from trajflow.contracts.branches import BranchRefused, check_branchable
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.training import (
     StopRequest,
@@ -148,3 +152,80 @@ async def stop_training(
     handle = await attach_training(run_id, client=client, settings=settings)
     await handle.signal(names.SIGNAL_STOP, StopRequest(now=now, reason=reason))
     return handle
+
+
+def branch_id(parent: str, turn: int, index: int) -> str:
+    """`<parent>-b<turn>-<index>-<hex4>`: readable, and new on every call (a re-run starts new workflows)."""
+    return f"{parent}-b{turn}-{index}-{uuid.uuid4().hex[:4]}"
+
+
+async def parent_record(client: Client, store: ObjectStore, workflow_id: str) -> tuple[TrajectoryRecord, str, str]:
+    """A finished trajectory's record, its URI and its task queue, for branching; LookupError for an unknown workflow,
+    BranchRefused for one that cannot be branched (still running, not a trajectory, no record)."""
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+    from temporalio.service import RPCError, RPCStatusCode
+
+    handle = client.get_workflow_handle(workflow_id, result_type=TrajectoryResult)
+    try:
+        desc = await handle.describe()
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise LookupError(f"no workflow {workflow_id!r} on {client.namespace}") from None
+        raise
+    if desc.workflow_type != names.TRAJECTORY_WORKFLOW:
+        raise BranchRefused(f"{workflow_id} is a {desc.workflow_type}, not a {names.TRAJECTORY_WORKFLOW}")
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        raise BranchRefused(f"{workflow_id} is still running: branch it once it has ended")
+    try:
+        result = await handle.result(follow_runs=False)
+    except WorkflowFailureError as e:
+        raise BranchRefused(f"{workflow_id} ended without a result ({e.cause or e})") from None
+    if not result.trajectory_uri:
+        raise BranchRefused(f"{workflow_id} saved no record")
+    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
+    return record, result.trajectory_uri, desc.task_queue
+
+
+async def start_branches(
+    workflow_id: str,
+    turn: int,
+    n: int = 1,
+    *,
+    client: Client | None = None,
+    settings: Settings | None = None,
+    store: ObjectStore | None = None,
+    first_index: int = 0,
+    policy: str | None = None,
+) -> list[WorkflowHandle[object, TrajectoryResult]]:
+    """Start `n` branches of the finished trajectory `workflow_id` at `turn` (1-based): each reuses the parent's
+    turns 1..turn-1 (their context and, by replay, the env's state) and samples from `turn` on, with its own
+    sampling seed (branch indices `first_index`.., `TrajectoryRequest.branch_index`). The branches run on the
+    parent's task queue and pools, with `policy` (None: the parent's). Raises LookupError for an unknown workflow and
+    `BranchRefused` (a ValueError) when the parent cannot be branched at `turn`; nothing is started then."""
+    if n < 1:
+        raise BranchRefused(f"n = {n}: start at least one branch")
+    settings = settings or load_settings()
+    client = client or await connect(settings)
+    store = store or open_store_from(settings)
+    record, uri, queue = await parent_record(client, store, workflow_id)
+    check_branchable(record, turn)
+    handles = []
+    for index in range(first_index, first_index + n):
+        req = TrajectoryRequest(
+            branch_of=workflow_id,
+            branch_turn=turn,
+            branch_record=uri,
+            branch_index=index,
+            pools=record.request.pools,
+            policy=record.request.policy if policy is None else policy,
+        )
+        handles.append(
+            await client.start_workflow(
+                names.TRAJECTORY_WORKFLOW,
+                req,
+                id=branch_id(workflow_id, turn, index),
+                task_queue=queue,
+                result_type=TrajectoryResult,
+            )
+        )
+    return handles

@@ -24,7 +24,7 @@ def reward_workers(
         Worker(
             client,
             task_queue=names.reward_queue(pool),
-            activities=[acts.score, acts.save, acts.save_group],
+            activities=[acts.score, acts.save, acts.branch, acts.save_group],
             max_concurrent_activities=64,
         )
         for pool in pools

@@ -20,6 +20,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError,
 
 with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import names
+    from trajflow.contracts.branches import BranchInput, BranchPrefix
     from trajflow.contracts.limits import MAX_PAYLOAD_BYTES
     from trajflow.contracts.shards import GroupManifest
     from trajflow.contracts.training import TrainStepInput, TrainStepResult, WatchChildrenInput, WatchChildrenResult
@@ -166,6 +167,19 @@ async def trajectory_save(pool: str, inp: SaveTrajectoryInput) -> SaveTrajectory
         names.TRAJECTORY_SAVE,
         _fits(names.TRAJECTORY_SAVE, inp),
         result_type=SaveTrajectoryResult,
+        task_queue=names.reward_queue(pool),
+        start_to_close_timeout=timedelta(seconds=60),
+        heartbeat_timeout=QUICK_HEARTBEAT,
+        retry_policy=RetryPolicy(maximum_attempts=10, non_retryable_error_types=FATAL),
+    )
+
+
+async def trajectory_branch(pool: str, inp: BranchInput) -> BranchPrefix:
+    """A branch's parent prefix (its turns before the branch turn) and the parent's context cut there."""
+    return await workflow.execute_activity(
+        names.TRAJECTORY_BRANCH,
+        inp,
+        result_type=BranchPrefix,
         task_queue=names.reward_queue(pool),
         start_to_close_timeout=timedelta(seconds=60),
         heartbeat_timeout=QUICK_HEARTBEAT,

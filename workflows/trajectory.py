@@ -5,7 +5,8 @@ queue -> score on the reward pool -> save the trajectory to the store -> report.
 death, hung step, dead env host) is replaced by a fresh one restored by replaying the recorded actions, within
 a budget; past it the trajectory ends as infra-failed and is never scored. History holds one turn's text and
 store references, so it grows O(turns). Each episode is one OpenTelemetry trace (`trajflow.observability.spans`): a root
-`trajectory` span and a span per activity call.
+`trajectory` span and a span per activity call. A branch (`branch_of`) starts from its parent's turns
+(`workflows.branching`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RawValue, SearchAttributeKey, SearchAttributeUpdate
+from temporalio.common import RawValue, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
@@ -27,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         is_agent,
         request_digest,
     )
+    from trajflow.contracts.branches import branch_request
     from trajflow.contracts.trajectory import (
         EnvResetInput,
         EnvStepResult,
@@ -44,27 +46,10 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.observability import spans
     from trajflow.observability.metrics import record
 
-from workflows import stubs
+from workflows import attributes as keys
+from workflows import branching, stubs
+from workflows.faults import EnvFault, InfraFault
 from workflows.inputs import NO_INPUT, decode_input
-
-SA_ENV = SearchAttributeKey.for_keyword(names.SA_ENV)
-SA_RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
-SA_STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
-SA_REWARD = SearchAttributeKey.for_float(names.SA_REWARD)
-SA_VERSION = SearchAttributeKey.for_int(names.SA_POLICY_VERSION)
-SA_ENV_FAILURES = SearchAttributeKey.for_int(names.SA_ENV_FAILURES)
-SA_TURNS = SearchAttributeKey.for_int(names.SA_TURNS)
-SA_TASK = SearchAttributeKey.for_keyword(names.SA_TASK)
-SA_REPLAY_OF = SearchAttributeKey.for_keyword(names.SA_REPLAY_OF)
-
-
-class EnvFault(Exception):
-    """The environment rejected the episode: ends as `failed`."""
-
-
-class InfraFault(Exception):
-    """Sandboxes kept failing past the recovery budget, or an agent program failed: ends as `infra_failed`."""
-
 
 AGENT_FAULTS = (names.ERR_AGENT, names.ERR_AGENT_NONDETERMINISTIC)
 """An agent program's failures (crashed, hung, malformed request, bad result; asking other than its record on a
@@ -89,6 +74,8 @@ class TrajectoryWorkflow:
         self.timings = {"llm_s": 0.0, "env_s": 0.0, "reward_s": 0.0}
         self.agent = is_agent(self.req.env_id)
         """An agent program's episode: each observation is its chat request, each action the model's answer."""
+        self.branch_from: str | None = None
+        """A branch's parent observation at its branch turn, until the restored sandbox has shown it."""
 
     @workflow.run
     async def run(self, raw: RawValue = NO_INPUT) -> TrajectoryResult:
@@ -110,14 +97,14 @@ class TrajectoryWorkflow:
         started = workflow.time()
         self._upsert(*self._start_attributes())
         status, error = TrajectoryStatus.COMPLETED, None
-        env_rewards: list[float] = []
         last: EnvStepResult | None = None
         try:
+            if req.branch_of:
+                req = await self._start_branch()
             await self._open_sandbox()
             done = False
             while not done and len(self.turns) < req.max_turns:
                 last = await self._turn()
-                env_rewards.append(last.reward)
                 done = last.terminated or last.truncated
         except EnvFault as e:
             status, error = TrajectoryStatus.FAILED, str(e)
@@ -136,7 +123,7 @@ class TrajectoryWorkflow:
 
         reward, details = None, {}
         if status is TrajectoryStatus.COMPLETED:
-            reward, details, status, error = await self._score(env_rewards, last)
+            reward, details, status, error = await self._score([t.env_reward for t in self.turns], last)
         seconds = workflow.time() - started
         with spans.span("trajectory.save"):
             saved = await stubs.trajectory_save(
@@ -213,9 +200,8 @@ class TrajectoryWorkflow:
         # an answer with tool calls is recorded whole, so a replay (`--env-only`) sends the program the same calls
         self.turns.append(TurnSummary.of(gen, step, action if gen.tool_calls else None))
         # kept current turn by turn, so a visibility query (or the UI's list) sees where a running episode is
-        self._upsert(
-            SA_TURNS.value_set(len(self.turns)), SA_VERSION.value_set(min(t.policy_version for t in self.turns))
-        )
+        version = min(t.policy_version for t in self.turns)
+        self._upsert(keys.SA_TURNS.value_set(len(self.turns)), keys.SA_VERSION.value_set(version))
         return step
 
     def _generate_input(self, turn: int) -> GenerateInput:
@@ -228,6 +214,17 @@ class TrajectoryWorkflow:
             trajectory_id, turn, self.context_uri, req.sampling, min_policy_version=req.min_policy_version,
             policy=req.policy,
         )  # fmt: skip
+
+    async def _start_branch(self) -> TrajectoryRequest:
+        """A branch: the parent's turns 1..k-1 become this episode's, then the sandbox is restored by replaying them."""
+        prefix = await branching.load_prefix(self.req)
+        self.req = branch_request(self.req, prefix.request)
+        self.agent = is_agent(self.req.env_id)
+        self.actions, self.turns = list(prefix.actions), list(prefix.turns)
+        self.first_observation, self.observation = prefix.first_observation, prefix.observation
+        self.context_uri, self.branch_from = prefix.context_uri, prefix.observation
+        self._upsert(*self._start_attributes(), keys.SA_TURNS.value_set(len(self.turns)))
+        return self.req
 
     async def _open_sandbox(self) -> None:
         """Reset a sandbox on the shared env queue; after a loss, replay the recorded actions into it."""
@@ -253,6 +250,9 @@ class TrajectoryWorkflow:
                 self._infra_failure_or_raise(e, "env.reset")
                 continue
             self.handle = res.handle
+            if self.branch_from is not None:  # a branch's sandbox restored: the parent's state, or it ends
+                expected, self.branch_from = self.branch_from, None
+                branching.check_restored(self.req, res, expected)
             if self.failure_type is not None:  # a fresh sandbox after a failure: the episode goes on
                 record(workflow.metric_meter(), metrics.ENV_RECOVERIES, 1, type=self.failure_type)
                 self.failure_type = None
@@ -293,7 +293,7 @@ class TrajectoryWorkflow:
             raise InfraFault(f"{what}: {stubs.describe(err)}") from err
         self.recoveries += 1
         self.failure_type = kind
-        self._upsert(SA_ENV_FAILURES.value_set(self.recoveries))
+        self._upsert(keys.SA_ENV_FAILURES.value_set(self.recoveries))
         if self.recoveries > self.req.max_env_recoveries:
             raise InfraFault(
                 f"{what} failed and the budget of {self.req.max_env_recoveries} sandbox recoveries is spent: "
@@ -345,11 +345,11 @@ class TrajectoryWorkflow:
             workflow.metric_meter(), metrics.TRAJECTORIES_FINISHED, 1,
             run=self.req.run_id, task=self.req.task or self.req.env_id, status=result.status.value,
         )  # fmt: skip
-        updates = [SA_STATUS.value_set(result.status.value), SA_TURNS.value_set(result.turns)]
+        updates = [keys.SA_STATUS.value_set(result.status.value), keys.SA_TURNS.value_set(result.turns)]
         if result.reward is not None:
-            updates.append(SA_REWARD.value_set(result.reward))
+            updates.append(keys.SA_REWARD.value_set(result.reward))
         if result.policy_version is not None:
-            updates.append(SA_VERSION.value_set(result.policy_version))
+            updates.append(keys.SA_VERSION.value_set(result.policy_version))
         self._upsert(*updates)
 
     async def _report(self, result: TrajectoryResult) -> None:
@@ -378,16 +378,19 @@ class TrajectoryWorkflow:
     def _start_attributes(self) -> list[SearchAttributeUpdate]:
         req = self.req
         updates: list[SearchAttributeUpdate] = [
-            SA_ENV.value_set(req.env_id),
-            SA_RUN.value_set(req.run_id),
-            SA_STATUS.value_set("running"),
-            SA_TURNS.value_set(0),
-            SA_ENV_FAILURES.value_set(0),
+            keys.SA_ENV.value_set(req.env_id),
+            keys.SA_RUN.value_set(req.run_id),
+            keys.SA_STATUS.value_set("running"),
+            keys.SA_TURNS.value_set(0),
+            keys.SA_ENV_FAILURES.value_set(0),
         ]
         if req.task:
-            updates.append(SA_TASK.value_set(req.task))
+            updates.append(keys.SA_TASK.value_set(req.task))
         if req.replay_of:
-            updates.append(SA_REPLAY_OF.value_set(req.replay_of))
+            updates.append(keys.SA_REPLAY_OF.value_set(req.replay_of))
+        if req.branch_of:
+            turn = float(req.branch_turn)  # a Double: `trajflow.contracts.names.SA_BRANCH_TURN`
+            updates += [keys.SA_BRANCH_OF.value_set(req.branch_of), keys.SA_BRANCH_TURN.value_set(turn)]
         return updates
 
     def _upsert(self, *updates) -> None:

@@ -12,7 +12,8 @@ change that breaks determinism for what these runs went through fails the unit t
 
 Recorded: a completed trajectory; an infra-failed one (one sandbox restored by replay, then the budget spent);
 the same trajectory continued by `replay --from-failure` (a reset run); an env-only replay; a TrainingWorkflow
-run that continued as new (its first run, and the run that resumed and finished).
+run that continued as new (its first run, and the run that resumed and finished); a branch at turn 2 of a completed
+trajectory (`trajflow branch`) that lost its sandbox once.
 """
 
 from __future__ import annotations
@@ -109,6 +110,22 @@ async def test_record_trajectory_histories(
         }
     paths = [save(name, h) for name, h in histories.items()]
     assert all(r.error is None for r in await check([(str(p), load_history(p)) for p in paths]))
+
+
+async def test_record_branch_history(temporal_env, reward_service, store, sandbox_manager, docker_client, scripted):
+    from trajflow.client import start_branches
+
+    engine = SandboxKillingEngine(scripted, sandbox_manager, docker_client, kill_at={4})  # the branch's 2nd turn
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+        parent = await st.run(st.request(task="guess", seed=2, max_turns=3), workflow_id=f"hist-parent-{st.tag}")
+        assert parent.status is TrajectoryStatus.COMPLETED, parent
+        [branch] = await start_branches(parent.workflow_id, 2, 1, client=st.client, store=st.store)
+        engine.handle = branch
+        result = await branch.result()
+        assert result.status is TrajectoryStatus.COMPLETED and result.env_recoveries == 1, result
+        history = await branch.fetch_history()
+    path = save("trajectory-branch", history)
+    assert all(r.error is None for r in await check([(str(path), load_history(path))]))
 
 
 async def test_record_training_history_that_continued_as_new(

@@ -32,6 +32,8 @@ def test_every_command_documents_itself() -> None:
         ["rollout"],
         ["demo"],
         ["eval"],
+        ["branch"],
+        ["trajectories", "tree"],
         ["setup"],
         ["worker", "decode"],
         ["worker", "env"],

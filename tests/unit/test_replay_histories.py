@@ -25,6 +25,7 @@ EXPECTED = {
     "trajectory-completed": "TrajectoryWorkflow",
     "trajectory-infra-failed": "TrajectoryWorkflow",
     "trajectory-reset": "TrajectoryWorkflow",
+    "trajectory-branch": "TrajectoryWorkflow",
     "replay-env": "ReplayEnvWorkflow",
     "training-continued": "TrainingWorkflow",
     "training-resumed": "TrainingWorkflow",

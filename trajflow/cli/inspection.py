@@ -1,6 +1,6 @@
-"""The CLI's inspection commands: `images build|list|prune` (sandbox layers), `trajectories list` (visibility),
-`trace` (one trajectory's timeline) and `replay` (rerun, from failure, env only, history check). Heavy imports
-happen inside each command."""
+"""The CLI's inspection commands: `images build|list|prune` (sandbox layers), `trajectories list|tree`
+(visibility), `branch` (continue a trajectory from a turn), `trace` (one trajectory's timeline) and `replay` (rerun,
+from failure, env only, history check). Heavy imports happen inside each command."""
 
 from __future__ import annotations
 
@@ -85,6 +85,37 @@ def trajectories_list(
     from trajflow.cli.commands.visibility import main as list_main
 
     _exit(asyncio.run(list_main(status, run, env, task, replay_of, limit, as_json)))
+
+
+@trajectories_app.command("tree")
+def trajectories_tree(
+    workflow_id: Annotated[str, typer.Argument(metavar="WORKFLOW_ID", help="The root trajectory's workflow id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only: the nested tree.")] = False,
+) -> None:
+    """Show a trajectory and its branches (`trajflow branch`), recursively and indented: each with the turn it
+    branched at, its status, reward and turns (from the TrajflowBranchOf/TrajflowBranchTurn search attributes)."""
+    from trajflow.cli.commands.branch import tree_main
+
+    _exit(asyncio.run(tree_main(workflow_id, as_json)))
+
+
+@app.command()
+def branch(
+    workflow_id: Annotated[str, typer.Argument(metavar="WORKFLOW_ID", help="The finished trajectory to branch.")],
+    turn: Annotated[int, typer.Option("--turn", "-k", help="The turn (1-based) the branches sample from.")],
+    n: Annotated[int, typer.Option("--n", "-n", help="How many branches.")] = 1,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the branches and print each one's outcome.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait with --wait.")] = 600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Start N continuations of a finished trajectory from its turn K: each is a trajectory of its own that reuses
+    the parent's turns 1..K-1 (their token context, and the env's state restored by replaying their actions in a
+    fresh sandbox) and samples from turn K on with its own seed. Exit 2 when the trajectory cannot be branched
+    there (unknown, running, no record, too few turns, K past max_turns, an agent env); with --wait, 1 unless every
+    branch completed. `trajflow trajectories tree WORKFLOW_ID` shows them."""
+    from trajflow.cli.commands.branch import branch_main
+
+    _exit(asyncio.run(branch_main(workflow_id, turn, n, wait, timeout, as_json)))
 
 
 @app.command()

@@ -20,6 +20,8 @@ ENV_CLOSE = "env.close"
 LLM_GENERATE = "llm.generate"
 REWARD_SCORE = "reward.score"
 TRAJECTORY_SAVE = "trajectory.save"
+TRAJECTORY_BRANCH = "trajectory.branch"
+"""Loads a branch's parent record and writes its cut context (reward pool, beside `trajectory.save`)."""
 GROUP_SAVE = "training.save_group"
 """Writes a sharded run's complete group (`GroupManifest`) to the store (reward pool, beside `trajectory.save`)."""
 TRAIN_STEP = "trainer.train_step"
@@ -63,6 +65,12 @@ SA_ENV_FAILURES = "TrajflowEnvFailures"
 SA_TURNS = "TrajflowTurns"
 SA_TASK = "TrajflowTask"
 SA_REPLAY_OF = "TrajflowReplayOf"
+SA_BRANCH_OF = "TrajflowBranchOf"
+"""A branch's parent workflow id (`trajflow branch`)."""
+SA_BRANCH_TURN = "TrajflowBranchTurn"
+"""The turn (1-based) a branch samples from; turns before it are its parent's. A Double holding a whole number: the
+dev server (SQLite visibility) allows 3 Int attributes and trajflow's three are taken; a Double still compares as a
+number (`TrajflowBranchTurn >= 2`)."""
 
 SEARCH_ATTRIBUTES: dict[str, str] = {
     SA_ENV: "Keyword",
@@ -74,6 +82,8 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
     SA_TURNS: "Int",
     SA_TASK: "Keyword",
     SA_REPLAY_OF: "Keyword",
+    SA_BRANCH_OF: "Keyword",
+    SA_BRANCH_TURN: "Double",
 }
 """Name -> Temporal type, in the form `temporal server start-dev --search-attribute Name=Type` takes. The dev
 server's SQL visibility allows at most 3 custom Int attributes (all used) and 10 Keyword ones. A server started

@@ -141,6 +141,16 @@ class TrajectoryRequest(Contract):
     replay_of: WorkflowIdRef = ""
     """Set by `trajflow replay`: the workflow id this trajectory re-runs. A replay reports to nobody (neither
     `report_to` nor the run), so a training run never counts or trains on it."""
+    branch_of: WorkflowIdRef = ""
+    """Set by `trajflow branch`: the parent trajectory's workflow id. The branch takes the episode (env, seeds,
+    prompt, turn limit, reward, sampling but its seed, task) from the parent's record, replays its turns before
+    `branch_turn` and samples from there (`trajflow.contracts.branches`)."""
+    branch_turn: Annotated[int, Field(ge=0, le=200)] = 0
+    """A branch's first sampled turn k (1-based; 1 restarts the episode reusing nothing); 0 when not a branch."""
+    branch_record: Annotated[str, Field(max_length=2048)] = ""
+    """A branch's parent record URI; empty: the one record in the store under the parent's workflow id."""
+    branch_index: Annotated[int, Field(ge=0, lt=2**31)] = 0
+    """Which of a parent's branches at a turn this is: its sampling seed derives from it (branches differ)."""
 
     @model_validator(mode="after")
     def _reward_model_spec(self) -> TrajectoryRequest:
@@ -153,6 +163,10 @@ class TrajectoryRequest(Contract):
             )
         if name is None and self.reward_model is not None:
             raise ValueError(f"reward_model is set but reward_fn {self.reward_fn!r} is not model:NAME")
+        if self.branch_of and self.branch_turn < 1:
+            raise ValueError("branch_of is set: branch_turn must be the turn to sample from, at least 1")
+        if not self.branch_of and (self.branch_turn or self.branch_record or self.branch_index):
+            raise ValueError("branch_turn, branch_record and branch_index need branch_of (the parent's workflow id)")
         return self
 
     def report_target(self) -> str | None:
