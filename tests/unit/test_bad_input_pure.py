@@ -209,7 +209,10 @@ def cli(*args: str):
     [
         (["--request", '{"seed": 1,,}'], "--request is not valid JSON"),
         (["--request", '{"seed": "abc"}'], "seed: Input should be a valid integer"),
-        (["--request", '{"bogus": 1}'], "bogus: not a field (known fields: env_id"),
+        (
+            ["--request", '{"bogus": 1}'],
+            "bogus: not a field (known fields: branch_index, branch_of, branch_record, branch_turn, env_id",
+        ),
         (["--request", "[1]"], "--request must be a JSON object"),
         (["--env", "NoSuchGame"], "'NoSuchGame' is not an env id"),
         (["--max-turns", "0"], "max_turns: Input should be greater than or equal to 1"),
