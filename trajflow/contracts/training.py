@@ -16,6 +16,7 @@ from trajflow.contracts import capacity
 from trajflow.contracts.capacity import MAX_CHILDREN_IN_FLIGHT as MAX_CHILDREN_IN_FLIGHT
 from trajflow.contracts.evaluation import EvalConfig as EvalConfig
 from trajflow.contracts.limits import PoolName, WorkflowIdRef
+from trajflow.contracts.rollouts import RolloutConfig, problems
 from trajflow.contracts.shards import BatchStats, GroupSpec, Ranges, ShardedState
 from trajflow.contracts.steps import StepRecord as StepRecord
 from trajflow.contracts.steps import TaskStats as TaskStats
@@ -79,6 +80,8 @@ class TrainSettings(_Model):
     on (zero advantage, as without the filter; counted `flat_groups_trained`, logged) until the next step, so a
     policy whose every group is flat (one that never wins) still trains its steps, at a bounded cost: a step
     rolls out at most B/n + this many groups."""
+    rollout: RolloutConfig = RolloutConfig()
+    """How each group's n trajectories are rolled out: independent samples, or a tree of roots and branches."""
     groups_per_shard: Annotated[int, Field(ge=0, le=2_000)] | None = None
     """0: a direct run, every trajectory a child of the training workflow that reports to it (up to 512 in flight,
     `capacity.DIRECT_MAX_IN_FLIGHT`). N > 0: a sharded run (docs/capacity.md): the training workflow starts shard
@@ -101,7 +104,7 @@ class TrainSettings(_Model):
                 f"trainer.seed ({self.trainer.seed}) differs from the run's seed ({self.seed}); set [train] seed "
                 "alone: every step's trainer seed follows it"
             )
-        for problem in self.limit_problems():
+        for problem in self.limit_problems() + problems(self, ()):
             raise ValueError(problem)
         if self.filter_flat_groups and self.group_size < 2:
             raise ValueError("filter_flat_groups needs group_size >= 2: every group of one sample is flat")
@@ -188,6 +191,8 @@ class TrainingRunConfig(TrainSettings):
 
     @model_validator(mode="after")
     def _norm_length_given(self) -> TrainingRunConfig:
+        for problem in problems(self, [t.env_id for t in self.tasks]):
+            raise ValueError(problem)
         loss = self.trainer.loss
         if loss.aggregation == "token_sum_norm" and loss.norm_length is None:
             longest = max(t.max_turns * t.sampling.max_new_tokens for t in self.tasks)
