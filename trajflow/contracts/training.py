@@ -14,6 +14,9 @@ from pydantic import ConfigDict, Field, model_validator
 
 from trajflow.contracts import capacity
 from trajflow.contracts.capacity import MAX_CHILDREN_IN_FLIGHT as MAX_CHILDREN_IN_FLIGHT
+from trajflow.contracts.children import ChildOutcome as ChildOutcome
+from trajflow.contracts.children import WatchChildrenInput as WatchChildrenInput
+from trajflow.contracts.children import WatchChildrenResult as WatchChildrenResult
 from trajflow.contracts.evaluation import EvalConfig as EvalConfig
 from trajflow.contracts.limits import PoolName, WorkflowIdRef
 from trajflow.contracts.rollouts import RolloutConfig, problems
@@ -27,7 +30,7 @@ from trajflow.contracts.trainer import LoraConfig as LoraConfig
 from trajflow.contracts.trainer import LossConfig as LossConfig
 from trajflow.contracts.trainer import LossKind as LossKind
 from trajflow.contracts.trainer import NanSafeContract, TrainerConfig
-from trajflow.contracts.trajectory import TrajectoryResult, derive_seed
+from trajflow.contracts.trajectory import derive_seed
 
 _Model = NanSafeContract
 
@@ -372,27 +375,3 @@ class ShardStart(_Model):
     groups: list[GroupSpec] = Field(min_length=1)
     min_policy_version: Annotated[int, Field(ge=0)] = 0
     """The trainer's version when the shard was admitted: its trajectories sample from it or newer."""
-
-
-class WatchChildrenInput(_Model):
-    """Trajectories a training run inherited through continue-as-new (its watchers did not survive it)."""
-
-    workflow_ids: list[str] = Field(min_length=1)
-    poll_s: Annotated[float, Field(gt=0, le=60)] = 2.0
-    """How often their status is read."""
-    results: bool = True
-    """Read a completed child's result (a trajectory's `TrajectoryResult`); False for children whose result is not
-    wanted (a sharded run's shards)."""
-
-
-class ChildOutcome(_Model):
-    workflow_id: str
-    status: str
-    """The closed execution's status: COMPLETED, FAILED, TERMINATED, CANCELED, TIMED_OUT, or NOT_FOUND."""
-    result: TrajectoryResult | None = None
-    """A completed trajectory's result (its report may have been lost)."""
-
-
-class WatchChildrenResult(_Model):
-    closed: list[ChildOutcome]
-    """Those of the watched trajectories found closed (at least one)."""
