@@ -30,7 +30,7 @@ from trajflow.contracts.training import (
     TrainStepResult,
 )
 from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
-from workflows import flat, pause
+from workflows import flat, pause, tasks
 from workflows.pause import ReportOutcome
 
 HISTORY_KEPT = 200
@@ -116,19 +116,8 @@ class Book:
         return group
 
     def pick_task(self, k: int) -> int:
-        """Weighted round robin: the task whose share of the groups started so far lags its weight most (and
-        counted as started)."""
-        tasks = self.cfg.tasks
-        if len(tasks) == 1:
-            return 0
-        total = sum(t.weight for t in tasks)
-        # cumulative counts, kept in the state: counting only open groups let a lower-weight task starve,
-        # since the closed groups of the heavier one no longer counted against it
-        counts = self.s.task_groups + [0] * (len(tasks) - len(self.s.task_groups))
-        task = max(range(len(tasks)), key=lambda i: tasks[i].weight / total * (k + 1) - counts[i])
-        counts[task] += 1
-        self.s.task_groups = counts
-        return task
+        """The task of the run's k-th group (`workflows.tasks.pick`: weighted round robin), counted as started."""
+        return tasks.pick(self.cfg, self.s, k)
 
     def new_member(self, group: GroupState) -> str:
         """The workflow id of the group's next member, marked running before its start is confirmed: when the
