@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from trajflow.contracts.rollouts import BranchPlan
 from trajflow.contracts.steps import lag_histogram
 from trajflow.contracts.training import (
     GroupState,
@@ -30,7 +31,7 @@ from trajflow.contracts.training import (
     TrainStepResult,
 )
 from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
-from workflows import flat, pause, tasks
+from workflows import flat, pause, tasks, trees
 from workflows.pause import ReportOutcome
 
 HISTORY_KEPT = 200
@@ -110,8 +111,9 @@ class Book:
         s.next_group += 1
         self.probe = False
         group = GroupState(
-            group=f"g{k:06d}", seed=cfg.first_seed + k, task=self.pick_task(k), started_version=s.version
-        )
+            group=f"g{k:06d}", seed=cfg.first_seed + k, task=self.pick_task(k), started_version=s.version,
+            tree=trees.new_tree(cfg),
+        )  # fmt: skip
         s.groups[group.group] = group
         return group
 
@@ -147,11 +149,18 @@ class Book:
                 return self.s.groups[key], missing
         return None
 
+    def next_branch(self, pause_admission: bool = False) -> tuple[GroupState, BranchPlan] | None:
+        """Tree rollouts: the next queued branch (`workflows.trees`), taken off its group's queue; they go when
+        replacements may, but not as a probe."""
+        return trees.next_branch(self.s) if self.may_replace(pause_admission) and not self.s.paused else None
+
     def has_work(self, pause_admission: bool = False) -> bool:
-        """Something for the admission loop: cancellations, replacements that may go, or groups to admit."""
+        """Something for the admission loop: cancellations, replacements or branches that may go, or groups to
+        admit."""
         return (
             bool(self.to_cancel)
             or (bool(self.replacements) and self.may_replace(pause_admission))
+            or (trees.queued(self.s) and self.may_replace(pause_admission) and not self.s.paused)
             or self.groups_to_admit(pause_admission) > 0
         )
 
@@ -301,7 +310,7 @@ class Book:
             return None
         if result is not None:
             return TrajectoryReport(workflow_id=wid, trajectory_uri=result.trajectory_uri, group=group,
-                                    policy_version=result.policy_version, reward=result.reward,
+                                    policy_version=result.policy_version, reward=result.reward, turns=result.turns,
                                     status=result.status, error=result.error, won=result.won)  # fmt: skip
         return TrajectoryReport(workflow_id=wid, trajectory_uri=None, group=group, policy_version=None, reward=None,
                                 status=TrajectoryStatus.INFRA_FAILED, error="ended without a report")  # fmt: skip
@@ -343,7 +352,7 @@ class Book:
             )
         else:
             g.failed += 1
-        outcome.abandoned = self._after_report(g, outcome)
+        outcome.abandoned = self._after_report(g, outcome, report)
         return outcome
 
     def resume(self) -> None:
@@ -353,7 +362,7 @@ class Book:
         """While paused, a probe is due: admit one, and return how long to wait before the next."""
         return pause.probe_now(self.s, self.cfg)
 
-    def _after_report(self, g: GroupState, outcome: ReportOutcome) -> GroupState | None:
+    def _after_report(self, g: GroupState, outcome: ReportOutcome, report: TrajectoryReport) -> GroupState | None:
         """Cancel the redundant rest of a full group (dropped when flat: `workflows.flat`), or queue replacements for
         failed members, or abandon the group past its restart budget (returned)."""
         n = self.cfg.group_size
@@ -366,12 +375,14 @@ class Book:
                 if verdict == "dropped":
                     self.close_group(g)  # admission starts a new group in its place
             return None
-        if g.external or g.running:
+        if g.tree is not None and not trees.after_report(self.cfg, g, report, self.replacements):
+            return None  # a tree group: its root's branches, or a failed member's replacement, queued at once
+        if g.external or (g.running and g.tree is None):
             return None
         # members failed and none is left running: replace them, within the group's restart budget
         missing = n - len(g.completed)
         restarts_used = g.members_started - (n + self.cfg.redundancy)
-        if restarts_used + missing > self.cfg.max_group_restarts:
+        if g.tree is not None or restarts_used + missing > self.cfg.max_group_restarts:
             self.s.counters.groups_abandoned += 1
             self.close_group(g)
             return g

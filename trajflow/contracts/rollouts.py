@@ -16,7 +16,7 @@ from typing import Annotated, Literal, Protocol
 from pydantic import Field
 
 from trajflow.contracts.agent import is_agent
-from trajflow.contracts.base import Contract
+from trajflow.contracts.base import Contract, MutableContract
 
 RolloutMode = Literal["groups", "tree"]
 
@@ -64,3 +64,38 @@ def problems(train: _Settings, env_ids: Iterable[str]) -> list[str]:
     if agents:
         found.append(f'tree rollouts cannot branch agent envs ({", ".join(agents)}): use mode = "groups"')
     return found
+
+
+class TreeRoot(Contract):
+    """A completed root of a tree group: what its branches start from."""
+
+    workflow_id: str
+    record_uri: str
+    turns: Annotated[int, Field(ge=0)]
+    """Its turns (from its report): a branch's turn is drawn from 2..turns."""
+
+
+class BranchPlan(Contract):
+    """One branch to start: its root, the turn it samples from, and its index among the group's branches."""
+
+    parent: str
+    """The root's workflow id (`TrajectoryRequest.branch_of`)."""
+    record_uri: str
+    """The root's record (`branch_record`)."""
+    turn: Annotated[int, Field(ge=1)]
+    """k, 1-based (`branch_turn`)."""
+    index: Annotated[int, Field(ge=0)]
+    """The b-th branch planned for the group, replacements included (`branch_index`)."""
+
+
+class TreeState(MutableContract):
+    """A tree group's roots and branches, in its `GroupState` (carried through continue-as-new)."""
+
+    roots: list[TreeRoot] = Field(default_factory=list)
+    """Its completed roots, in the order they completed."""
+    branches: list[str] = Field(default_factory=list)
+    """Workflow ids of the members started as branches (the others are roots)."""
+    queued: list[BranchPlan] = Field(default_factory=list)
+    """Branches planned and not yet started (the admission loop starts them)."""
+    next_index: int = 0
+    """The index of the next replacement branch (the first n - R indices are the roots' shares)."""

@@ -19,7 +19,7 @@ from trajflow.contracts.children import WatchChildrenInput as WatchChildrenInput
 from trajflow.contracts.children import WatchChildrenResult as WatchChildrenResult
 from trajflow.contracts.evaluation import EvalConfig as EvalConfig
 from trajflow.contracts.limits import PoolName, WorkflowIdRef
-from trajflow.contracts.rollouts import RolloutConfig, problems
+from trajflow.contracts.rollouts import RolloutConfig, TreeState, problems
 from trajflow.contracts.shards import BatchStats, GroupSpec, Ranges, ShardedState
 from trajflow.contracts.steps import StepRecord as StepRecord
 from trajflow.contracts.steps import TaskStats as TaskStats
@@ -224,6 +224,8 @@ class GroupState(_Model):
     failed: int = 0
     external: bool = False
     """Made of trajectories a user started with this run's id, not by the workflow."""
+    tree: TreeState | None = None
+    """Tree rollouts (`rollout.mode = "tree"`): the group's roots and branches; None for a plain group."""
 
 
 class TrainingCounters(_Model):
