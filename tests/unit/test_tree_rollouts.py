@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from pydantic import ValidationError
 
-from trajflow.contracts.rollouts import BranchPlan, TreeRoot
+from trajflow.contracts.rollouts import BranchPlan, RolloutConfig, TreeRoot
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.training import GroupState, TrainingRunConfig, TrainingState, TrainStepResult
 from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryStatus
@@ -67,7 +67,7 @@ def test_branch_turn_is_deterministic_uniform_over_2_to_T_and_1_for_a_one_turn_r
 
 
 def test_shares_spread_the_branches_round_robin_over_the_roots() -> None:
-    cfg = TrainingRunConfig(group_size=8, batch_size=8, rollout={"mode": "tree", "roots": 3})
+    cfg = TrainingRunConfig(group_size=8, batch_size=8, rollout=RolloutConfig(mode="tree", roots=3))
     assert [trees.share(cfg, j) for j in range(3)] == [[0, 3], [1, 4], [2]]
     g = GroupState(group="g000000", seed=5, task=0, started_version=0)
     root = TreeRoot(workflow_id="r", record_uri="file:///r.json", turns=3)
