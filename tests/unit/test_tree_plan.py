@@ -180,3 +180,14 @@ def test_a_trained_tree_group_leaves_the_budget_for_the_next() -> None:
     assert step is not None
     b.finish_step(step, TrainStepResult(version=1, weights_uri=None), time_s=1.0)
     assert len(admit(b)) == 1
+
+
+def test_queued_branches_survive_a_continue_as_new() -> None:
+    b = book(steps=2, batch_size=4, group_size=4, alpha=0)
+    [roots] = admit(b)
+    b.report(report(roots[0], turns=3))
+    carried = TrainingState.model_validate_json(b.s.model_dump_json())  # what continue-as-new passes on
+    resumed = Book(b.cfg, carried)
+    assert resumed.has_work()
+    [(wid, plan)] = start_branches(resumed)
+    assert plan.parent == roots[0] and plan.index == 0 and resumed.running_members() == [roots[1], wid]
