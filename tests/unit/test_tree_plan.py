@@ -191,3 +191,17 @@ def test_queued_branches_survive_a_continue_as_new() -> None:
     assert resumed.has_work()
     [(wid, plan)] = start_branches(resumed)
     assert plan.parent == roots[0] and plan.index == 0 and resumed.running_members() == [roots[1], wid]
+
+
+def test_a_tree_groups_oldest_version_comes_from_its_members_reports_branches_included() -> None:
+    b = book(steps=4, batch_size=4, group_size=4, alpha=1)
+    [roots, _] = admit(b)
+    for wid in roots:
+        b.report(report(wid, version=2))
+    b.s.version = 3  # as if steps were trained meanwhile
+    [(w1, _), (w2, _)] = start_branches(b)
+    b.report(report(w1, version=2))
+    assert not b.drop_stale()
+    b.report(report(w2, version=1))  # a branch's version is the oldest of its turns, its root's prefix included
+    [stale] = b.drop_stale()
+    assert stale.group == "g000000" and b.s.counters.dropped_stale == 4
