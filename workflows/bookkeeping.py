@@ -155,8 +155,7 @@ class Book:
         return trees.next_branch(self.s) if self.may_replace(pause_admission) and not self.s.paused else None
 
     def has_work(self, pause_admission: bool = False) -> bool:
-        """Something for the admission loop: cancellations, replacements or branches that may go, or groups to
-        admit."""
+        """Something for the admission loop: cancellations, replacements or branches that may go, groups to admit."""
         return (
             bool(self.to_cancel)
             or (bool(self.replacements) and self.may_replace(pause_admission))
@@ -375,18 +374,20 @@ class Book:
                 if verdict == "dropped":
                     self.close_group(g)  # admission starts a new group in its place
             return None
-        if g.tree is not None and not trees.after_report(self.cfg, g, report, self.replacements):
-            return None  # a tree group: its root's branches, or a failed member's replacement, queued at once
-        if g.external or (g.running and g.tree is None):
+        if g.tree is not None:  # tree rollouts: a root's branches, or a failed member's replacement, queued at once
+            abandon = trees.after_report(self.cfg, g, report, self.replacements)
+        elif g.external or g.running:
             return None
-        # members failed and none is left running: replace them, within the group's restart budget
-        missing = n - len(g.completed)
-        restarts_used = g.members_started - (n + self.cfg.redundancy)
-        if g.tree is not None or restarts_used + missing > self.cfg.max_group_restarts:
+        else:  # members failed and none is left running: replace them, within the group's restart budget
+            missing = n - len(g.completed)
+            restarts_used = g.members_started - (n + self.cfg.redundancy)
+            abandon = restarts_used + missing > self.cfg.max_group_restarts
+            if not abandon:
+                self.replacements[g.group] = missing
+        if abandon:
             self.s.counters.groups_abandoned += 1
             self.close_group(g)
             return g
-        self.replacements[g.group] = missing
         return None
 
 
