@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from trajflow.contracts.rollouts import BranchPlan
 from trajflow.contracts.steps import lag_histogram
 from trajflow.contracts.training import (
     GroupState,
@@ -30,7 +31,7 @@ from trajflow.contracts.training import (
     TrainStepResult,
 )
 from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
-from workflows import flat, pause
+from workflows import flat, pause, tasks, trees
 from workflows.pause import ReportOutcome
 
 HISTORY_KEPT = 200
@@ -110,25 +111,15 @@ class Book:
         s.next_group += 1
         self.probe = False
         group = GroupState(
-            group=f"g{k:06d}", seed=cfg.first_seed + k, task=self.pick_task(k), started_version=s.version
-        )
+            group=f"g{k:06d}", seed=cfg.first_seed + k, task=self.pick_task(k), started_version=s.version,
+            tree=trees.new_tree(cfg),
+        )  # fmt: skip
         s.groups[group.group] = group
         return group
 
     def pick_task(self, k: int) -> int:
-        """Weighted round robin: the task whose share of the groups started so far lags its weight most (and
-        counted as started)."""
-        tasks = self.cfg.tasks
-        if len(tasks) == 1:
-            return 0
-        total = sum(t.weight for t in tasks)
-        # cumulative counts, kept in the state: counting only open groups let a lower-weight task starve,
-        # since the closed groups of the heavier one no longer counted against it
-        counts = self.s.task_groups + [0] * (len(tasks) - len(self.s.task_groups))
-        task = max(range(len(tasks)), key=lambda i: tasks[i].weight / total * (k + 1) - counts[i])
-        counts[task] += 1
-        self.s.task_groups = counts
-        return task
+        """The task of the run's k-th group (`workflows.tasks.pick`: weighted round robin), counted as started."""
+        return tasks.pick(self.cfg, self.s, k)
 
     def new_member(self, group: GroupState) -> str:
         """The workflow id of the group's next member, marked running before its start is confirmed: when the
@@ -158,11 +149,17 @@ class Book:
                 return self.s.groups[key], missing
         return None
 
+    def next_branch(self, pause_admission: bool = False) -> tuple[GroupState, BranchPlan] | None:
+        """Tree rollouts: the next queued branch (`workflows.trees`), taken off its group's queue; they go when
+        replacements may, but not as a probe."""
+        return trees.next_branch(self.s) if self.may_replace(pause_admission) and not self.s.paused else None
+
     def has_work(self, pause_admission: bool = False) -> bool:
-        """Something for the admission loop: cancellations, replacements that may go, or groups to admit."""
+        """Something for the admission loop: cancellations, replacements or branches that may go, groups to admit."""
         return (
             bool(self.to_cancel)
             or (bool(self.replacements) and self.may_replace(pause_admission))
+            or (trees.queued(self.s) and self.may_replace(pause_admission) and not self.s.paused)
             or self.groups_to_admit(pause_admission) > 0
         )
 
@@ -312,7 +309,7 @@ class Book:
             return None
         if result is not None:
             return TrajectoryReport(workflow_id=wid, trajectory_uri=result.trajectory_uri, group=group,
-                                    policy_version=result.policy_version, reward=result.reward,
+                                    policy_version=result.policy_version, reward=result.reward, turns=result.turns,
                                     status=result.status, error=result.error, won=result.won)  # fmt: skip
         return TrajectoryReport(workflow_id=wid, trajectory_uri=None, group=group, policy_version=None, reward=None,
                                 status=TrajectoryStatus.INFRA_FAILED, error="ended without a report")  # fmt: skip
@@ -354,7 +351,7 @@ class Book:
             )
         else:
             g.failed += 1
-        outcome.abandoned = self._after_report(g, outcome)
+        outcome.abandoned = self._after_report(g, outcome, report)
         return outcome
 
     def resume(self) -> None:
@@ -364,7 +361,7 @@ class Book:
         """While paused, a probe is due: admit one, and return how long to wait before the next."""
         return pause.probe_now(self.s, self.cfg)
 
-    def _after_report(self, g: GroupState, outcome: ReportOutcome) -> GroupState | None:
+    def _after_report(self, g: GroupState, outcome: ReportOutcome, report: TrajectoryReport) -> GroupState | None:
         """Cancel the redundant rest of a full group (dropped when flat: `workflows.flat`), or queue replacements for
         failed members, or abandon the group past its restart budget (returned)."""
         n = self.cfg.group_size
@@ -377,16 +374,20 @@ class Book:
                 if verdict == "dropped":
                     self.close_group(g)  # admission starts a new group in its place
             return None
-        if g.external or g.running:
+        if g.tree is not None:  # tree rollouts: a root's branches, or a failed member's replacement, queued at once
+            abandon = trees.after_report(self.cfg, g, report, self.replacements)
+        elif g.external or g.running:
             return None
-        # members failed and none is left running: replace them, within the group's restart budget
-        missing = n - len(g.completed)
-        restarts_used = g.members_started - (n + self.cfg.redundancy)
-        if restarts_used + missing > self.cfg.max_group_restarts:
+        else:  # members failed and none is left running: replace them, within the group's restart budget
+            missing = n - len(g.completed)
+            restarts_used = g.members_started - (n + self.cfg.redundancy)
+            abandon = restarts_used + missing > self.cfg.max_group_restarts
+            if not abandon:
+                self.replacements[g.group] = missing
+        if abandon:
             self.s.counters.groups_abandoned += 1
             self.close_group(g)
             return g
-        self.replacements[g.group] = missing
         return None
 
 

@@ -8,17 +8,24 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import names
+    from trajflow.contracts.rollouts import BranchPlan
     from trajflow.contracts.training import GroupState, TrainingRunConfig
     from trajflow.contracts.trajectory import TrajectoryResult
     from workflows.bookkeeping import Book
 
 
 async def start_member(
-    book: Book, cfg: TrainingRunConfig, group: GroupState, run_id: str, min_policy_version: int
+    book: Book,
+    cfg: TrainingRunConfig,
+    group: GroupState,
+    run_id: str,
+    min_policy_version: int,
+    branch: BranchPlan | None = None,
 ) -> tuple[str, workflow.ChildWorkflowHandle]:
     """Start `group`'s next member (its seed derived from the group's and its number), reporting to this workflow
     and abandoned on close (it outlives continue-as-new); its workflow id and handle. A start that fails is taken
-    back from the book."""
+    back from the book. With `branch` (tree rollouts, `workflows.trees`): a branch of one of the group's roots, its
+    episode taken from the root's record; a start that fails puts the branch back at the front of the queue."""
     task = cfg.tasks[group.task]
     wid = book.new_member(group)
     seed = cfg.member_seed(group.seed, group.members_started - 1)  # new_member counted this one
@@ -31,6 +38,10 @@ async def start_member(
         min_policy_version=min_policy_version,
         report_to=workflow.info().workflow_id,
     )
+    if branch is not None and group.tree is not None:
+        group.tree.branches.append(wid)
+        fields = {"branch_turn": branch.turn, "branch_record": branch.record_uri, "branch_index": branch.index}
+        req = req.model_copy(update={"branch_of": branch.parent, **fields})
     try:
         handle = await workflow.start_child_workflow(
             names.TRAJECTORY_WORKFLOW,
@@ -42,6 +53,8 @@ async def start_member(
         )
     except BaseException:
         book.member_not_started(group, wid)
+        if branch is not None and group.tree is not None:
+            group.tree.queued.insert(0, branch)
         raise
     book.member_started()
     return wid, handle

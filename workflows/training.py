@@ -40,6 +40,7 @@ from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import metrics, names
+    from trajflow.contracts.rollouts import BranchPlan
     from trajflow.contracts.shards import GroupReport, ShardDone
     from trajflow.contracts.training import (
         GroupState,
@@ -58,7 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.bookkeeping import Book, ReportOutcome
     from workflows.fanin import ShardBook
 
-from workflows import members, sharding, stubs
+from workflows import members, sharding, stubs, trees
 from workflows.inputs import NO_INPUT, decode_input
 
 SHARDS_CLOSE_S = 60.0
@@ -171,16 +172,17 @@ class TrainingWorkflow:
                 while (replacement := book.next_replacement(self.pause_admission)) is not None:
                     group, missing = replacement
                     await asyncio.gather(*(self._start_member(group) for _ in range(missing)))
+                while (branch := book.next_branch(self.pause_admission)) is not None:
+                    await self._start_member(*branch)  # tree rollouts (workflows.trees)
                 for _ in range(book.groups_to_admit(self.pause_admission)):
                     group = book.new_group()
                     # the group's starts go out in one workflow activation, not one round trip each
-                    n = self.cfg.group_size + self.cfg.redundancy
-                    await asyncio.gather(*(self._start_member(group) for _ in range(n)))
+                    await asyncio.gather(*(self._start_member(group) for _ in range(trees.starts(self.cfg))))
             finally:
                 self.admitting = False
 
-    async def _start_member(self, group: GroupState) -> None:
-        wid, handle = await members.start_member(self.book, self.cfg, group, self.s.run_id, self.s.version)
+    async def _start_member(self, group: GroupState, branch: BranchPlan | None = None) -> None:
+        wid, handle = await members.start_member(self.book, self.cfg, group, self.s.run_id, self.s.version, branch)
         asyncio.create_task(self._watch(handle, wid))
 
     async def _watch(self, handle: workflow.ChildWorkflowHandle, wid: str) -> None:

@@ -365,6 +365,7 @@ class TrajectoryWorkflow:
             status=result.status,
             error=result.error,
             won=result.won,
+            turns=result.turns,
         )
         signal = workflow.get_external_workflow_handle(target).signal(names.SIGNAL_TRAJECTORY_FINISHED, report)
         try:

@@ -13,7 +13,7 @@ change that breaks determinism for what these runs went through fails the unit t
 Recorded: a completed trajectory; an infra-failed one (one sandbox restored by replay, then the budget spent);
 the same trajectory continued by `replay --from-failure` (a reset run); an env-only replay; a TrainingWorkflow
 run that continued as new (its first run, and the run that resumed and finished); a branch at turn 2 of a completed
-trajectory (`trajflow branch`) that lost its sandbox once.
+trajectory (`trajflow branch`) that lost its sandbox once; a tree-rollouts training run.
 """
 
 from __future__ import annotations
@@ -160,3 +160,35 @@ async def test_record_training_history_that_continued_as_new(
     assert last.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
     paths = [save("training-continued", first), save("training-resumed", last)]
     assert all(r.error is None for r in await check([(str(p), load_history(p)) for p in paths]))
+
+
+async def test_record_tree_training_history(temporal_env, reward_service, store, sandbox_manager, tiny_model, tmp_path):
+    """A tree-rollouts run (`rollout = { mode = "tree", roots = 2 }`, 2 steps of one group of 4): roots, then the
+    branches their completions queued, started by the admission loop."""
+    from transformers import AutoTokenizer
+
+    from infra.policies import PolicyStore
+    from tests.integration.test_tree_rollouts import SeedGuessEngine
+    from trajflow.contracts.rollouts import RolloutConfig
+
+    weights = PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0)
+    engine = SeedGuessEngine(AutoTokenizer.from_pretrained(tiny_model), "unused", weights=weights)
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, train_step_s=0.1) as st:
+        task = TaskConfig(
+            name="guess",
+            max_turns=3,
+            sampling=SamplingParams(temperature=1.0, max_new_tokens=16),
+            pools=StagePools(decode=st.pools, env=st.pools, reward=st.pools),
+        )
+        cfg = TrainingRunConfig(
+            tasks=[task], trainer_pool=st.pools, steps=2, batch_size=4, group_size=4, alpha=0,
+            rollout=RolloutConfig(mode="tree", roots=2),
+        )  # fmt: skip
+        handle = await st.client.start_workflow(
+            "TrainingWorkflow", TrainingStart(run=cfg), id=f"hist-tree-{uuid.uuid4().hex[:6]}", task_queue=st.queue
+        )
+        await asyncio.wait_for(st.client.get_workflow_handle(handle.id).result(), 240)
+        history = await st.client.get_workflow_handle(handle.id).fetch_history()
+    assert history.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED
+    path = save("training-tree", history)
+    assert all(r.error is None for r in await check([(str(path), load_history(path))]))

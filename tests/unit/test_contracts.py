@@ -94,6 +94,7 @@ _KNOWN_VALUES: dict[str, dict[str, Any]] = {
     "JudgeModelConfig": {"base_url": "http://127.0.0.1:8000/v1"},
     "LocalModelConfig": {"url": "http://127.0.0.1:8090"},
     "LocalScoreResult": {"batch_size": 1},
+    "BranchPlan": {"turn": 1},
 }
 """Required fields whose valid values a type-driven sample cannot guess (checked by a validator)."""
 

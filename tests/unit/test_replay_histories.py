@@ -29,6 +29,7 @@ EXPECTED = {
     "replay-env": "ReplayEnvWorkflow",
     "training-continued": "TrainingWorkflow",
     "training-resumed": "TrainingWorkflow",
+    "training-tree": "TrainingWorkflow",
 }
 
 

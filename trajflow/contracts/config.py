@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
+from trajflow.contracts import rollouts
 from trajflow.contracts.base import Contract
 from trajflow.contracts.hardware import HardwareConfig
 from trajflow.contracts.reward_models import RewardModelConfig, check_model_name, model_name
@@ -200,6 +201,8 @@ class RunConfig(Contract):
                     f"[train.eval] first_seed is {first}: set held_out_from = {first} so that the eval's seeds are the "
                     "held-out rows"
                 )
+        for problem in rollouts.problems(self.train, [t.env_id for t in self.tasks]):
+            raise ValueError(problem)
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise ValueError(f"task names must be unique, got {names}")

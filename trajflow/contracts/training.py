@@ -14,8 +14,12 @@ from pydantic import ConfigDict, Field, model_validator
 
 from trajflow.contracts import capacity
 from trajflow.contracts.capacity import MAX_CHILDREN_IN_FLIGHT as MAX_CHILDREN_IN_FLIGHT
+from trajflow.contracts.children import ChildOutcome as ChildOutcome
+from trajflow.contracts.children import WatchChildrenInput as WatchChildrenInput
+from trajflow.contracts.children import WatchChildrenResult as WatchChildrenResult
 from trajflow.contracts.evaluation import EvalConfig as EvalConfig
 from trajflow.contracts.limits import PoolName, WorkflowIdRef
+from trajflow.contracts.rollouts import RolloutConfig, TreeState, problems
 from trajflow.contracts.shards import BatchStats, GroupSpec, Ranges, ShardedState
 from trajflow.contracts.steps import StepRecord as StepRecord
 from trajflow.contracts.steps import TaskStats as TaskStats
@@ -26,7 +30,7 @@ from trajflow.contracts.trainer import LoraConfig as LoraConfig
 from trajflow.contracts.trainer import LossConfig as LossConfig
 from trajflow.contracts.trainer import LossKind as LossKind
 from trajflow.contracts.trainer import NanSafeContract, TrainerConfig
-from trajflow.contracts.trajectory import TrajectoryResult, derive_seed
+from trajflow.contracts.trajectory import derive_seed
 
 _Model = NanSafeContract
 
@@ -79,6 +83,8 @@ class TrainSettings(_Model):
     on (zero advantage, as without the filter; counted `flat_groups_trained`, logged) until the next step, so a
     policy whose every group is flat (one that never wins) still trains its steps, at a bounded cost: a step
     rolls out at most B/n + this many groups."""
+    rollout: RolloutConfig = RolloutConfig()
+    """How each group's n trajectories are rolled out: independent samples, or a tree of roots and branches."""
     groups_per_shard: Annotated[int, Field(ge=0, le=2_000)] | None = None
     """0: a direct run, every trajectory a child of the training workflow that reports to it (up to 512 in flight,
     `capacity.DIRECT_MAX_IN_FLIGHT`). N > 0: a sharded run (docs/capacity.md): the training workflow starts shard
@@ -101,7 +107,7 @@ class TrainSettings(_Model):
                 f"trainer.seed ({self.trainer.seed}) differs from the run's seed ({self.seed}); set [train] seed "
                 "alone: every step's trainer seed follows it"
             )
-        for problem in self.limit_problems():
+        for problem in self.limit_problems() + problems(self, ()):
             raise ValueError(problem)
         if self.filter_flat_groups and self.group_size < 2:
             raise ValueError("filter_flat_groups needs group_size >= 2: every group of one sample is flat")
@@ -188,6 +194,8 @@ class TrainingRunConfig(TrainSettings):
 
     @model_validator(mode="after")
     def _norm_length_given(self) -> TrainingRunConfig:
+        for problem in problems(self, [t.env_id for t in self.tasks]):
+            raise ValueError(problem)
         loss = self.trainer.loss
         if loss.aggregation == "token_sum_norm" and loss.norm_length is None:
             longest = max(t.max_turns * t.sampling.max_new_tokens for t in self.tasks)
@@ -216,6 +224,8 @@ class GroupState(_Model):
     failed: int = 0
     external: bool = False
     """Made of trajectories a user started with this run's id, not by the workflow."""
+    tree: TreeState | None = None
+    """Tree rollouts (`rollout.mode = "tree"`): the group's roots and branches; None for a plain group."""
 
 
 class TrainingCounters(_Model):
@@ -367,27 +377,3 @@ class ShardStart(_Model):
     groups: list[GroupSpec] = Field(min_length=1)
     min_policy_version: Annotated[int, Field(ge=0)] = 0
     """The trainer's version when the shard was admitted: its trajectories sample from it or newer."""
-
-
-class WatchChildrenInput(_Model):
-    """Trajectories a training run inherited through continue-as-new (its watchers did not survive it)."""
-
-    workflow_ids: list[str] = Field(min_length=1)
-    poll_s: Annotated[float, Field(gt=0, le=60)] = 2.0
-    """How often their status is read."""
-    results: bool = True
-    """Read a completed child's result (a trajectory's `TrajectoryResult`); False for children whose result is not
-    wanted (a sharded run's shards)."""
-
-
-class ChildOutcome(_Model):
-    workflow_id: str
-    status: str
-    """The closed execution's status: COMPLETED, FAILED, TERMINATED, CANCELED, TIMED_OUT, or NOT_FOUND."""
-    result: TrajectoryResult | None = None
-    """A completed trajectory's result (its report may have been lost)."""
-
-
-class WatchChildrenResult(_Model):
-    closed: list[ChildOutcome]
-    """Those of the watched trajectories found closed (at least one)."""

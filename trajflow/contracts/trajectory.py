@@ -374,3 +374,5 @@ class TrajectoryReport(Contract):
     """Why it failed, when it did (the training workflow names it when it stops admission)."""
     won: bool = False
     """Completed, and its last env reward was at least 1 (what eval calls a win); False from older trajectories."""
+    turns: int = 0
+    """Its turns (a tree rollout draws its branches' turns from them); 0 from older trajectories."""
