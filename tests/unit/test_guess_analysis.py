@@ -76,6 +76,8 @@ def test_summary_by_hand() -> None:
     # second guesses with a hint before them: games 0 (4 < 7 after "lower": follows), 1 (8 > 7 after "lower":
     # not), 2 (8 > 7 after "higher": follows)
     assert report.second_follow == (2, 3)
+    # by the first hint: games 0 and 1 got "lower" (one followed), game 2 got "higher" (followed)
+    assert report.second_by_hint == {"higher": (1, 1), "lower": (1, 2)}
     # every guess after a hint: game 0 three of three, game 1 none of three, game 2 one of one
     assert report.later_follow == (4, 7)
     assert report.first_guesses == {"7": 3, "9": 1}
@@ -83,7 +85,7 @@ def test_summary_by_hand() -> None:
     assert out["second_guess_follows_hint_share"] == pytest.approx(2 / 3)
     assert out["success"] == 0.75
     text = gtn.format_report(report, "run v1")
-    assert "3/4 won" in text and "2/3 (67%)" in text
+    assert "3/4 won" in text and "2/3 (67%) (after higher 1/1 (100%), after lower 1/2 (50%))" in text
 
 
 def test_targets_come_from_gem_and_must_agree_with_a_win() -> None:

@@ -108,6 +108,9 @@ class PlayReport:
     """Second guesses on the hinted side of the first, over second guesses that had a hint to follow."""
     later_follow: tuple[int, int]
     """The same for every guess after a hinted one."""
+    second_by_hint: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """`second_follow` split by the first guess's hint (`higher`, `lower`): a fixed walk up from the bottom is always
+    on the hinted side after "higher" and never gets "lower", so only both together show hints being used."""
     first_guesses: dict[str, int] = field(default_factory=dict)
     """How often each first guess was made ("none": no boxed number)."""
 
@@ -125,6 +128,9 @@ class PlayReport:
             "high_success": self.high_rate,
             "second_guess_follows_hint": {"count": self.second_follow[0], "of": self.second_follow[1]},
             "second_guess_follows_hint_share": rate(self.second_follow),
+            "second_guess_follows_hint_by_hint": {
+                h: {"count": k, "of": n} for h, (k, n) in self.second_by_hint.items()
+            },
             "later_guesses_follow_hint": {"count": self.later_follow[0], "of": self.later_follow[1]},
             "later_guesses_follow_hint_share": rate(self.later_follow),
             "first_guesses": self.first_guesses,
@@ -142,7 +148,12 @@ def summarise(games: Sequence[Game], split: int = DEFAULT_SPLIT) -> PlayReport:
         side = [g for g in games if (g.target <= split) == low]
         return sum(g.won for g in side) / len(side) if side else None
 
-    seconds = [g.follows()[0] for g in games if g.follows() and g.hints[0] is not None and g.guesses[0] is not None]
+    hinted = [g for g in games if g.follows() and g.hints[0] is not None and g.guesses[0] is not None]
+    seconds = [g.follows()[0] for g in hinted]
+    by_hint = {
+        hint: (sum(g.follows()[0] for g in hinted if g.hints[0] == hint), sum(g.hints[0] == hint for g in hinted))
+        for hint in ("higher", "lower")
+    }
     later = [f for g in games for f in g.follows()]
     firsts = Counter("none" if not g.guesses or g.guesses[0] is None else str(g.guesses[0]) for g in games)
     return PlayReport(
@@ -153,6 +164,7 @@ def summarise(games: Sequence[Game], split: int = DEFAULT_SPLIT) -> PlayReport:
         low_rate=side_rate(True),
         high_rate=side_rate(False),
         second_follow=(sum(seconds), len(seconds)),
+        second_by_hint=by_hint,
         later_follow=(sum(later), len(later)),
         first_guesses=dict(firsts.most_common()),
     )
@@ -175,7 +187,9 @@ def format_report(report: PlayReport, title: str) -> str:
             f"  by target (wins/games): {targets}",
             f"  targets 1-{report.split}: {pct(report.low_rate)}   targets above {report.split}: "
             f"{pct(report.high_rate)}",
-            f"  second guesses on the hinted side: {share(report.second_follow)}",
+            f"  second guesses on the hinted side: {share(report.second_follow)} (after higher "
+            f"{share(report.second_by_hint.get('higher', (0, 0)))}, after lower "
+            f"{share(report.second_by_hint.get('lower', (0, 0)))})",
             f"  every guess after a hint, on its side: {share(report.later_follow)}",
             f"  first guesses: {firsts}",
         ]
