@@ -123,7 +123,11 @@ async def activity_attempts(handle: WorkflowHandle, name: str) -> int:
 BAD_TRAJECTORY_INPUTS = [
     pytest.param(raw_json(b'{"seed": 1,,}'), ["Invalid JSON", "one JSON object"], id="malformed-json"),
     pytest.param({"seed": "abc"}, ["seed: Input should be a valid integer", "(got 'abc')"], id="wrong-type"),
-    pytest.param({"bogus": 1}, ["bogus: not a field", "known fields: env_id"], id="unknown-field"),
+    pytest.param(
+        {"bogus": 1},
+        ["bogus: not a field", "known fields: branch_index, branch_of, branch_record, branch_turn, env_id"],
+        id="unknown-field",
+    ),
     pytest.param(
         {"sampling": {"temperature": "hot"}}, ["sampling.temperature: Input should be a valid number"], id="nested"
     ),
