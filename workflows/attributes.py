@@ -1,4 +1,5 @@
-"""The typed keys of the trajectory workflow's search attributes (their names: `trajflow.contracts.names`)."""
+"""The typed keys of the workflows' search attributes (their names and types: `trajflow.contracts.names`), one
+definition for every workflow that sets them."""
 
 from __future__ import annotations
 

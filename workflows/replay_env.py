@@ -16,7 +16,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
@@ -24,10 +23,8 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.contracts.replay import EnvReplayInput, EnvReplayResult, EnvReplayStep
     from trajflow.contracts.trajectory import EnvResetInput, SandboxHandle
 
+from workflows import attributes as keys
 from workflows import stubs
-
-SA_ENV = SearchAttributeKey.for_keyword(names.SA_ENV)
-SA_REPLAY_OF = SearchAttributeKey.for_keyword(names.SA_REPLAY_OF)
 
 
 @workflow.defn(name=names.REPLAY_ENV_WORKFLOW)
@@ -45,9 +42,9 @@ class ReplayEnvWorkflow:
 
     @workflow.run
     async def run(self, inp: EnvReplayInput) -> EnvReplayResult:
-        updates = [SA_ENV.value_set(inp.env_id)]
+        updates = [keys.SA_ENV.value_set(inp.env_id)]
         if inp.replay_of:
-            updates.append(SA_REPLAY_OF.value_set(inp.replay_of))
+            updates.append(keys.SA_REPLAY_OF.value_set(inp.replay_of))
         workflow.upsert_search_attributes(updates)
         try:
             await self._drive(inp)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
@@ -20,9 +20,8 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.contracts.training import ShardStart, WatchChildrenInput
     from workflows.fanin import ShardBook
 
+from workflows import attributes as keys
 from workflows import stubs
-
-SA_RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
 
 
 async def start_shard(book: ShardBook, start: ShardStart) -> None:
@@ -35,7 +34,7 @@ async def start_shard(book: ShardBook, start: ShardStart) -> None:
             id=wid,
             task_queue=workflow.info().task_queue,  # shards run where their training workflow runs
             parent_close_policy=ParentClosePolicy.ABANDON,  # they outlive continue-as-new, as trajectories do
-            search_attributes=TypedSearchAttributes([SearchAttributePair(SA_RUN, start.run_id)]),
+            search_attributes=TypedSearchAttributes([SearchAttributePair(keys.SA_RUN, start.run_id)]),
         )
     except BaseException:
         book.shard_not_started(start)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import workflow
-from temporalio.common import RawValue, SearchAttributeKey
+from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.bookkeeping import Book, ReportOutcome
     from workflows.fanin import ShardBook
 
+from workflows import attributes as keys
 from workflows import members, sharding, stubs, trees
 from workflows.inputs import NO_INPUT, decode_input
 
@@ -66,10 +67,6 @@ SHARDS_CLOSE_S = 60.0
 """How long a sharded run's end waits for the last messages of the shards it cancelled."""
 PATCH_WAIT_FOR_SHARDS = "sharded-end-waits-for-shards"
 """That wait, behind `workflow.patched`: a run that ended before it replays as it ran (e.g. for a query)."""
-
-SA_RUN = SearchAttributeKey.for_keyword(names.SA_RUN)
-SA_STATUS = SearchAttributeKey.for_keyword(names.SA_STATUS)
-SA_VERSION = SearchAttributeKey.for_int(names.SA_POLICY_VERSION)
 
 
 @workflow.defn(name=names.TRAINING_WORKFLOW)
@@ -248,7 +245,7 @@ class TrainingWorkflow:
         for lag, count in done.staleness.items():
             for _ in range(count):  # one observation per sample trained on, as the histogram metric counts them
                 record(workflow.metric_meter(), metrics.SAMPLE_STALENESS, lag, run=self.s.run_id)
-        workflow.upsert_search_attributes([SA_VERSION.value_set(self.s.version)])
+        workflow.upsert_search_attributes([keys.SA_VERSION.value_set(self.s.version)])
         return True
 
     # --- reports -------------------------------------------------------------------------------------------
@@ -392,4 +389,4 @@ class TrainingWorkflow:
                 workflow.logger.warning("%d shards sent no last message", len(shards.sh.shards))
 
     def _upsert_status(self, status: str) -> None:
-        workflow.upsert_search_attributes([SA_RUN.value_set(self.s.run_id), SA_STATUS.value_set(status)])
+        workflow.upsert_search_attributes([keys.SA_RUN.value_set(self.s.run_id), keys.SA_STATUS.value_set(status)])

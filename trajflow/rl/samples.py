@@ -131,11 +131,10 @@ def _spread(record: TrajectoryRecord, turns: Sequence[float]) -> list[float]:
     ctx = record.context
     assert ctx is not None
     out = [0.0] * len(ctx.token_ids)
+    covered = [False] * len(ctx.token_ids)
     for (start, end), adv in zip(ctx.turn_spans, turns, strict=True):
         out[start:end] = [adv] * (end - start)
-    covered = [0] * len(ctx.token_ids)
-    for start, end in ctx.turn_spans:
-        covered[start:end] = [1] * (end - start)
+        covered[start:end] = [True] * (end - start)
     if any(m and not c for m, c in zip(ctx.loss_mask, covered, strict=True)):
         raise ValueError(f"trajectory {record.workflow_id} has loss tokens outside its turn spans: no turn to credit")
     return out
