@@ -195,21 +195,28 @@ def test_close_is_idempotent(client: docker.DockerClient, manager: SandboxManage
 
 
 def test_reaper_removes_only_orphans(client: docker.DockerClient, manager: SandboxManager) -> None:
+    # The orphan is one that only this reaper may judge: an earlier run of this very (uniquely named) host, in another
+    # pid namespace. A dead-pid orphan would be judged by every reaper on the engine, and an env worker's sweep left
+    # running by another test may remove it first (then ours gets 409 and does not count it).
+    # The dead-pid rule itself is covered in tests/unit/test_sandbox_labels.py.
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_start = labels.process_start_time(dead.pid)
     dead.wait()
+    host = f"test-reaper-{uuid.uuid4().hex[:8]}"
     orphan_labels = {
         labels.SANDBOX: "1",
         labels.OWNER: "test-dead-owner",
         labels.OWNER_PID: str(dead.pid),
         labels.OWNER_START: str(dead_start),
+        labels.OWNER_PIDNS: "pid:[1]",
+        labels.OWNER_HOST: host,
     }
     orphan = client.containers.run(
         base_image_tag(), ["sleep", "300"], detach=True, labels=orphan_labels, network_mode="none"
     )
     live = manager.start()
     try:
-        reaped = reap_orphans(client)
+        reaped = reap_orphans(client, host_name=host)
         assert orphan.id in reaped
         assert live.container_id not in reaped
         with pytest.raises(docker.errors.NotFound):
