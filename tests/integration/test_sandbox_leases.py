@@ -203,14 +203,15 @@ def test_another_hosts_dead_worker_is_told_by_its_container(docker_client) -> No
 def _reaped(client: docker.DockerClient, container_id: str, reaped: list[str]) -> bool:
     """Whether this reap removed the container, or another reaper on the engine did meanwhile: an env worker's sweep
     left running by another test applies the same owner-container rule, and this reap then skips the container
-    (409) or no longer lists it. Either way the container must be gone."""
-    if container_id in reaped:
+    (409) or no longer lists it. Either way the container must be gone (within 10 s, else TimeoutError)."""
+    return container_id in reaped or wait_for(
+        lambda: _gone(client, container_id), timeout_s=10, what=f"container {container_id[:12]} to be removed"
+    )
+
+
+def _gone(client: docker.DockerClient, container_id: str) -> bool:
+    try:
+        client.api.inspect_container(container_id)
+    except docker.errors.NotFound:
         return True
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            client.api.inspect_container(container_id)
-        except docker.errors.NotFound:
-            return True
-        time.sleep(0.2)
     return False
