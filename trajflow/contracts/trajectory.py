@@ -29,6 +29,10 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 """Shows the answer format by example: without one, SmolLM2-135M-Instruct almost never writes `\\boxed{N}`."""
 
+OBSERVING_REWARD_FNS = frozenset({"guess_narrowing"})
+"""Rule rewards that read the episode's observations (`trajflow.rewards.games`): the workflow sends these, as it does to
+a reward model; to every other rule reward it sends none."""
+
 
 def split_policy(policy: str) -> tuple[str, int | None]:
     """A request's `policy` as (run id, pinned version): `RUN@V` (V decimal digits) pins version V of RUN, which
@@ -199,12 +203,12 @@ class TrajectoryRequest(Contract):
     ) -> ScoreRequest:
         """What the reward service scores: the episode's actions, env rewards and how it ended; with a reward model,
         also the spec and the env's observations (a judge reads the task from them; a rule reward does not, so
-        they are left out of its payload)."""
-        with_model = self.reward_model is not None
+        they are left out of its payload, except for the few in `OBSERVING_REWARD_FNS` that read the game's text)."""
+        observing = self.reward_model is not None or self.reward_fn in OBSERVING_REWARD_FNS
         return ScoreRequest(
             reward_fn=self.reward_fn,
             reward_model=self.reward_model,
-            observations=list(observations or []) if with_model else [],
+            observations=list(observations or []) if observing else [],
             env_id=self.env_id,
             seed=self.seed,
             actions=actions,
