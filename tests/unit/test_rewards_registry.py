@@ -11,6 +11,7 @@ BUILTINS = [
     "env_final",
     "env_outcome",
     "exact_match",
+    "guess_narrowing",
     "math_verify",
     "regex_match",
     "success",

@@ -30,8 +30,8 @@ DEFAULT_SYSTEM_PROMPT = (
 """Shows the answer format by example: without one, SmolLM2-135M-Instruct almost never writes `\\boxed{N}`."""
 
 OBSERVING_REWARD_FNS = frozenset({"guess_narrowing"})
-"""Rule rewards that read the episode's observations (`trajflow.rewards.games`): the workflow sends these, as it does to
-a reward model; to every other rule reward it sends none."""
+"""Rule rewards that read the episode's observations (`trajflow.rewards.registry`): the workflow sends them these, as
+it does a reward model; to every other rule reward it sends none."""
 
 
 def split_policy(policy: str) -> tuple[str, int | None]:

@@ -12,6 +12,14 @@ Built-ins:
   for malformed or invalid actions), 0.0 when there were none. Partial credit is dropped, so the only way up is to
   solve the task, while a malformed answer still scores below a well-formed miss.
 
+- `guess_narrowing` (GEM's Guess The Number): 1.0 for a win; the env's penalty for a malformed or invalid move (as
+  `success_or_penalty`); otherwise half the share of the wrong numbers the game's hints ruled out,
+  0.5 x (N - |C|) / (N - 1), N the range's size and C the numbers still consistent with every hint ("the target
+  number is higher than 5" keeps 6..N). A fixed walk of guesses rules out one number a hint; a guess in the middle
+  that follows the hints halves the range. So a group's lost games differ in reward by how well they used the
+  hints, and a win still outscores any loss. It reads the episode's observations, which the workflow sends to the
+  rule rewards named in `trajflow.contracts.trajectory.OBSERVING_REWARD_FNS` (to the others it sends none).
+
 - `math_verify`, `exact_match`, `regex_match`: verifier rewards of dataset tasks (`data:NAME`,
   `trajflow/envs/dataset.py`): 1.0 when the last reply's answer (its last `\boxed{...}`, else its last line) matches the
   reference answer the env gives in its final info, by Math-Verify, exact text or a regular expression
@@ -35,10 +43,11 @@ Not covered here: model-based rewards or verifiers that need I/O; register them 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from trajflow.contracts.trajectory import JsonScalar, ScoreRequest, ScoreResult
+from trajflow.contracts.trajectory import OBSERVING_REWARD_FNS, JsonScalar, ScoreRequest, ScoreResult
 from trajflow.envs import verify
 
 RewardFn = Callable[[ScoreRequest], ScoreResult]
@@ -165,6 +174,52 @@ def success_or_penalty(req: ScoreRequest) -> ScoreResult:
     return ScoreResult(reward=1.0 if last >= 1.0 else penalty, reward_fn="success_or_penalty", details=details)
 
 
+RANGE = re.compile(r"between (\d+) and (\d+)")
+HINT = re.compile(r"the target number is (higher|lower) than (\d+)")
+NARROWING_WEIGHT = 0.5
+"""What a loss that ruled out every wrong number scores: half a win."""
+
+
+def candidates_left(observations: list[str]) -> tuple[int, int]:
+    """(N, |C|): the range's size, read from the first observation, and how many numbers are still consistent with
+    every hint in the later ones."""
+    found = RANGE.search(observations[0]) if observations else None
+    if found is None:
+        raise RewardInputError(
+            "guess_narrowing reads the range ('between 1 and 10') from the first observation, and the request has "
+            f"{'none' if not observations else 'a first observation without one'}: use it with GEM's Guess The Number"
+        )
+    low, high = int(found.group(1)), int(found.group(2))
+    size = high - low + 1
+    for observation in observations[1:]:
+        hint = HINT.search(observation)
+        if hint is None:
+            continue
+        guess = int(hint.group(2))
+        if hint.group(1) == "higher":
+            low = max(low, guess + 1)
+        else:
+            high = min(high, guess - 1)
+    return size, max(high - low + 1, 0)
+
+
+@register("guess_narrowing", bounded=False)  # in OBSERVING_REWARD_FNS: it gets the observations
+def guess_narrowing(req: ScoreRequest) -> ScoreResult:
+    """1.0 for a win, the env's penalty for a bad move, else 0.5 x the share of wrong numbers the hints ruled out."""
+    size, left = candidates_left(req.observations)
+    won = bool(req.env_rewards) and req.env_rewards[-1] >= 1.0
+    penalty = float(sum(r for r in req.env_rewards if r < 0))
+    narrowed = (size - left) / (size - 1) if size > 1 else 1.0
+    if won:
+        reward = 1.0
+    elif penalty < 0:
+        reward = penalty
+    else:
+        reward = NARROWING_WEIGHT * min(max(narrowed, 0.0), 1.0)
+    details = _details(req) | {"won": won, "penalty": penalty, "range": size, "candidates_left": left}
+    return ScoreResult(reward=reward, reward_fn="guess_narrowing", details=details)
+
+
 def _verified(req: ScoreRequest, checker: str, name: str) -> ScoreResult:
     reference = req.final_info.get("answer")
     if reference is None:
@@ -211,6 +266,8 @@ def regex_match(req: ScoreRequest) -> ScoreResult:
     return _verified(req, "regex", "regex_match")
 
 
+assert OBSERVING_REWARD_FNS <= set(_REGISTRY), "every observing reward is registered here"
+
 __all__ = [
     "Registered",
     "RewardInputError",
@@ -220,6 +277,7 @@ __all__ = [
     "env_outcome",
     "exact_match",
     "get",
+    "guess_narrowing",
     "math_verify",
     "names",
     "regex_match",

@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse
 
 from trajflow.contracts import names
 from trajflow.contracts.trajectory import ScoreRequest, ScoreResult
-from trajflow.rewards import bounded, games, model_rewards, registry
+from trajflow.rewards import bounded, model_rewards, registry
 from trajflow.rewards.model_http import RewardModelFailed, RewardModelUnavailable
 
 log = logging.getLogger(__name__)
