@@ -117,6 +117,27 @@ def test_eval_records_reads_greedy_trajectories_of_one_eval(tmp_path) -> None:
     assert (report.games, report.wins) == (3, 3)
 
 
+def test_the_evals_during_training_are_found_too(tmp_path) -> None:
+    """`<run>-curve-v<V>-<hex>-<i>` (one hex per attempt): the attempt with the most episodes is read, and a version
+    also evaluated before or after training is read from that eval."""
+    store = LocalStore(tmp_path)
+    run = "run-abc"
+    attempts = {(6, "0a1c5b"): 2, (6, "ffe001"): 3, (12, "123abc"): 1, (0, "aaaaaa"): 1}
+    for (version, attempt), episodes in attempts.items():
+        for i in range(episodes):
+            for wid in (f"{run}-curve-v{version}-{attempt}-{i}", f"{run}-curve-v{version}-{attempt}-{i}-k0"):
+                store.put_json(trajectory_record_key(wid, "r1"), _record(i, 3, ["\\boxed{3}"], wid))
+                store.put_json(trajectory_record_key(wid, "r2"), _record(i, 3, ["\\boxed{3}"], wid))  # a retry
+    store.put_json(trajectory_record_key(f"{run}-eval-v0-0", "r1"), _record(0, 3, [], f"{run}-eval-v0-0"))
+    store.put_json(trajectory_record_key("run-abcd-curve-v9-abcdef-0", "r1"), _record(0, 3, [], "other run"))
+    assert gtn.eval_prefixes(store, run) == {
+        0: f"{run}-eval-v0",
+        6: f"{run}-curve-v6-ffe001",
+        12: f"{run}-curve-v12-123abc",
+    }
+    assert len(gtn.eval_records(store, f"{run}-curve-v6-ffe001")) == 3
+
+
 def test_plot_writes_a_png(tmp_path) -> None:
     games = [gtn.game_of(_record(0, 2, ["\\boxed{2}"]), 2)]
     path = tmp_path / "by_target.png"

@@ -48,8 +48,8 @@ def analyze_guess_the_number(
     if prefix is not None:
         prefixes = {prefix: prefix}
     else:
-        versions = version or gtn.evaluated_versions(store, run_id)
-        prefixes = {f"v{v}": gtn.eval_prefix(run_id, v) for v in versions}
+        found = gtn.eval_prefixes(store, run_id)
+        prefixes = {f"v{v}": found.get(v, gtn.eval_prefix(run_id, v)) for v in (version or found)}
     reports = {}
     try:
         for label, p in prefixes.items():

@@ -12,13 +12,14 @@ guesses after the first move the way the game's hint says.
   from the top wins only the high ones.
 
 Pure functions over `TrajectoryRecord`s, so the arithmetic is unit-tested on hand-made games; `eval_records` reads
-an eval's greedy trajectories from the store (workflow ids `<run>-eval-v<V>-<i>`, `trajflow.cli.commands.evaluate`).
+an eval's greedy trajectories from the store (workflow ids `<run>-eval-v<V>-<i>` before and after training and
+`<run>-curve-v<V>-<hex>-<i>` during it; `trajflow.cli.commands.evaluate`).
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -197,17 +198,33 @@ def format_report(report: PlayReport, title: str) -> str:
 
 
 def eval_prefix(run_id: str, version: int) -> str:
-    """The workflow-id prefix of `trajflow train`'s eval of `version` (`trajflow.cli.commands.evaluate`)."""
+    """The workflow-id prefix of `trajflow train`'s eval of `version` before or after training
+    (`trajflow.cli.commands.evaluate`)."""
     return f"{run_id}-eval-v{version}"
 
 
-def evaluated_versions(store, run_id: str) -> list[int]:
-    """The versions of run `run_id` that `trajflow train` evaluated, from the trajectories in the store."""
-    found = set()
+def eval_prefixes(store, run_id: str) -> dict[int, str]:
+    """Every eval of run `run_id` that `trajflow train` made, version -> workflow-id prefix, from the trajectories in
+    the store: the evals before and after (`<run>-eval-v<V>`) and those during training (`<run>-curve-v<V>-<hex>`,
+    `trajflow.cli.commands.eval_curve`; a fresh hex per attempt, so of a version evaluated twice, by a process that
+    died and the attach after it, the attempt with the most episodes counts). Where a version has both, the eval
+    before or after (on more seeds) is the one read."""
+    found: dict[int, str] = {}
+    episodes: dict[str, set[str]] = defaultdict(set)
+    for uri in store.list(f"trajectories/{run_id}-curve-v"):
+        if (m := re.search(re.escape(run_id) + r"-curve-v(\d+)-([0-9a-f]+)-(\d+)/", uri)) is not None:
+            episodes[f"{run_id}-curve-v{m.group(1)}-{m.group(2)}"].add(m.group(3))
+    for prefix, _ in sorted(episodes.items(), key=lambda item: len(item[1])):
+        found[int(prefix.rsplit("-curve-v", 1)[1].split("-")[0])] = prefix
     for uri in store.list(f"trajectories/{run_id}-eval-v"):
         if (m := re.search(re.escape(run_id) + r"-eval-v(\d+)-\d+/", uri)) is not None:
-            found.add(int(m.group(1)))
-    return sorted(found)
+            found[int(m.group(1))] = eval_prefix(run_id, int(m.group(1)))
+    return dict(sorted(found.items()))
+
+
+def evaluated_versions(store, run_id: str) -> list[int]:
+    """The versions of run `run_id` that `trajflow train` evaluated (`eval_prefixes`)."""
+    return list(eval_prefixes(store, run_id))
 
 
 def eval_records(store, prefix: str) -> list[TrajectoryRecord]:
