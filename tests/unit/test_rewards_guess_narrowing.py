@@ -79,6 +79,7 @@ def test_a_win_outscores_every_loss_and_narrowing_ranks_losses() -> None:
 
 def test_only_observing_rewards_get_the_observations() -> None:
     assert "guess_narrowing" in OBSERVING_REWARD_FNS
+    assert set(registry.names()) >= OBSERVING_REWARD_FNS  # each one the workflow sends observations to exists
     plain = TrajectoryRequest(env_id=ENV_ID, reward_fn="success_or_penalty")
     assert plain.score_request(["a"], [0.0], True, False, {}, observations=["task", "after"]).observations == []
 
