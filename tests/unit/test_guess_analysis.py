@@ -110,7 +110,7 @@ def test_eval_records_reads_greedy_trajectories_of_one_eval(tmp_path) -> None:
                 record = _record(seed, target, [f"\\boxed{{{target}}}"], wid)
                 store.put_json(trajectory_record_key(wid, "r1"), record)
     store.put_json(trajectory_record_key(f"{run}-eval-v30-1", "r1"), _record(5, 5, [], "x"))
-    assert gtn.evaluated_versions(store, run) == [0, 3, 30]
+    assert list(gtn.eval_prefixes(store, run)) == [0, 3, 30]
     records = gtn.eval_records(store, gtn.eval_prefix(run, 3))
     assert [r.workflow_id for r in records] == [f"{run}-eval-v3-{i}" for i in range(3)]  # no -k0 samples
     report = gtn.summarise(gtn.games_of(records))

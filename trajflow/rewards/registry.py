@@ -176,6 +176,7 @@ def success_or_penalty(req: ScoreRequest) -> ScoreResult:
 
 RANGE = re.compile(r"between (\d+) and (\d+)")
 HINT = re.compile(r"the target number is (higher|lower) than (\d+)")
+"""GEM's hint after a guess (also read by `trajflow.lab.analysis.guess_the_number`)."""
 NARROWING_WEIGHT = 0.5
 """What a loss that ruled out every wrong number scores: half a win."""
 

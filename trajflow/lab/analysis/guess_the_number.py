@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trajflow.contracts.records import TrajectoryRecord
+from trajflow.rewards.registry import HINT
 
 GUESS = re.compile(r"\\boxed\{(\d+)\}")
-HINT = re.compile(r"the target number is (higher|lower) than (\d+)")
 WON = re.compile(r"You guessed the correct number (\d+)")
 DEFAULT_SPLIT = 6
 """Targets 1-6 against 7-10: the issue's split for the 1-10 game."""
@@ -209,22 +209,15 @@ def eval_prefixes(store, run_id: str) -> dict[int, str]:
     `trajflow.cli.commands.eval_curve`; a fresh hex per attempt, so of a version evaluated twice, by a process that
     died and the attach after it, the attempt with the most episodes counts). Where a version has both, the eval
     before or after (on more seeds) is the one read."""
-    found: dict[int, str] = {}
-    episodes: dict[str, set[str]] = defaultdict(set)
+    attempts: dict[tuple[int, str], set[str]] = defaultdict(set)  # (version, prefix) -> its episodes' indices
     for uri in store.list(f"trajectories/{run_id}-curve-v"):
         if (m := re.search(re.escape(run_id) + r"-curve-v(\d+)-([0-9a-f]+)-(\d+)/", uri)) is not None:
-            episodes[f"{run_id}-curve-v{m.group(1)}-{m.group(2)}"].add(m.group(3))
-    for prefix, _ in sorted(episodes.items(), key=lambda item: len(item[1])):
-        found[int(prefix.rsplit("-curve-v", 1)[1].split("-")[0])] = prefix
+            attempts[int(m.group(1)), f"{run_id}-curve-v{m.group(1)}-{m.group(2)}"].add(m.group(3))
+    found = {version: prefix for (version, prefix), _ in sorted(attempts.items(), key=lambda item: len(item[1]))}
     for uri in store.list(f"trajectories/{run_id}-eval-v"):
         if (m := re.search(re.escape(run_id) + r"-eval-v(\d+)-\d+/", uri)) is not None:
             found[int(m.group(1))] = eval_prefix(run_id, int(m.group(1)))
     return dict(sorted(found.items()))
-
-
-def evaluated_versions(store, run_id: str) -> list[int]:
-    """The versions of run `run_id` that `trajflow train` evaluated (`eval_prefixes`)."""
-    return list(eval_prefixes(store, run_id))
 
 
 def eval_records(store, prefix: str) -> list[TrajectoryRecord]:
