@@ -46,35 +46,52 @@ def _boxed(*numbers: int) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("target", "guesses", "reward", "left"),
+    ("target", "guesses", "reward", "left", "wasted"),
     [
         # a win scores 1 however it got there
-        (3, _boxed(5, 4, 3), 1.0, None),
-        (8, _boxed(1, 2, 3, 8), 1.0, None),
-        # halving: 5 (lower: 1..4), 2 (higher: 3..4), 3 (higher: 4); the 4th guess's hint is never shown
-        (4, _boxed(5, 2, 3, 9), 0.5 * 9 / 9, 1),
+        (3, _boxed(5, 4, 3), 1.0, None, 0),
+        (8, _boxed(1, 2, 3, 8), 1.0, None, 0),
+        (2, _boxed(6, 6, 2), 1.0, None, 1),
+        # halving: 5 (lower: 1..4), 2 (higher: 3..4), 3 (higher: 4); the 4th guess's hint is never shown, but 9 was
+        # already ruled out when it was made: one wasted guess
+        (4, _boxed(5, 2, 3, 9), 0.5 * 9 / 9 - 0.1, 1, 1),
+        (4, _boxed(5, 2, 3, 10), 0.5 * 9 / 9 - 0.1, 1, 1),
+        # ... and one that ends on a number still possible wastes nothing: 5 (higher: 6..10), 9 (lower: 6..8),
+        # 8 (lower: 6..7), 7
+        (6, _boxed(5, 9, 8, 7), 0.5 * 8 / 9, 2, 0),
         # a walk up from 1 against 9: 1, 2, 3 each rule out one number (4..10 left), the 4th guess 4 no hint
-        (9, _boxed(1, 2, 3, 4), 0.5 * 3 / 9, 7),
-        # against the hint: 5 (lower: 1..4), then 7 and 8 say "lower" again, which rules out nothing new
-        (2, _boxed(5, 7, 8, 9), 0.5 * 6 / 9, 4),
+        (9, _boxed(1, 2, 3, 4), 0.5 * 3 / 9, 7, 0),
+        # against the hint: 5 (lower: 1..4), then 7 and 8 say "lower" again, which rules out nothing new, and 7, 8, 9
+        # were each ruled out when guessed
+        (2, _boxed(5, 7, 8, 9), 0.5 * 6 / 9 - 0.3, 4, 3),
+        # a walk down from 6 against 8: every step after "higher than 6" goes against the hint
+        (8, _boxed(6, 5, 4, 3), 0.5 * 6 / 9 - 0.3, 4, 3),
+        # repeating a middle guess (GEM answers "already guessed" and charges nothing) keeps the first hint for free
+        # no more: 0.5 x 5/9 less three wasted guesses floors at 0.0, still above a malformed answer
+        (3, _boxed(6, 6, 6, 6), 0.0, 5, 3),
+        # a guess outside the range is wasted too: 6 (lower: 1..5), 11, 2 (higher: 3..5), then 1, already ruled out
+        (3, _boxed(6, 11, 2, 1), 0.5 * 7 / 9 - 0.2, 3, 2),
         # a malformed first answer ends the game with the env's format penalty, whatever was narrowed
-        (6, ["six"], -0.1, None),
+        (6, ["six"], -0.1, None, 0),
     ],
 )
-def test_rewards_by_hand(target: int, guesses: list[str], reward: float, left: int | None) -> None:
+def test_rewards_by_hand(target: int, guesses: list[str], reward: float, left: int | None, wasted: int) -> None:
     request = _play(target, guesses)
     assert request.observations, "the workflow's request carries the observations to this reward"
     result = registry.score(request)
     assert result.reward == pytest.approx(reward)
     assert result.details["won"] is (reward == 1.0)
+    assert result.details["wasted_guesses"] == wasted
     if left is not None:
         assert result.details["candidates_left"] == left and result.details["range"] == 10
 
 
 def test_a_win_outscores_every_loss_and_narrowing_ranks_losses() -> None:
-    halving = registry.score(_play(4, _boxed(5, 2, 3, 9))).reward
+    halving = registry.score(_play(6, _boxed(5, 9, 8, 7))).reward
     walk = registry.score(_play(9, _boxed(1, 2, 3, 4))).reward
-    assert walk < halving < 1.0
+    repeat = registry.score(_play(3, _boxed(6, 6, 6, 6))).reward
+    malformed = registry.score(_play(6, ["six"])).reward
+    assert malformed < repeat < walk < halving < 1.0
 
 
 def test_only_observing_rewards_get_the_observations() -> None:

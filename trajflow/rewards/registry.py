@@ -16,9 +16,12 @@ Built-ins:
   `success_or_penalty`); otherwise half the share of the wrong numbers the game's hints ruled out,
   0.5 x (N - |C|) / (N - 1), N the range's size and C the numbers still consistent with every hint ("the target
   number is higher than 5" keeps 6..N). A fixed walk of guesses rules out one number a hint; a guess in the middle
-  that follows the hints halves the range. So a group's lost games differ in reward by how well they used the
-  hints, and a win still outscores any loss. It reads the episode's observations, which the workflow sends to the
-  rule rewards named in `trajflow.contracts.trajectory.OBSERVING_REWARD_FNS` (to the others it sends none).
+  that follows the hints halves the range. A guess the earlier hints had already ruled out (a repeat, or a step
+  against the hint) costs 0.1 of that, down to 0.0, never below a malformed answer's penalty: GEM charges nothing
+  for it, and a policy that repeats a middle guess would otherwise keep the first hint's narrowing for free. So a
+  group's lost games differ in reward by how well they used the hints, and a win still outscores any loss. It reads
+  the episode's observations, which the workflow sends to the rule rewards named in
+  `trajflow.contracts.trajectory.OBSERVING_REWARD_FNS` (to the others it sends none).
 
 - `math_verify`, `exact_match`, `regex_match`: verifier rewards of dataset tasks (`data:NAME`,
   `trajflow/envs/dataset.py`): 1.0 when the last reply's answer (its last `\boxed{...}`, else its last line) matches the
@@ -177,13 +180,18 @@ def success_or_penalty(req: ScoreRequest) -> ScoreResult:
 RANGE = re.compile(r"between (\d+) and (\d+)")
 HINT = re.compile(r"the target number is (higher|lower) than (\d+)")
 """GEM's hint after a guess (also read by `trajflow.lab.analysis.guess_the_number`)."""
+GUESS = re.compile(r"\\boxed\{(\d+)\}")
+"""A guess as GEM reads it from an action (its pattern): the last match counts."""
 NARROWING_WEIGHT = 0.5
 """What a loss that ruled out every wrong number scores: half a win."""
+WASTE_CHARGE = 0.1
+"""What a lost game pays for each guess the earlier hints had already ruled out."""
 
 
-def candidates_left(observations: list[str]) -> tuple[int, int]:
-    """(N, |C|): the range's size, read from the first observation, and how many numbers are still consistent with
-    every hint in the later ones."""
+def candidates_left(observations: list[str], actions: list[str] | None = None) -> tuple[int, int, int]:
+    """(N, |C|, wasted): the range's size, read from the first observation; how many numbers are still consistent
+    with every hint in the later ones; and how many of the guesses in `actions` lay outside the numbers the hints
+    before them had left (observation i + 1 is the env's answer to action i)."""
     found = RANGE.search(observations[0]) if observations else None
     if found is None:
         raise RewardInputError(
@@ -191,9 +199,13 @@ def candidates_left(observations: list[str]) -> tuple[int, int]:
             f"{'none' if not observations else 'a first observation without one'}: use it with GEM's Guess The Number"
         )
     low, high = int(found.group(1)), int(found.group(2))
-    size = high - low + 1
-    for observation in observations[1:]:
-        hint = HINT.search(observation)
+    size, wasted = high - low + 1, 0
+    actions = actions or []
+    for turn in range(max(len(observations) - 1, len(actions))):
+        guessed = GUESS.findall(actions[turn]) if turn < len(actions) else []
+        if guessed and not low <= int(guessed[-1]) <= high:
+            wasted += 1
+        hint = HINT.search(observations[turn + 1]) if turn + 1 < len(observations) else None
         if hint is None:
             continue
         guess = int(hint.group(2))
@@ -201,13 +213,14 @@ def candidates_left(observations: list[str]) -> tuple[int, int]:
             low = max(low, guess + 1)
         else:
             high = min(high, guess - 1)
-    return size, max(high - low + 1, 0)
+    return size, max(high - low + 1, 0), wasted
 
 
 @register("guess_narrowing", bounded=False)  # in OBSERVING_REWARD_FNS: it gets the observations
 def guess_narrowing(req: ScoreRequest) -> ScoreResult:
-    """1.0 for a win, the env's penalty for a bad move, else 0.5 x the share of wrong numbers the hints ruled out."""
-    size, left = candidates_left(req.observations)
+    """1.0 for a win, the env's penalty for a bad move, else 0.5 x the share of wrong numbers the hints ruled out,
+    less 0.1 for each guess they had already ruled out (down to 0.0)."""
+    size, left, wasted = candidates_left(req.observations, req.actions)
     won = bool(req.env_rewards) and req.env_rewards[-1] >= 1.0
     penalty = float(sum(r for r in req.env_rewards if r < 0))
     narrowed = (size - left) / (size - 1) if size > 1 else 1.0
@@ -216,8 +229,14 @@ def guess_narrowing(req: ScoreRequest) -> ScoreResult:
     elif penalty < 0:
         reward = penalty
     else:
-        reward = NARROWING_WEIGHT * min(max(narrowed, 0.0), 1.0)
-    details = _details(req) | {"won": won, "penalty": penalty, "range": size, "candidates_left": left}
+        reward = max(NARROWING_WEIGHT * min(max(narrowed, 0.0), 1.0) - WASTE_CHARGE * wasted, 0.0)
+    details = _details(req) | {
+        "won": won,
+        "penalty": penalty,
+        "range": size,
+        "candidates_left": left,
+        "wasted_guesses": wasted,
+    }
     return ScoreResult(reward=reward, reward_fn="guess_narrowing", details=details)
 
 
