@@ -15,7 +15,7 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RawValue, SearchAttributeUpdate
+from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
@@ -95,7 +95,7 @@ class TrajectoryWorkflow:
     async def _episode(self) -> TrajectoryResult:
         req = self.req
         started = workflow.time()
-        self._upsert(*self._start_attributes())
+        self._upsert(*keys.start_attributes(self.req))
         status, error = TrajectoryStatus.COMPLETED, None
         last: EnvStepResult | None = None
         try:
@@ -223,7 +223,7 @@ class TrajectoryWorkflow:
         self.actions, self.turns = list(prefix.actions), list(prefix.turns)
         self.first_observation, self.observation = prefix.first_observation, prefix.observation
         self.context_uri, self.branch_from = prefix.context_uri, prefix.observation
-        self._upsert(*self._start_attributes(), keys.SA_TURNS.value_set(len(self.turns)))
+        self._upsert(*keys.start_attributes(self.req), keys.SA_TURNS.value_set(len(self.turns)))
         return self.req
 
     async def _open_sandbox(self) -> None:
@@ -375,24 +375,6 @@ class TrajectoryWorkflow:
             await asyncio.shield(asyncio.ensure_future(signal))
         except ApplicationError as e:
             workflow.logger.warning("could not report to %s: %s", target, e)
-
-    def _start_attributes(self) -> list[SearchAttributeUpdate]:
-        req = self.req
-        updates: list[SearchAttributeUpdate] = [
-            keys.SA_ENV.value_set(req.env_id),
-            keys.SA_RUN.value_set(req.run_id),
-            keys.SA_STATUS.value_set("running"),
-            keys.SA_TURNS.value_set(0),
-            keys.SA_ENV_FAILURES.value_set(0),
-        ]
-        if req.task:
-            updates.append(keys.SA_TASK.value_set(req.task))
-        if req.replay_of:
-            updates.append(keys.SA_REPLAY_OF.value_set(req.replay_of))
-        if req.branch_of:
-            turn = float(req.branch_turn)  # a Double: `trajflow.contracts.names.SA_BRANCH_TURN`
-            updates += [keys.SA_BRANCH_OF.value_set(req.branch_of), keys.SA_BRANCH_TURN.value_set(turn)]
-        return updates
 
     def _upsert(self, *updates) -> None:
         workflow.upsert_search_attributes(list(updates))
