@@ -15,6 +15,13 @@ the policy version.
 An engine that talks to a server raises `EngineError`s, mapped here once: unavailable is retried (past the retry
 budget the trajectory is infra-failed), a rejected request fails the trajectory (`BadRequest`), a misconfigured
 server fails the activity at once without blaming the trajectory (infra-failed, never scored).
+
+Context budget: prompt plus new tokens stay within the smaller of the request's `max_context_tokens` and the engine's
+positions (`Engine.max_positions`). A turn's `max_new_tokens` is cut to the room left; a prompt that leaves no room
+generates nothing and answers `finish_reason = "context_full"` (`trajflow.contracts.engines.CONTEXT_FULL`), with the
+context unchanged: the workflow ends the episode there, completed and truncated, and scores it.
+
+`llm.describe` answers what this worker's engine is (`EngineInfo`): whether it follows training, its positions.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from activities.heartbeats import with_heartbeats
 from infra.layout import context_key
 from infra.store import ObjectStore
 from trajflow.contracts import metrics, names
+from trajflow.contracts.engines import CONTEXT_FULL, EngineInfo
 from trajflow.contracts.records import TurnContext
 from trajflow.contracts.trajectory import GenerateInput, GenerateResult
 from trajflow.observability.metrics import record
@@ -48,6 +56,17 @@ class DecodeActivities:
         self.pool = pool
         self.worker_id = worker_id
         self.contexts = ContextStore(store)
+
+    @activity.defn(name=names.LLM_DESCRIBE)
+    async def describe(self) -> EngineInfo:
+        return EngineInfo(
+            name=self.engine.name,
+            follows_training=self.engine.follows_training,
+            version=self.engine.version,
+            max_positions=self.engine.max_positions,
+            worker_id=self.worker_id,
+            pool=self.pool,
+        )
 
     @activity.defn(name=names.LLM_GENERATE)
     async def generate(self, inp: GenerateInput) -> GenerateResult:
@@ -71,9 +90,24 @@ class DecodeActivities:
                 raise ApplicationError(str(e), type=names.ERR_CONTEXT_MISMATCH, non_retryable=True) from e
             except ToolsUnsupported as e:  # the trajectory's request: it fails, it is not an infra failure
                 raise ApplicationError(str(e), type=names.ERR_BAD_REQUEST, non_retryable=True) from e
+        room = context_room(len(prompt_ids), inp.max_context_tokens, self.engine.max_positions)
+        if room is not None and room < 1:
+            return GenerateResult(
+                text="",
+                context_uri=inp.context_uri or "",
+                prompt_tokens=len(prompt_ids),
+                completion_tokens=0,
+                policy_version=available,
+                finish_reason=CONTEXT_FULL,
+                pool=self.pool,
+                worker_id=self.worker_id,
+            )
+        sampling = inp.sampling
+        if room is not None and room < sampling.max_new_tokens:
+            sampling = sampling.model_copy(update={"max_new_tokens": room})
         try:
             completion = await with_heartbeats(
-                self.engine.generate(prompt_ids, inp.sampling, inp.policy), "generating", HEARTBEAT_EVERY_S
+                self.engine.generate(prompt_ids, sampling, inp.policy), "generating", HEARTBEAT_EVERY_S
             )
         except EngineUnavailable as e:
             raise ApplicationError(str(e), type=names.ERR_ENGINE_UNAVAILABLE) from e
@@ -111,6 +145,13 @@ class DecodeActivities:
             worker_id=self.worker_id,
             tool_calls=calls,
         )
+
+
+def context_room(prompt_tokens: int, budget: int | None, positions: int | None) -> int | None:
+    """How many new tokens a turn with `prompt_tokens` may generate within the context budget and the engine's
+    positions (the smaller; None: no limit known)."""
+    limits = [limit for limit in (budget, positions) if limit is not None]
+    return min(limits) - prompt_tokens if limits else None
 
 
 def _record_completion(completion: Completion) -> None:

@@ -83,6 +83,7 @@ class RewardActivities:
             env_recoveries=inp.env_recoveries,
             error=inp.error,
             timings=inp.timings,
+            context_full=inp.context_full,
         )
         info = activity.info()
         # a standalone activity has no run to file it under

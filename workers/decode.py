@@ -27,7 +27,7 @@ def decode_workers(
         Worker(
             client,
             task_queue=names.decode_queue(pool),
-            activities=[DecodeActivities(engine, store, pool, worker_id).generate],
+            activities=[(decoder := DecodeActivities(engine, store, pool, worker_id)).generate, decoder.describe],
             # Many trajectories' turns wait in the engine at once: that is what lets it batch them.
             max_concurrent_activities=max_concurrent,
         )

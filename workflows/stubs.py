@@ -21,6 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, FailureError,
 with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import names
     from trajflow.contracts.branches import BranchInput, BranchPrefix
+    from trajflow.contracts.engines import EngineInfo
     from trajflow.contracts.limits import MAX_PAYLOAD_BYTES
     from trajflow.contracts.shards import GroupManifest
     from trajflow.contracts.training import TrainStepInput, TrainStepResult, WatchChildrenInput, WatchChildrenResult
@@ -142,6 +143,17 @@ async def llm_generate(pool: str, inp: GenerateInput) -> GenerateResult:
             maximum_attempts=10,
             non_retryable_error_types=FATAL,
         ),
+    )
+
+
+async def llm_describe(pool: str) -> EngineInfo:
+    # Waits for a decode worker as the run's turns would (no schedule-to-start limit); an attempt is a quick answer.
+    return await workflow.execute_activity(
+        names.LLM_DESCRIBE,
+        result_type=EngineInfo,
+        task_queue=names.decode_queue(pool),
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30), non_retryable_error_types=FATAL),
     )
 
 

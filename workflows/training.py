@@ -60,7 +60,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.fanin import ShardBook
 
 from workflows import attributes as keys
-from workflows import members, sharding, stubs, trees
+from workflows import members, preflight, sharding, stubs, trees
 from workflows.inputs import NO_INPUT, decode_input
 
 SHARDS_CLOSE_S = 60.0
@@ -84,6 +84,8 @@ class TrainingWorkflow:
                 non_retryable=True,
             )
         self.cfg: TrainingRunConfig = start.run
+        self.fresh = start.resume is None
+        """A run's first execution (not one continued as new): it checks its decode engines before it starts."""
         self.s: TrainingState = start.resume or TrainingState(
             run_id=workflow.info().workflow_id, started_at=workflow.time()
         )
@@ -107,6 +109,8 @@ class TrainingWorkflow:
     @workflow.run
     async def run(self, raw: RawValue = NO_INPUT) -> TrainingResult:
         cfg = self.cfg
+        if self.fresh and workflow.patched(preflight.PATCH_ENGINE_CHECK):
+            await preflight.check_engines(cfg)
         self._upsert_status("paused" if self.s.paused else "training")
         admission = asyncio.create_task(self._admission_loop())
         if self.s.paused:

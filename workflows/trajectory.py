@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         request_digest,
     )
     from trajflow.contracts.branches import branch_request
+    from trajflow.contracts.engines import CONTEXT_FULL, no_room
     from trajflow.contracts.trajectory import (
         EnvResetInput,
         EnvStepResult,
@@ -76,6 +77,9 @@ class TrajectoryWorkflow:
         """An agent program's episode: each observation is its chat request, each action the model's answer."""
         self.branch_from: str | None = None
         """A branch's parent observation at its branch turn, until the restored sandbox has shown it."""
+        self.context_full = False
+        """The last prompt filled the context budget (`TrajectoryRequest.max_context_tokens`): the episode ended."""
+        self.context_tokens = 0
 
     @workflow.run
     async def run(self, raw: RawValue = NO_INPUT) -> TrajectoryResult:
@@ -104,8 +108,12 @@ class TrajectoryWorkflow:
             await self._open_sandbox()
             done = False
             while not done and len(self.turns) < req.max_turns:
-                last = await self._turn()
-                done = last.terminated or last.truncated
+                step = await self._turn()
+                if step is None:  # the next prompt filled the context budget: the episode ends here, truncated
+                    break
+                last, done = step, step.terminated or step.truncated
+            if self.context_full and last is None:
+                status, error = TrajectoryStatus.FAILED, no_room(self.context_tokens, req.max_context_tokens)
         except EnvFault as e:
             status, error = TrajectoryStatus.FAILED, str(e)
         except AgentRequestError as e:  # a request the policy cannot answer as asked (e.g. non-text parts)
@@ -140,6 +148,7 @@ class TrajectoryWorkflow:
                     env_recoveries=self.recoveries,
                     error=error,
                     timings={**self.timings, "total_s": seconds},
+                    context_full=self.context_full,
                 ),
             )
         result = TrajectoryResult(
@@ -172,7 +181,8 @@ class TrajectoryWorkflow:
             last_observation=self.observation[-2000:],
         )
 
-    async def _turn(self) -> EnvStepResult:
+    async def _turn(self) -> EnvStepResult | None:
+        """One LLM step and one env step; None when the prompt left no room in the context budget (no env step)."""
         req = self.req
         t0 = workflow.time()
         turn = len(self.turns)
@@ -184,6 +194,9 @@ class TrajectoryWorkflow:
             )  # fmt: skip
         t1 = workflow.time()
         self.timings["llm_s"] += t1 - t0
+        if gen.finish_reason == CONTEXT_FULL:
+            self.context_full, self.context_tokens = True, gen.prompt_tokens
+            return None
         self.context_uri = gen.context_uri
         action = gen.text
         if self.agent:  # the answer the program's endpoint returns, with its finish reason and token counts
@@ -212,7 +225,7 @@ class TrajectoryWorkflow:
             return req.generate_input(trajectory_id, turn, self.context_uri, self.observation)
         return AgentRequest.parse(self.observation).generate_input(
             trajectory_id, turn, self.context_uri, req.sampling, min_policy_version=req.min_policy_version,
-            policy=req.policy,
+            policy=req.policy, max_context_tokens=req.max_context_tokens,
         )  # fmt: skip
 
     async def _start_branch(self) -> TrajectoryRequest:

@@ -67,6 +67,18 @@ def test_eval_refuses_a_bad_policy_before_touching_the_stack(tmp_path) -> None:
     assert "[train.eval]" in CliRunner().invoke(app, ["eval", "--help"]).output
 
 
+def test_train_refuses_a_frozen_engine_before_touching_the_stack(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from trajflow.cli import app
+
+    env = {"TRAJFLOW_STATE_DIR": str(tmp_path), "TRAJFLOW_TEMPORAL_ADDRESS": "127.0.0.1:1"}  # nothing listens there
+    for command in (["train"], ["chaos", "--config"]):
+        r = CliRunner().invoke(app, [*command, "trajflow/configs/openai.toml"], env=env)
+        assert r.exit_code == 2, r.output
+        assert 'engine = "openai" serves a frozen policy (v0' in r.output and 'engine = "hf" or "vllm"' in r.output
+
+
 def test_train_with_a_bad_config_exits_2() -> None:
     from typer.testing import CliRunner
 

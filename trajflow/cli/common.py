@@ -90,6 +90,21 @@ def publish_envs(config: RunConfig) -> RunConfig:
     return published(lambda store, wheel_cache: publish_config(config, store, wheel_cache, say))
 
 
+def check_trainable(config: RunConfig) -> None:
+    """Exit 2 when the config decodes on a frozen policy (`engine = "openai"`), which never loads the versions a run's
+    trainer publishes (the training workflow refuses such a pool too, `workflows.preflight`)."""
+    if config.model.engine == "openai":
+        version = config.model.openai.policy_version if config.model.openai else 0
+        typer.secho(
+            f'[model] engine = "openai" serves a frozen policy (v{version} of the server model): it never loads the '
+            "versions a training run publishes, so the run would train one step and then wait for ever. Train with "
+            'engine = "hf" or "vllm"; use this config for eval and rollouts',
+            fg="red",
+            err=True,
+        )
+        raise typer.Exit(2)
+
+
 def check_tools(config: RunConfig, tasks: list[TaskConfig] | None = None) -> None:
     """Exit 2 when one of `tasks` (default: the config's) declares `tools = true` but the model's chat template has
     no tools (its tokenizer read from `[model] name_or_path` as the workers resolve it; only if one declares tools)."""

@@ -15,6 +15,7 @@ import typer
 
 from trajflow.cli.common import DEFAULT_CONFIG, ConfigOpt, app, config_file
 from trajflow.cli.common import check_tools as _check_tools
+from trajflow.cli.common import check_trainable as _check_trainable
 from trajflow.cli.common import exit_now as _exit
 from trajflow.cli.common import load_config as _config
 from trajflow.cli.common import publish_envs as _publish_envs
@@ -129,7 +130,9 @@ def train(
         _say(f"run {run_id} is already running: attaching to it (trajflow attach {run_id}), not starting it again")
         _attach(run_id, json_summary, no_eval)
         return
-    config = _publish_envs(_config(config_path))
+    config = _config(config_path)
+    _check_trainable(config)
+    config = _publish_envs(config)
     overrides = {"sync": True, "alpha": 0} if sync else {}
     if alpha is not None:
         overrides["alpha"] = alpha
@@ -335,6 +338,8 @@ def chaos(
     from trajflow.lab.chaos import harness as chaos_mod
     from trajflow.lab.chaos import report as chaos_report
 
+    cfg = _config(config)
+    _check_trainable(cfg)
     settings = load_settings()
     if not settings.temporal_embedded:
         typer.secho(
@@ -344,7 +349,7 @@ def chaos(
             err=True,
         )
         _exit(2)
-    cfg = _publish_envs(_config(config))
+    cfg = _publish_envs(cfg)
     try:
         stack.up(settings, cfg, config, _say)
     except (RuntimeError, TimeoutError, ValueError) as e:

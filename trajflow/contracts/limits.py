@@ -64,6 +64,8 @@ EnvPackage = Annotated[str, Field(max_length=MAX_ID_CHARS)]
 SystemPrompt = Annotated[str, Field(max_length=MAX_SYSTEM_PROMPT_CHARS)]
 WorkflowIdRef = Annotated[str, Field(max_length=MAX_ID_CHARS)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
+ContextBudget = Annotated[int, Field(ge=2, le=2**20)] | None
+"""Tokens of prompt plus completion one turn may hold (`TrajectoryRequest.max_context_tokens`); None: the model's."""
 PoolName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 """Letters, digits, `_`, `.` and `-`: a pool name becomes part of task-queue names."""
 

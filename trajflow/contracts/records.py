@@ -112,6 +112,9 @@ class TrajectoryRecord(Contract):
     env_recoveries: int
     error: str | None = None
     timings: dict[str, float] = Field(default_factory=dict)
+    context_full: bool = False
+    """The episode ended because its next prompt filled the context budget (`TrajectoryRequest.max_context_tokens`):
+    completed and scored, truncated."""
 
     @model_validator(mode="before")
     @classmethod

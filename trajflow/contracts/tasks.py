@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field
 
 from trajflow.contracts.base import Contract
-from trajflow.contracts.limits import EnvId, EnvKwargs, EnvPackage, Name, SystemPrompt
+from trajflow.contracts.limits import ContextBudget, EnvId, EnvKwargs, EnvPackage, Name, SystemPrompt
 from trajflow.contracts.reward_models import RewardModelConfig
 from trajflow.contracts.trajectory import (
     DEFAULT_ENV_ID,
@@ -35,6 +35,9 @@ class TaskConfig(Contract):
     unless the model's chat template renders tools. A request with tools on a task without it is answered where the
     template renders tools, and fails its trajectory where it does not."""
     max_turns: Annotated[int, Field(ge=1, le=200)] = 8
+    max_context_tokens: ContextBudget = None
+    """The task's context budget: prompt plus new tokens of a turn within it and the model's positions (None: the
+    model's positions). An episode that reaches it ends as completed (truncated) and is scored by its reward rule."""
     system_prompt: SystemPrompt = DEFAULT_SYSTEM_PROMPT
     sampling: SamplingParams = SamplingParams()
     reward_fn: Name = "env_outcome"
@@ -55,6 +58,7 @@ class TaskConfig(Contract):
             "env_package": self.env_package,
             "seed": seed,
             "max_turns": self.max_turns,
+            "max_context_tokens": self.max_context_tokens,
             "system_prompt": self.system_prompt,
             "sampling": self.sampling,
             "reward_fn": self.reward_fn,

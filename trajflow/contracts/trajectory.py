@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
+from trajflow.contracts import limits
 from trajflow.contracts.base import ChatMessage, Contract, FiniteFloat, JsonScalar, ToolCall
 from trajflow.contracts.envs import EnvCloseInput as EnvCloseInput
 from trajflow.contracts.envs import EnvResetInput as EnvResetInput
@@ -114,6 +115,10 @@ class TrajectoryRequest(Contract):
     object-store URI, set when the run or rollout is submitted (`trajflow/envs/user/`); empty for every other kind."""
     max_turns: Annotated[int, Field(ge=1, le=200)] = 8
     """Turn limit on our side; the episode ends as completed (truncated) when it is reached."""
+    max_context_tokens: limits.ContextBudget = None
+    """The episode's context budget: prompt plus new tokens of a turn stay within it and the model's positions
+    (whichever is smaller; None: the model's). A turn's new tokens are cut to what is left, and a turn whose prompt
+    leaves no room ends the episode as completed (truncated), scored by its reward rule like any other."""
     system_prompt: SystemPrompt = DEFAULT_SYSTEM_PROMPT
     """First chat message; empty means the model's chat template default."""
     sampling: SamplingParams = SamplingParams()
@@ -190,6 +195,7 @@ class TrajectoryRequest(Contract):
             sampling=self.sampling.for_turn(turn),
             min_policy_version=self.min_policy_version,
             policy=self.policy,
+            max_context_tokens=self.max_context_tokens,
         )
 
     def score_request(
@@ -240,6 +246,8 @@ class GenerateInput(Contract):
     min_policy_version: int = 0
     policy: str = ""
     """Whose weights: a training run id, or empty for the initial model."""
+    max_context_tokens: limits.ContextBudget = None
+    """The episode's context budget (`TrajectoryRequest.max_context_tokens`), within the engine's positions."""
 
 
 class GenerateResult(Contract):
@@ -326,6 +334,8 @@ class SaveTrajectoryInput(Contract):
     env_recoveries: int
     error: str | None = None
     timings: dict[str, float] = Field(default_factory=dict)
+    context_full: bool = False
+    """The episode ended because its next prompt filled the context budget (`max_context_tokens`)."""
 
 
 class SaveTrajectoryResult(Contract):

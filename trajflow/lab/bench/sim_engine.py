@@ -62,6 +62,8 @@ class SimulatedEngine:
         self.name = name
         self.version = 0
         self.weights = weights
+        self.follows_training = weights is not None
+        self.max_positions: int | None = None
         self.slots = slots
         self.unit_s = unit_s
         self.median_units = median_units

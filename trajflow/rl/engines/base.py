@@ -93,6 +93,19 @@ class Engine(Protocol):
     """Policy version of the loaded weights (0 for the initial model)."""
     name: str
 
+    @property
+    def follows_training(self) -> bool:
+        """Whether the engine loads each version a training run publishes (from its `WeightSource`). False for a
+        frozen policy (a remote server's, or an engine without weights): a training run on its pool is refused at
+        its start (`workflows.preflight`), since its requests would wait for versions it never reaches."""
+        ...
+
+    @property
+    def max_positions(self) -> int | None:
+        """The most tokens, prompt and completion together, one sequence may hold (the model's positions, or the
+        server's context length); None when unknown. The decode activity keeps each turn within it."""
+        ...
+
     async def start(self) -> None: ...
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, policy: str = "") -> Completion:
@@ -107,6 +120,12 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
     def stats(self) -> dict[str, float]: ...
+
+
+def config_positions(model_config: Any) -> int | None:
+    """A transformers model config's positions (`max_position_embeddings`), None when it does not say."""
+    positions = getattr(model_config, "max_position_embeddings", None)
+    return positions if isinstance(positions, int) and positions > 0 else None
 
 
 def eos_ids(tokenizer: Any, model_config: Any = None) -> list[int]:

@@ -59,7 +59,7 @@ from typing import Any, cast
 import torch
 
 from trajflow.contracts.trajectory import SamplingParams
-from trajflow.rl.engines.base import Completion, WeightSource, eos_ids, trim_at_eos
+from trajflow.rl.engines.base import Completion, WeightSource, config_positions, eos_ids, trim_at_eos
 from trajflow.rl.engines.prefix_cache import PrefixCache, batch_past, keep_batch
 from trajflow.rl.engines.sampling import SeededSampler
 
@@ -149,16 +149,18 @@ class HFEngine:
         as `auto` into one); `dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny
         model); `weights` None serves the initial model only; `prefix_cache_bytes` > 0 keeps up to that many bytes of
         keys and values of earlier prompts and completions (`trajflow.rl.engines.prefix_cache`; 0: none)."""
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.model_path = Path(model_path)
         self.name = self.model_path.name
+        self.max_positions = config_positions(AutoConfig.from_pretrained(self.model_path))
         self.version = 0
         self.policy = ""
         """The policy whose weights are loaded ("" = the initial model)."""
         self.weights = weights
+        self.follows_training = weights is not None
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.device = torch.device(device)

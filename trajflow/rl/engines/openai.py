@@ -130,6 +130,7 @@ class OpenAIEngine:
         self._eos = eos_ids(self.tokenizer, config)
         self.max_model_len: int | None = None
         """The server's context length, when its model list says (vLLM does); known after `start()`."""
+        self.follows_training = False  # frozen: see the module docstring
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             base_url=server.base_url,
@@ -173,6 +174,11 @@ class OpenAIEngine:
     async def close(self) -> None:
         """Close the connection pool; requests still waiting fail."""
         await self._http.aclose()
+
+    @property
+    def max_positions(self) -> int | None:
+        """The server's context length (`max_model_len`, known after `start()`), None when it does not say."""
+        return self.max_model_len
 
     def stats(self) -> dict[str, float]:
         return self._stats.as_dict()

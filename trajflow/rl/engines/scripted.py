@@ -24,6 +24,8 @@ class ScriptedEngine:
         self.tokenizer = tokenizer
         self.version = 0
         self.weights = weights
+        self.follows_training = weights is not None
+        self.max_positions: int | None = None
         self.name = name
         self._script = [script] if isinstance(script, str) else list(script)
         if not self._script:

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trajflow.contracts.trajectory import SamplingParams
-from trajflow.rl.engines.base import Completion, WeightSource, eos_ids
+from trajflow.rl.engines.base import Completion, WeightSource, config_positions, eos_ids
 
 
 def _vllm(module: str = "vllm") -> Any:
@@ -151,8 +151,11 @@ class VLLMEngine:
         self.max_model_len = max_model_len
         self.enforce_eager = enforce_eager
         self.seed = seed if seed is not None else secrets.randbits(31)
+        self.follows_training = weights is not None
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self._eos = eos_ids(self.tokenizer, AutoConfig.from_pretrained(self.model_path))
+        model_config = AutoConfig.from_pretrained(self.model_path)
+        self.max_positions = max_model_len or config_positions(model_config)
+        self._eos = eos_ids(self.tokenizer, model_config)
         self._llm: Any = None
         self._closed = False
         self._loaded: _Weights | None = _INITIAL
