@@ -34,11 +34,29 @@ def test_cpusets_parse_like_docker_and_taskset() -> None:
         ({"name": "a", "runs": ["decode"], "device": "gpu"}, "auto, cpu, cuda"),
         ({"name": "A b", "runs": ["decode"]}, "pattern"),
         ({"name": "a", "runs": []}, "at least 1"),
+        ({"name": "a", "runs": ["decode"], "gpus": "0,,1"}, "distinct GPU indexes or UUIDs"),
+        ({"name": "a", "runs": ["decode"], "gpus": "1,1"}, "distinct GPU indexes or UUIDs"),
+        ({"name": "a", "runs": ["decode"], "gpus": "1, 2"}, "distinct GPU indexes or UUIDs"),
+        # the host's GPUs are renumbered from 0 where its workers run: gpus "1" is their cuda:0
+        ({"name": "a", "runs": ["decode"], "gpus": "1", "device": "cuda:1"}, r"renumbered from 0, as cuda:0..cuda:0"),
+        ({"name": "a", "runs": ["decode"], "gpus": "", "device": "cuda"}, "gives it no GPU"),
     ],
 )
 def test_bad_hosts_are_rejected_with_the_reason(host: dict, match: str) -> None:
     with pytest.raises(ValidationError, match=match):
         hw(host)
+
+
+def test_gpus_name_the_hosts_gpus_and_the_device_counts_them_from_0() -> None:
+    two, none, inherit = hw(
+        {"name": "a", "runs": ["decode"], "gpus": "2,3", "device": "cuda:1"},
+        {"name": "b", "runs": ["trainer"], "gpus": "", "device": "cpu"},
+        {"name": "c", "runs": ["env"], "device": "cuda:3"},  # no gpus: whatever it sees, unchecked here
+    ).hosts
+    assert two.gpu_ids() == ["2", "3"] and none.gpu_ids() == [] and inherit.gpu_ids() is None
+    assert hw({"name": "u", "runs": ["decode"], "gpus": "GPU-8932f937-d72c-4106"}).hosts[0].gpu_ids() == [
+        "GPU-8932f937-d72c-4106"
+    ]
 
 
 def test_a_pool_runs_on_one_host_only_but_decode_pools_may_have_replicas() -> None:

@@ -7,8 +7,8 @@ name = "decode"
 runs = ["decode"]            # every decode pool; "decode:fast" names one pool
 cpus = "0-3"                 # a cpuset
 threads = 4                  # torch / OpenMP threads of each torch worker on this host
-device = "auto"              # auto | cpu | cuda | cuda:N
-gpus = "0"                   # CUDA_VISIBLE_DEVICES of the host's workers
+device = "auto"              # auto | cpu | cuda | cuda:N (N counts the host's own GPUs from 0)
+gpus = "0"                   # the machine's GPUs this host gets
 memory = "16g"
 ```
 
@@ -47,6 +47,7 @@ WorkerKind = Literal["orchestrator", "reward-service", "decode", "env", "reward"
 _RUN = re.compile(r"^(orchestrator|reward-service|(decode|env|reward|trainer)(:[A-Za-z0-9_.-]+)?)$")
 _CPUSET = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+_GPU = re.compile(r"^[A-Za-z0-9][A-Za-z0-9/_-]*$")  # an index, or a GPU or MIG UUID
 
 
 def parse_cpuset(cpus: str) -> list[int]:
@@ -77,9 +78,13 @@ class HostConfig(Contract):
     """Memory limit (`"8g"`) of the host's container under `--hosts`; the embedded stack does not limit memory."""
     device: str = "auto"
     """Where the decode engine and the trainer compute: `auto` (a GPU when one is visible, else the CPU), `cpu`,
-    `cuda`, `cuda:N`."""
+    `cuda`, `cuda:N`. With `gpus` set the workers see only those, renumbered from 0: `cuda:N` is the host's N-th
+    GPU, and `auto` must find one (a worker that sees none fails at start, naming the host)."""
     gpus: str | None = None
-    """`CUDA_VISIBLE_DEVICES` of the host's workers (`"0"`, `"0,1"`, `""` for none). None: inherit."""
+    """The machine's GPUs this host gets, by index or UUID as `nvidia-smi` lists them (`"0"`, `"2,3"`; `""` for
+    none). The embedded stack sets its workers' `CUDA_VISIBLE_DEVICES` to them; `trajflow up --hosts` gives them to
+    the host's container (a device request), where they are renumbered from 0. None: inherit (whatever the
+    process or container sees)."""
 
     @field_validator("runs")
     @classmethod
@@ -106,6 +111,36 @@ class HostConfig(Contract):
         if not _DEVICE.match(device):
             raise ValueError(f"device {device!r}: use auto, cpu, cuda or cuda:N")
         return device
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_list(cls, gpus: str | None) -> str | None:
+        if gpus:
+            ids = gpus.split(",")
+            if not all(_GPU.match(i) for i in ids) or len(set(ids)) != len(ids):
+                raise ValueError(f"gpus {gpus!r} is not a list of distinct GPU indexes or UUIDs like '0' or '2,3'")
+        return gpus
+
+    @model_validator(mode="after")
+    def _device_is_among_the_gpus(self) -> HostConfig:
+        ids = self.gpu_ids()
+        if ids is None or not self.device.startswith("cuda"):
+            return self
+        index = int(self.device.partition(":")[2] or 0)
+        if not ids:
+            raise ValueError(f"host {self.name!r}: device {self.device!r}, but gpus '' gives it no GPU")
+        if index >= len(ids):
+            raise ValueError(
+                f"host {self.name!r}: device {self.device!r} is not among its gpus {self.gpus!r}: its workers see "
+                f"them renumbered from 0, as cuda:0..cuda:{len(ids) - 1}"
+            )
+        return self
+
+    def gpu_ids(self) -> list[str] | None:
+        """The GPUs of `gpus` (`[]` for `""`: none); None when `gpus` is unset."""
+        if self.gpus is None:
+            return None
+        return self.gpus.split(",") if self.gpus else []
 
     def kinds(self) -> list[str]:
         """The worker kinds this host runs, in the order of `WORKER_KINDS`."""
