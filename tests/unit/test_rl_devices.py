@@ -53,6 +53,26 @@ def test_a_gpu_asked_for_where_none_is_visible_is_a_clear_error(monkeypatch: pyt
         resolve_device("gpu")
 
 
+def test_the_visible_count_can_be_given_instead_of_asking_torch() -> None:
+    assert resolve_device("auto", visible=2) == "cuda" and resolve_device("auto", visible=0) == "cpu"
+    assert resolve_device("cuda:1", visible=2) == "cuda:1"
+    with pytest.raises(DeviceUnavailable, match="sees no CUDA GPU"):
+        resolve_device("cuda", visible=0)
+
+
+def test_a_host_given_gpus_fails_when_its_worker_sees_fewer(monkeypatch: pytest.MonkeyPatch) -> None:
+    devices.require_gpus(None, None, visible=0)  # nothing expected: no host, or one with gpus unset or ""
+    devices.require_gpus(0, "cpu-host", visible=0)
+    devices.require_gpus(2, "gpu", visible=2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    sees = r"this worker sees 1 \(torch .*, CUDA build: .*, CUDA_VISIBLE_DEVICES='0,1'\)"
+    with pytest.raises(DeviceUnavailable, match=rf"host 'gpu' was given 2 GPU\(s\), but {sees}; it will not fall back"):
+        devices.require_gpus(2, "gpu", visible=1)
+    _gpus(monkeypatch, 0)  # what torch says when no visible count is given
+    with pytest.raises(DeviceUnavailable, match="host 'gpu' was given 1 GPU"):
+        devices.require_gpus(1, "gpu")
+
+
 def test_decode_precision_follows_the_resolved_device(monkeypatch: pytest.MonkeyPatch) -> None:
     _gpus(monkeypatch, 1)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
