@@ -8,6 +8,10 @@ call `torch.set_num_threads`: a pool of one thread per core in every busy torch 
 small machine (threads spin at barriers). `placement` adds the host's cpuset, checked against the CPUs this
 process may use, for a launcher that pins processes itself (the embedded stack: `infra.processes.start_detached`).
 
+GPUs: a host's `gpus` become `CUDA_VISIBLE_DEVICES` (`""`: every GPU hidden), and a decode or trainer worker on a
+host with GPUs gets `TRAJFLOW_EXPECT_GPUS` (how many) and `TRAJFLOW_HARDWARE_HOST` (the host's name): it fails at
+start when it sees fewer (`trajflow.rl.devices.require_gpus`), so `device = "auto"` never quietly means the CPU.
+
 Limits: pure and torch-free; it pins nothing itself (the embedded launcher does, Docker's `--cpuset-cpus` does for
 containers). The embedded stack runs one process per worker kind (and `[pools] decode_replicas` decode processes,
 each counted as a torch worker when threads are shared out), so a kind whose pools sit on different hosts takes the
@@ -39,7 +43,7 @@ def usable_cpus() -> set[int]:
 def worker_env(config: RunConfig, kind: str, pool: str | None = None, cpu_count: int | None = None) -> dict[str, str]:
     """The variables for the worker of `kind` (serving `pool`, or the kind's first pool): `TRAJFLOW_DEVICE`,
     and for torch kinds `TRAJFLOW_THREADS` and `OMP_NUM_THREADS`; `CUDA_VISIBLE_DEVICES` where the host sets
-    `gpus`. `cpu_count` None: the CPUs this process may use."""
+    `gpus`, and for torch kinds the GPUs they must see. `cpu_count` None: the CPUs this process may use."""
     host = config.hardware.host_of(kind, pool if pool is not None else _first_pool(config, kind))
     return worker_env_on(config, host, kind, cpu_count)
 
@@ -56,8 +60,11 @@ def worker_env_on(
         threads = hardware.threads_for(host, cpu_count or len(usable_cpus()), replicas)
         env["TRAJFLOW_THREADS"] = str(threads)
         env["OMP_NUM_THREADS"] = str(threads)
-    if host is not None and host.gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = host.gpus
+    gpus = host.gpu_ids() if host is not None else None
+    if host is not None and gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        if gpus and kind in TORCH_KINDS:
+            env |= {"TRAJFLOW_EXPECT_GPUS": str(len(gpus)), "TRAJFLOW_HARDWARE_HOST": host.name}
     return env
 
 

@@ -68,6 +68,12 @@ class Settings(BaseSettings):
     threads: int | None = None
     """torch intra-op threads of this process; None: torch's own default. Launchers set it from the hardware
     section, so that busy workers sharing cores never oversubscribe them."""
+    expect_gpus: int | None = None
+    """How many GPUs the host this worker was placed on was given (its `gpus`); the decode and trainer workers fail
+    at start when they see fewer (`trajflow.rl.devices.require_gpus`), rather than compute on the CPU. Launchers set
+    it with the placement (`infra.placement`); None: nothing is expected."""
+    hardware_host: str | None = None
+    """The name of the run config's `[[hardware.hosts]]` entry this worker was placed on, for errors about it."""
     host_name: str | None = None
     """The host this worker runs as, when a launcher placed it (`trajflow up --hosts` sets the container's name,
     unique on its Docker engine); labelled on sandboxes so a restarted env host reaps its predecessor's."""

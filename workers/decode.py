@@ -41,6 +41,8 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
     from trajflow.rl.engines.load import decode_device, decode_precision, load_engine
 
     threads = devices.set_threads(settings.threads)
+    if model.openai is None:  # the openai engine computes nothing here: its server has the GPUs
+        devices.require_gpus(settings.expect_gpus, settings.hardware_host)  # never the CPU where GPUs were given
     store = open_store_from(settings)
     worker_id = new_worker_id()
     sweep_dead_worker_caches(settings.cache_dir / "policies", socket.gethostname())

@@ -68,6 +68,7 @@ async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) ->
     from trajflow.rl.precision import choose_precision
 
     threads = devices.set_threads(settings.threads)
+    devices.require_gpus(settings.expect_gpus, settings.hardware_host)  # never the CPU where GPUs were given
     device = devices.resolve_device(settings.device)
     distributed.join_launched_group()
     grouped = torch.distributed.is_initialized()

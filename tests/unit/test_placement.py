@@ -42,9 +42,12 @@ def test_a_host_gives_its_device_gpus_and_threads() -> None:
         "TRAJFLOW_DEVICE": "cuda:0",
         "TRAJFLOW_THREADS": "3",
         "OMP_NUM_THREADS": "3",
-        "CUDA_VISIBLE_DEVICES": "1",
+        "CUDA_VISIBLE_DEVICES": "1",  # the machine's GPU 1: the embedded stack's workers run on this machine
+        "TRAJFLOW_EXPECT_GPUS": "1",  # and fail at start where they see none
+        "TRAJFLOW_HARDWARE_HOST": "gpu",
     }
-    assert worker_env(cfg, "decode", "default", cpu_count=8)["CUDA_VISIBLE_DEVICES"] == ""
+    assert worker_env(cfg, "decode", "default", cpu_count=8)["CUDA_VISIBLE_DEVICES"] == ""  # "": every GPU hidden
+    assert "TRAJFLOW_EXPECT_GPUS" not in worker_env(cfg, "decode", "default", cpu_count=8)
     assert worker_env(cfg, "decode", "default", cpu_count=8)["TRAJFLOW_THREADS"] == "3"
 
 
