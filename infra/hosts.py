@@ -4,7 +4,8 @@ Each host (`[[hardware.hosts]]`, or one host per worker kind for a config that p
 `HardwareConfig.with_defaults`) is a container of the worker image (`trajflow.sandbox.builder.worker_image`) running
 `trajflow worker host NAME`, named `<prefix>-<host>` (prefix: `TRAJFLOW_HOSTS_PREFIX`, default `trajflow`) on its own
 user-defined bridge network `<prefix>-net`: its own network namespace, its own CPU set (`--cpuset-cpus` from
-`cpus`), memory limit (`memory`) and GPUs (a device request from `gpus`; untested here, no GPU). Nothing is shared
+`cpus`), memory limit (`memory`) and GPUs (a device request from `gpus`, which the container sees renumbered from 0:
+its workers get those ids, `TRAJFLOW_GPUS_GIVEN`; the request itself is untested here, no GPU). Nothing is shared
 but TCP:
 - Temporal: the dev server, started on this machine as `trajflow up` starts it but listening on every address
   (`0.0.0.0`), so containers reach it at the network's gateway; its Web UI too. Use a firewall where that matters.
@@ -133,6 +134,7 @@ def host_env(
         "TRAJFLOW_REWARD_PORT": str(settings.reward_port),
         "TRAJFLOW_RUN_CONFIG": config_text,
         "TRAJFLOW_HOST_NAME": layout.container(host.name),
+        "TRAJFLOW_GPUS_GIVEN": "true",  # the device request below: its workers see the host's GPUs from 0
         "TRAJFLOW_TRACE_DIR": str(settings.traces_dir.resolve()),  # mounted: `trajflow trace` reads every host's
         **monitoring.host_container_env(settings),
     }
@@ -170,10 +172,11 @@ def container_options(settings: Settings, layout: Layout, host: HostConfig, env:
         opts["cpuset_cpus"] = host.cpus
     if host.memory:
         opts["mem_limit"] = host.memory
-    if host.gpus:
+    gpus = host.gpu_ids()
+    if gpus:  # "" or unset: no device request
         import docker.types
 
-        opts["device_requests"] = [docker.types.DeviceRequest(device_ids=host.gpus.split(","), capabilities=[["gpu"]])]
+        opts["device_requests"] = [docker.types.DeviceRequest(device_ids=gpus, capabilities=[["gpu"]])]
     traces = str(settings.traces_dir.resolve())
     opts["volumes"] = {traces: {"bind": traces, "mode": "rw"}}
     if "env" in host.kinds():

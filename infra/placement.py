@@ -8,9 +8,12 @@ call `torch.set_num_threads`: a pool of one thread per core in every busy torch 
 small machine (threads spin at barriers). `placement` adds the host's cpuset, checked against the CPUs this
 process may use, for a launcher that pins processes itself (the embedded stack: `infra.processes.start_detached`).
 
-GPUs: a host's `gpus` become `CUDA_VISIBLE_DEVICES` (`""`: every GPU hidden), and a decode or trainer worker on a
-host with GPUs gets `TRAJFLOW_EXPECT_GPUS` (how many) and `TRAJFLOW_HARDWARE_HOST` (the host's name): it fails at
-start when it sees fewer (`trajflow.rl.devices.require_gpus`), so `device = "auto"` never quietly means the CPU.
+GPUs: a host's `gpus` are the machine's ids, and become `CUDA_VISIBLE_DEVICES` (`""`: every GPU hidden) of a
+worker that runs on that machine (the embedded stack). Inside a container that was given them (`trajflow up --hosts`:
+a device request) they are renumbered from 0, so there `gpus_given` makes it the container's own `0..n-1`. A decode
+or trainer worker on a host with GPUs also gets `TRAJFLOW_EXPECT_GPUS` (how many) and `TRAJFLOW_HARDWARE_HOST` (the
+host's name): it fails at start when it sees fewer (`trajflow.rl.devices.require_gpus`), so `device = "auto"` never
+quietly means the CPU.
 
 Limits: pure and torch-free; it pins nothing itself (the embedded launcher does, Docker's `--cpuset-cpus` does for
 containers). The embedded stack runs one process per worker kind (and `[pools] decode_replicas` decode processes,
@@ -49,10 +52,13 @@ def worker_env(config: RunConfig, kind: str, pool: str | None = None, cpu_count:
 
 
 def worker_env_on(
-    config: RunConfig, host: HostConfig | None, kind: str, cpu_count: int | None = None
+    config: RunConfig, host: HostConfig | None, kind: str, cpu_count: int | None = None, *, gpus_given: bool = False
 ) -> dict[str, str]:
     """`worker_env` of the worker of `kind` on `host` (None: the defaults): what a host that runs it passes, since a
-    decode pool may run on several hosts, each with its own device and CPUs."""
+    decode pool may run on several hosts, each with its own device and CPUs. `gpus_given`: the worker runs in a
+    container that was already given the host's GPUs, which it sees as 0..n-1; `CUDA_VISIBLE_DEVICES` is then those
+    ids rather than left unset, so a value the image or platform set cannot leak in, and `gpus = ""` still hides a
+    GPU the runtime exposes anyway. False: `gpus` are ids of the machine the worker runs on, taken as they are."""
     hardware = config.hardware
     env = {"TRAJFLOW_DEVICE": host.device if host is not None else "auto"}
     if kind in TORCH_KINDS:
@@ -62,7 +68,7 @@ def worker_env_on(
         env["OMP_NUM_THREADS"] = str(threads)
     gpus = host.gpu_ids() if host is not None else None
     if host is not None and gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(len(gpus))) if gpus_given else gpus)
         if gpus and kind in TORCH_KINDS:
             env |= {"TRAJFLOW_EXPECT_GPUS": str(len(gpus)), "TRAJFLOW_HARDWARE_HOST": host.name}
     return env

@@ -72,6 +72,11 @@ class Settings(BaseSettings):
     """How many GPUs the host this worker was placed on was given (its `gpus`); the decode and trainer workers fail
     at start when they see fewer (`trajflow.rl.devices.require_gpus`), rather than compute on the CPU. Launchers set
     it with the placement (`infra.placement`); None: nothing is expected."""
+    gpus_given: bool = False
+    """This process runs in a container that its launcher already gave its host's GPUs (a Docker device request, a
+    pod's GPU limit), which shows them renumbered from 0: `trajflow worker host` then gives its workers the
+    container's own GPU ids, not the config's `gpus`, which name the machine's (`infra.placement.worker_env_on`).
+    `trajflow up --hosts` sets it in every host container."""
     hardware_host: str | None = None
     """The name of the run config's `[[hardware.hosts]]` entry this worker was placed on, for errors about it."""
     host_name: str | None = None

@@ -3,9 +3,10 @@
 This is what a container of the worker image runs under `trajflow up --hosts` (`trajflow worker host NAME`): the
 host's entry in `[[hardware.hosts]]` (or, for a config that places nothing, the default layout of one host per
 worker kind, `HardwareConfig.with_defaults`) says which kinds and pools; each child gets its placement variables
-(`infra.placement.worker_env_on`: device, threads, GPUs). The reward service listens on every address of the host,
-on `TRAJFLOW_REWARD_PORT`. When any child exits the others are stopped and the host exits with that child's code,
-so a container platform sees a dead host as dead (and restarts it); SIGTERM stops every child.
+(`infra.placement.worker_env_on`: device, threads, GPUs; the container's own GPU ids where its launcher gave it the
+host's GPUs, `Settings.gpus_given`, as `trajflow up --hosts` does). The reward service listens on every address of
+the host, on `TRAJFLOW_REWARD_PORT`. When any child exits the others are stopped and the host exits with that
+child's code, so a container platform sees a dead host as dead (and restarts it); SIGTERM stops every child.
 
 Limits: children are not restarted here (that is the platform's job); the cpuset and memory limit are the
 container's, not set here.
@@ -42,10 +43,16 @@ def declared_pools(config: RunConfig) -> dict[str, list[str]]:
 
 
 def host_plan(
-    config: RunConfig, host_name: str, reward_port: int, config_path: Path | None, metrics: bool = False
+    config: RunConfig,
+    host_name: str,
+    reward_port: int,
+    config_path: Path | None,
+    metrics: bool = False,
+    gpus_given: bool = False,
 ) -> list[Child]:
     """The processes of `host_name`; raises ValueError naming the hosts there are when it is not one of them.
-    `metrics`: each worker serves `/metrics` on its fixed port (`infra.monitoring.HOST_PORTS`)."""
+    `metrics`: each worker serves `/metrics` on its fixed port (`infra.monitoring.HOST_PORTS`). `gpus_given`: this
+    runs in a container already given the host's GPUs (`infra.placement.worker_env_on`)."""
     config.pools.check_one_process_per_pool("on hosts")
     declared = declared_pools(config)
     hardware = config.hardware.with_defaults(declared)
@@ -68,7 +75,11 @@ def host_plan(
                 continue
             model_cfg = cfg if kind in ("decode", "trainer") else []
             argv = [*trajflow, kind, *model_cfg, *[a for p in pools for a in ("--pool", p)]]
-            children.append(Child(kind, argv, worker_env_on(placed, host, kind) | _metrics_env(kind, metrics)))
+            children.append(
+                Child(
+                    kind, argv, worker_env_on(placed, host, kind, gpus_given=gpus_given) | _metrics_env(kind, metrics)
+                )
+            )
     return children
 
 

@@ -258,7 +258,8 @@ def worker_host(
     try:
         settings = load_settings()
         path = None if is_default_config(config) else config
-        children = host_plan(cfg, name, settings.reward_port, path, metrics=settings.prometheus_port != 0)
+        metrics = settings.prometheus_port != 0
+        children = host_plan(cfg, name, settings.reward_port, path, metrics=metrics, gpus_given=settings.gpus_given)
     except ValueError as e:
         typer.secho(str(e), fg="red", err=True)
         raise typer.Exit(2) from None
