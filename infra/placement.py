@@ -11,9 +11,9 @@ process may use, for a launcher that pins processes itself (the embedded stack: 
 GPUs: a host's `gpus` are the machine's ids, and become `CUDA_VISIBLE_DEVICES` (`""`: every GPU hidden) of a
 worker that runs on that machine (the embedded stack). Inside a container that was given them (`trajflow up --hosts`:
 a device request) they are renumbered from 0, so there `gpus_given` makes it the container's own `0..n-1`. A decode
-or trainer worker on a host with GPUs also gets `TRAJFLOW_EXPECT_GPUS` (how many) and `TRAJFLOW_HARDWARE_HOST` (the
-host's name): it fails at start when it sees fewer (`trajflow.rl.devices.require_gpus`), so `device = "auto"` never
-quietly means the CPU.
+or trainer worker on a host with GPUs (and a device other than `cpu`) also gets `TRAJFLOW_EXPECT_GPUS` (how many)
+and `TRAJFLOW_HARDWARE_HOST` (the host's name): it fails at start when it sees fewer
+(`trajflow.rl.devices.require_gpus`), so `device = "auto"` never quietly means the CPU.
 
 Limits: pure and torch-free; it pins nothing itself (the embedded launcher does, Docker's `--cpuset-cpus` does for
 containers). The embedded stack runs one process per worker kind (and `[pools] decode_replicas` decode processes,
@@ -69,7 +69,7 @@ def worker_env_on(
     gpus = host.gpu_ids() if host is not None else None
     if host is not None and gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(len(gpus))) if gpus_given else gpus)
-        if gpus and kind in TORCH_KINDS:
+        if gpus and kind in TORCH_KINDS and host.device != "cpu":  # `cpu` asks for the CPU: nothing to check
             env |= {"TRAJFLOW_EXPECT_GPUS": str(len(gpus)), "TRAJFLOW_HARDWARE_HOST": host.name}
     return env
 

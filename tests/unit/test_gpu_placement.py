@@ -123,6 +123,9 @@ def test_the_embedded_stack_keeps_the_machines_gpu_ids_and_the_same_check() -> N
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"  # a process on this machine: the machine's ids, renumbered by CUDA
     assert env["TRAJFLOW_EXPECT_GPUS"] == "2" and env["TRAJFLOW_HARDWARE_HOST"] == "pair"
     assert host_plan(cfg, "one", 8799, None)[0].env["CUDA_VISIBLE_DEVICES"] == "1"  # `worker host` on a bare machine
+    on_cpu = parse_run_config('[[hardware.hosts]]\nname = "c"\nruns = ["trainer"]\ngpus = "0"\ndevice = "cpu"\n', "cpu")
+    env = placement(on_cpu, "trainer").env
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and "TRAJFLOW_EXPECT_GPUS" not in env  # it asked for the CPU
 
 
 @pytest.mark.parametrize("serve", [decode.serve, trainer.serve], ids=["decode", "trainer"])
