@@ -11,9 +11,13 @@ It measures, on `--device` (default auto: the GPU when one is visible):
 - decode: `trajflow.rl.engines.hf.HFEngine` generating `--new-tokens` tokens for a batch of 1, 16 and 64 random
   160-token prompts (sampled at T = 0.7, as the default job), in the dtype `trajflow.rl.engines.load.decode_precision`
   picks for the device; tokens/s = generated tokens / the engine's busy time;
-- train: `trajflow.rl.trainer.PolicyTrainer` steps of the default config's shape (trajflow/configs/default.toml [train]:
-  a batch of 16 episodes, micro_batch 8, train_last_layers 8, ppo_clip, autocast auto) on samples shaped like the
-  default job's (`trajflow.lab.bench.torch_work`); the first step is a warm-up and is not counted.
+- train: `trajflow.rl.trainer.PolicyTrainer` steps of the default config's shape, read from
+  trajflow/configs/default.toml's [train] (`default_train`: batch_size episodes a step, and its trainer settings as
+  they are: micro_batch, train_last_layers, loss, lr, autocast) on samples shaped like the default job's
+  (`trajflow.lab.bench.torch_work`); the first step is a warm-up and is not counted.
+
+`tests/gpu/test_gpu_smollm2.py` (`make test-gpu`) runs the same builders and rounds on CUDA and asserts on what they
+return.
 
 `--quick` shrinks the model (2 blocks, hidden 64), the batches and the steps: a smoke test that the path runs
 (the unit test runs it on the CPU), not a measurement. Python 3.11+ with torch, transformers, accelerate,
@@ -31,7 +35,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trajflow.contracts.trainer import TrainerConfig
+    from trajflow.lab.bench.torch_work import DecodeRound
+    from trajflow.rl.engines.base import Completion
+    from trajflow.rl.engines.hf import HFEngine
+    from trajflow.rl.engines.vllm import VLLMEngine
+    from trajflow.rl.precision import Precision
+    from trajflow.rl.samples import TrainSample
+    from trajflow.rl.trainer import PolicyTrainer
 
 SMOLLM2_135M = {
     "architectures": ["LlamaForCausalLM"],
@@ -58,9 +72,6 @@ SMOLLM2_135M = {
 QUICK = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}  # fmt: skip
 
-DEFAULT_TRAIN = {"batch": 32, "micro_batch": 8, "train_last_layers": 8}
-"""trajflow/configs/default.toml [train]: batch_size, trainer.micro_batch, trainer.train_last_layers (loss ppo_clip)."""
-
 
 def build_random_model(out: Path, quick: bool) -> Path:
     """Write SmolLM2's architecture (or the quick one) with random weights (seed 0) and a word-level tokenizer."""
@@ -84,45 +95,80 @@ def build_random_model(out: Path, quick: bool) -> Path:
     return out
 
 
-def check_decode(path: Path, device: str, batches: list[int], new_tokens: int) -> dict[str, Any]:
+def decode_engine(path: Path, device: str, max_batch: int) -> tuple[HFEngine, Precision]:
+    """The HF engine on `path` and `device` in the dtype the decode workers would pick there (not started)."""
     import torch
 
     from trajflow.contracts.config import ModelConfig
-    from trajflow.lab.bench.torch_work import decode_round, prompts
     from trajflow.rl.engines.hf import HFEngine
     from trajflow.rl.engines.load import decode_precision
 
     precision = decode_precision(ModelConfig(name_or_path=str(path)), device)
+    engine = HFEngine(path, max_batch=max_batch, batch_wait_ms=20, device=device, dtype=getattr(torch, precision.dtype))
+    return engine, precision
 
-    async def run() -> list[dict[str, Any]]:
-        engine = HFEngine(
-            path, max_batch=max(batches), batch_wait_ms=20, device=device, dtype=getattr(torch, precision.dtype)
-        )
+
+async def decode_rounds(
+    engine: HFEngine | VLLMEngine, batches: list[int], new_tokens: int
+) -> list[tuple[DecodeRound, list[Completion]]]:
+    """On a started engine: a warm-up round of 2 prompts (kernels, allocator), then one round a batch size, each of
+    that many random 160-token prompts sent at once (seeded by the batch size), sampled at T = 0.7."""
+    import torch
+    from transformers import AutoConfig
+
+    from trajflow.lab.bench.torch_work import generate_round, prompts
+
+    vocab = int(AutoConfig.from_pretrained(engine.model_path).vocab_size)
+    eos = set(engine._eos)
+    await generate_round(engine, prompts(2, vocab, seed=99, avoid=eos), 8)
+    rounds = []
+    for n in batches:
+        torch.manual_seed(n)
+        rounds.append(await generate_round(engine, prompts(n, vocab, seed=n, avoid=eos), new_tokens))
+    return rounds
+
+
+def check_decode(path: Path, device: str, batches: list[int], new_tokens: int) -> dict[str, Any]:
+    engine, precision = decode_engine(path, device, max(batches))
+
+    async def run() -> list[tuple[DecodeRound, list[Completion]]]:
         await engine.start()
-        vocab, eos = int(engine.model.config.vocab_size), set(engine._eos)
         try:
-            await decode_round(engine, prompts(2, vocab, seed=99, avoid=eos), 8)  # warm-up: kernels, allocator
-            rows = []
-            for n in batches:
-                torch.manual_seed(n)
-                r = await decode_round(engine, prompts(n, vocab, seed=n, avoid=eos), new_tokens)
-                rows.append({"batch": n, "new_tokens": new_tokens, "tokens": r.tokens, "seconds": r.seconds,
-                             "tokens_per_s": r.tokens_per_s})  # fmt: skip
-            return rows
+            return await decode_rounds(engine, batches, new_tokens)
         finally:
             await engine.close()
 
-    return {"dtype": precision.dtype, "dtype_reason": precision.reason, "batches": asyncio.run(run())}
+    rows = [{"batch": r.batch, "new_tokens": r.new_tokens, "tokens": r.tokens, "seconds": r.seconds,
+             "tokens_per_s": r.tokens_per_s} for r, _ in asyncio.run(run())]  # fmt: skip
+    return {"dtype": precision.dtype, "dtype_reason": precision.reason, "batches": rows}
 
 
-def check_train(path: Path, device: str, batch: int, micro_batch: int, last_layers: int, steps: int) -> dict[str, Any]:
-    from trajflow.contracts.training import TrainerConfig
-    from trajflow.lab.bench.torch_work import episode_samples, median, time_steps
+def default_train(quick: bool) -> tuple[int, TrainerConfig]:
+    """The default job's step: default.toml's batch_size and its trainer settings as they are. `quick`: 4 episodes,
+    micro-batches of 2, the last block only (the quick model has 2)."""
+    from trajflow.contracts.config import load_run_config
+
+    train = load_run_config("default").train
+    if quick:
+        return 4, train.trainer.model_copy(update={"micro_batch": 2, "train_last_layers": 1})
+    return train.batch_size, train.trainer
+
+
+def default_trainer(path: Path, device: str, quick: bool) -> tuple[PolicyTrainer, list[TrainSample]]:
+    """A `PolicyTrainer` on `path` and `device` with the default job's trainer settings, and a batch of the default
+    job's size shaped like its episodes (`default_train`)."""
+    from trajflow.lab.bench.torch_work import episode_samples
     from trajflow.rl.trainer import PolicyTrainer
 
-    config = TrainerConfig(lr=5e-5, micro_batch=micro_batch, train_last_layers=last_layers, autocast="auto")
+    batch, config = default_train(quick)
     trainer = PolicyTrainer(path, config, device=device)
-    samples = episode_samples(batch, int(trainer.unwrapped_model.config.vocab_size))
+    return trainer, episode_samples(batch, int(trainer.unwrapped_model.config.vocab_size))
+
+
+def time_train(trainer: PolicyTrainer, samples: list[TrainSample], steps: int) -> dict[str, Any]:
+    """One warm-up step, then `steps` timed steps; the figures and the trainer's settings."""
+    from trajflow.lab.bench.torch_work import median, time_steps
+
     metrics: dict[str, float] = {}
 
     def step() -> None:
@@ -131,13 +177,16 @@ def check_train(path: Path, device: str, batch: int, micro_batch: int, last_laye
     time_steps(step, samples, 1)  # warm-up
     timed = time_steps(step, samples, steps)
     seconds = [t.seconds for t in timed]
+    config = trainer.config
     return {
         "device": str(trainer.accelerator.device),
         "autocast": trainer.autocast.dtype,
         "autocast_reason": trainer.autocast.reason,
-        "batch": batch,
-        "micro_batch": micro_batch,
-        "train_last_layers": last_layers,
+        "batch": len(samples),
+        "micro_batch": config.micro_batch,
+        "train_last_layers": config.train_last_layers,
+        "loss": config.loss.kind,
+        "lr": config.lr,
         "tokens_per_step": timed[0].tokens,
         "step_s": seconds,
         "median_step_s": median(seconds),
@@ -157,9 +206,8 @@ def run(device: str, quick: bool, new_tokens: int | None = None, steps: int | No
         path = build_random_model(Path(tmp) / "smollm2-135m-random", quick)
         batches = [1, 4] if quick else [1, 16, 64]
         decode = check_decode(path, resolved, batches, new_tokens or (8 if quick else 128))
-        shape = {"batch": 4, "micro_batch": 2, "train_last_layers": 1} if quick else DEFAULT_TRAIN
-        train = check_train(path, resolved, shape["batch"], shape["micro_batch"], shape["train_last_layers"],
-                            steps or (1 if quick else 5))  # fmt: skip
+        trainer, samples = default_trainer(path, resolved, quick)
+        train = time_train(trainer, samples, steps or (1 if quick else 5))
     return {
         "device": devices.describe(resolved),
         "torch": torch.__version__,
@@ -182,7 +230,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  batch {row['batch']:3}: {row['tokens_per_s']:9.1f} tok/s ({took})")
     t = report["train"]
     lines.append(
-        f"train step (batch {t['batch']}, micro {t['micro_batch']}, last {t['train_last_layers']} blocks, "
+        f"train step (batch {t['batch']}, micro {t['micro_batch']}, last {t['train_last_layers']} blocks, {t['loss']}, "
         f"{t['tokens_per_step']} tokens, autocast {t['autocast']}): median {t['median_step_s']:.2f} s of {t['step_s']}"
     )
     return "\n".join(lines)

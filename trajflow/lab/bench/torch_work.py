@@ -3,8 +3,8 @@ engine (`trajflow.rl.engines.hf.HFEngine`) and optimizer steps of the trainer (`
 samples shaped like the default job's (trajflow/configs/default.toml: GuessTheNumber, up to 4 turns of at most 32 new
 tokens).
 
-Used by `trajflow.lab.bench.gpu_check` (a GPU, random weights) and `trajflow.lab.bench.contention` (two processes
-sharing the CPU). Imports
+Used by `trajflow.lab.bench.gpu_check` (a GPU, random weights; the GPU tests, tests/gpu, through it) and
+`trajflow.lab.bench.contention` (two processes sharing the CPU). The rounds take the HF engine or the vLLM one. Imports
 torch, transformers and `rl` only: no temporalio, docker or boto3, so it runs where only torch is installed.
 
 Sample shape (an estimate, not a recording): a 160-token prompt, then 1 to 4 turns (cycled over the batch) of 32
@@ -19,10 +19,15 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trajflow.contracts.trajectory import SamplingParams
-from trajflow.rl.engines.hf import HFEngine
 from trajflow.rl.samples import TrainSample
+
+if TYPE_CHECKING:
+    from trajflow.rl.engines.base import Completion
+    from trajflow.rl.engines.hf import HFEngine
+    from trajflow.rl.engines.vllm import VLLMEngine
 
 PROMPT_TOKENS = 160
 TURN_TOKENS = 32
@@ -57,10 +62,17 @@ def prompts(
 
 
 async def decode_round(
-    engine: HFEngine, batch: list[list[int]], new_tokens: int, temperature: float = 0.7
+    engine: HFEngine | VLLMEngine, batch: list[list[int]], new_tokens: int, temperature: float = 0.7
 ) -> DecodeRound:
     """Generate for every prompt of `batch` at once (the engine batches them) and time it. The engine must be
     started with `max_batch >= len(batch)`."""
+    return (await generate_round(engine, batch, new_tokens, temperature))[0]
+
+
+async def generate_round(
+    engine: HFEngine | VLLMEngine, batch: list[list[int]], new_tokens: int, temperature: float = 0.7
+) -> tuple[DecodeRound, list[Completion]]:
+    """`decode_round`, with the completions (in the order of `batch`)."""
     if engine.max_batch < len(batch):
         raise ValueError(f"the engine batches at most {engine.max_batch}, the round has {len(batch)} prompts")
     params = SamplingParams(temperature=temperature, max_new_tokens=new_tokens)
@@ -70,7 +82,8 @@ async def decode_round(
     ended = time.time()
     after = engine.stats()
     tokens = sum(len(c.token_ids) for c in completions)
-    return DecodeRound(len(batch), new_tokens, tokens, after["busy_s"] - before["busy_s"], started, ended)
+    seconds = after["busy_s"] - before["busy_s"]
+    return DecodeRound(len(batch), new_tokens, tokens, seconds, started, ended), completions
 
 
 def episode_samples(count: int, vocab: int, seed: int = 0) -> list[TrainSample]:
