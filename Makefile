@@ -30,8 +30,9 @@ VLLM_TESTS = .vllm-venv/bin/python -m pytest -ra -p no:cacheprovider tests/integ
 # shape on SmolLM2's architecture (random weights), the vLLM engine; on CUDA, each skipping with its reason where torch
 # sees no CUDA device. Run by GPU_PYTHON (default .venv's, set up first; the lock's torch is the CPU build, so on a GPU
 # machine name a Python with a CUDA torch, e.g. `make test-gpu GPU_PYTHON=python3`), then the vLLM test again by the
-# vLLM venv's (TRAJFLOW_VLLM_PYTHON, default .vllm-venv/bin/python, as infra.settings) where it exists; not built here,
-# since `make vllm-venv` installs vLLM's CPU build. pytest's exit code 5 (no gpu test collected) fails; skips do not.
+# vLLM venv's (TRAJFLOW_VLLM_PYTHON, default .vllm-venv/bin/python, as infra.settings) where it exists; not built here
+# (`make vllm-venv VLLM_VENV_FLAGS=--cuda` builds the CUDA one). pytest's exit code 5 (no gpu test collected) fails;
+# skips do not.
 # TRAJFLOW_GPU_REPORT=FILE keeps the figures (tokens/s, step time) as JSON.
 GPU_PYTHON ?=
 test-gpu: $(if $(GPU_PYTHON),,setup-test)

