@@ -114,8 +114,9 @@ def _is_noise(line: str) -> bool:
     return "is ignored: it is neither a file nor a directory" in line
 
 
-def run_logged(cmd: list[str], progress: Progress, what: str) -> None:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def run_logged(cmd: list[str], progress: Progress, what: str, env: dict[str, str] | None = None) -> None:
+    """Run `cmd` (in `env`, default this process's), streaming its output as progress; raise with its tail."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert proc.stdout is not None
     tail: list[str] = []
     for line in proc.stdout:

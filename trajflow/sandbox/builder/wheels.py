@@ -1,6 +1,11 @@
 """Offline wheels for image builds: `pip wheel` a set of requirements (and pip itself) into a cache directory
 once, per set and host Python, and a Dockerfile build stage that installs them with pip run from its wheel.
 
+A set may name requirements to fetch from the package index alone (`from_index`): pip's configuration (the local
+wheel directory it finds through `PIP_FIND_LINKS` or its config files) is ignored for them, so `torch==2.13.0`
+takes the index's CUDA build rather than the local `2.13.0+cpu` wheel that the same specifier also matches; their
+wheels' sha256 are checked against `expected`.
+
 Limits: the wheels are fetched for the host's interpreter, which must match the image's (CPython 3.11 on Linux
 x86_64); a set's wheels are complete once its manifest.json exists.
 """
@@ -8,6 +13,7 @@ x86_64); a set's wheels are complete once its manifest.json exists.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -35,33 +41,56 @@ def cached_wheels(cache_dir: Path, requirements: tuple[str, ...]) -> dict[str, s
     return hashes
 
 
+def _pip_wheel(staging: Path, requirements: list[str], no_deps: bool) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--quiet",
+        "--wheel-dir",
+        str(staging),
+        *(["--no-deps"] if no_deps else []),
+        *requirements,
+    ]
+
+
+def index_only_env() -> dict[str, str]:
+    """This process's environment with pip's configuration files and local wheel directories switched off."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_CONSTRAINT")}
+    env["PIP_CONFIG_FILE"] = os.devnull  # pip then reads no config file (the user's, the site's or /etc/xdg's)
+    return env
+
+
 def download_wheels(
-    cache_dir: Path, progress: Progress, requirements: tuple[str, ...], *, no_deps: bool = False
+    cache_dir: Path,
+    progress: Progress,
+    requirements: tuple[str, ...],
+    *,
+    no_deps: bool = False,
+    from_index: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """`pip wheel` the requirements and pip itself into the cache; returns
-    {filename: sha256}. `no_deps`: the requirements are already the whole pinned closure (pip resolves nothing)."""
+    """`pip wheel` the requirements and pip itself into the cache; returns {filename: sha256}. `no_deps`: the
+    requirements are already the whole pinned closure (pip resolves nothing). `from_index`: {requirement: sha256}
+    of those among `requirements` fetched from the package index alone, binaries only, checked against the sha256."""
     target = wheel_dir(cache_dir, requirements)
     started = time.monotonic()
     progress(f"downloading wheels into {target}")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix="staging-"))
+    index_reqs = from_index or {}
     try:
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--wheel-dir",
-            str(staging),
-            *(["--no-deps"] if no_deps else []),
-            *requirements,
-            PIP_REQUIREMENT,
-        ]
-        run_logged(cmd, progress, "pip wheel")
+        local = [r for r in requirements if r not in index_reqs]
+        run_logged(_pip_wheel(staging, [*local, PIP_REQUIREMENT], no_deps), progress, "pip wheel")
+        if index_reqs:
+            cmd = [*_pip_wheel(staging, list(index_reqs), no_deps), "--only-binary=:all:"]
+            run_logged(cmd, progress, "pip wheel (index)", env=index_only_env())
         hashes = {p.name: sha256_file(p) for p in sorted(staging.glob("*.whl"))}
         if not any(name.startswith("pip-") for name in hashes):
             raise RuntimeError("pip wheel produced no pip wheel")
+        missing = set(index_reqs.values()) - set(hashes.values())
+        if missing:
+            raise RuntimeError(f"pip wheel fetched wheels whose sha256 differ from the pins: {sorted(missing)}")
         (staging / "manifest.json").write_text(json.dumps(hashes, indent=1, sort_keys=True))
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)  # the manifest appears together with the wheels
