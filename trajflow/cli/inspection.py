@@ -25,13 +25,25 @@ def images_build(
     worker: Annotated[
         bool, typer.Option("--worker", help="Build the worker image instead (runs any pool's worker; print its tag).")
     ] = False,
+    cuda: Annotated[
+        bool,
+        typer.Option(
+            "--cuda",
+            help="With --worker: the CUDA variant for GPU hosts, trajflow-worker-cuda:<hash> (PyPI's CUDA build of "
+            "torch and its nvidia wheels; several GB to download and about 4x the CPU image).",
+        ),
+    ] = False,
 ) -> None:
     """Build the layers that are missing (base, runtime, each shell task's); print each one's tag, cached or built.
-    With --worker: the worker image, `trajflow-worker:<hash>` (see docs/stack.md, "Pools on their own hosts")."""
+    With --worker: the worker image, `trajflow-worker:<hash>` (see docs/stack.md, "Pools on their own hosts");
+    with --worker --cuda: its CUDA variant, `trajflow-worker-cuda:<hash>`."""
     from trajflow.cli.commands.images import UnknownTask, build, build_worker
 
+    if cuda and not worker:
+        typer.secho("--cuda applies to --worker only", fg="red", err=True)
+        raise typer.Exit(2)
     if worker:
-        typer.echo(build_worker(_say))
+        typer.echo(build_worker(_say, cuda=cuda))
         return
     try:
         lines = build(task or None, _say)

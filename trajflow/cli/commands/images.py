@@ -16,11 +16,11 @@ from trajflow.sandbox.layers import build_all, list_images, prune_images
 __all__ = ["UnknownTask", "build", "build_worker", "listing", "prune"]
 
 
-def build_worker(progress: Progress) -> str:
-    """Build (or find cached) the worker image; returns its tag."""
+def build_worker(progress: Progress, cuda: bool = False) -> str:
+    """Build (or find cached) the worker image, or with `cuda` its CUDA variant; returns its tag."""
     from trajflow.sandbox.builder.worker_image import ensure_worker_image
 
-    return ensure_worker_image(docker_client(), load_settings().cache_dir / "images", progress)
+    return ensure_worker_image(docker_client(), load_settings().cache_dir / "images", progress, cuda=cuda)
 
 
 def build(tasks: list[str] | None, progress: Progress) -> list[str]:

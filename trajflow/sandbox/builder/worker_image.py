@@ -1,4 +1,5 @@
-"""The worker image: one locally built, content-hashed image that runs any pool's worker, `trajflow-worker:<hash>`.
+"""The worker image: one locally built, content-hashed image that runs any pool's worker, `trajflow-worker:<hash>`,
+and its CUDA variant `trajflow-worker-cuda:<hash>` for GPU hosts (`trajflow images build --worker --cuda`).
 
     docker run IMAGE worker decode --pool default      # or env, reward, trainer, orchestrator
     docker run IMAGE worker host NAME                  # every worker the run config places on host NAME
@@ -20,10 +21,16 @@ How it is made (offline, like the reward image):
   files, the shipped configs), read where Python imports them from (`importlib.resources`), byte-compiled.
 The tag hashes the base tag, the pinned requirements, the wheels' sha256, the sources and the Dockerfile text.
 
-Limits: built for the host's platform (Linux x86_64, CPython 3.11); a GPU host needs a CUDA build of torch (not
-made here: no CUDA wheel is reachable); processes run as root, because env workers drive the Docker engine through
-its socket; old images are never garbage-collected; pushing to a registry is the user's (`docker tag` + `docker
-push`, see docs/stack.md).
+The CUDA variant (`cuda=True`) is the same image with PyPI's CUDA build of torch (`torch==2.13.0`, CUDA 13.0) and
+its `nvidia-*`, `cuda-*` and `triton` wheels in place of the CPU wheel, pinned with their sha256 in
+`trajflow.sandbox.builder.cuda_pins` and fetched from the package index alone; the sources and every other pin are
+the CPU image's (docs/stack.md has its measured size and build time).
+
+Limits: built for the host's platform (Linux x86_64, CPython 3.11); the CUDA variant was built here on a machine
+without a GPU, so nothing has run its CUDA kernels yet, and `trajflow up --hosts` still starts the CPU image (a GPU
+host is run from the CUDA image by hand, `docker run --gpus ...`); processes run as root, because env workers drive
+the Docker engine through its socket; old images are never garbage-collected; pushing to a registry is the user's
+(`docker tag` + `docker push`, see docs/stack.md).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from pathlib import Path
 import docker
 
 from trajflow.sandbox.builder.base import ensure_base_image
+from trajflow.sandbox.builder.cuda_pins import CUDA_PINS, cuda_closure
 from trajflow.sandbox.builder.docker_build import Progress, build_from_context, digest, file_lock, image_exists, quiet
 from trajflow.sandbox.builder.pins import pinned_closure
 from trajflow.sandbox.builder.wheels import (
@@ -47,6 +55,7 @@ from trajflow.sandbox.builder.wheels import (
 )
 
 WORKER_REPO = "trajflow-worker"
+WORKER_CUDA_REPO = "trajflow-worker-cuda"
 WORKER_FORMAT = 1
 """Bump when the image changes in a way the hashed inputs do not show."""
 
@@ -85,9 +94,11 @@ SITE_DIR = "/opt/trajflow/site"
 STATE_DIR = "/var/lib/trajflow"
 
 
-def worker_requirements() -> tuple[str, ...]:
-    """The pinned closure of `ROOT_REQUIREMENTS` as installed here (raises `pins.NotInstalled`)."""
-    return pinned_closure(ROOT_REQUIREMENTS, no_follow=NO_FOLLOW)
+def worker_requirements(*, cuda: bool = False) -> tuple[str, ...]:
+    """The pinned closure of `ROOT_REQUIREMENTS` as installed here (raises `pins.NotInstalled`); with `cuda`, torch
+    is the CUDA build and its CUDA-only closure is added (`cuda_pins`)."""
+    cpu = pinned_closure(ROOT_REQUIREMENTS, no_follow=NO_FOLLOW)
+    return cuda_closure(cpu) if cuda else cpu
 
 
 def package_dir(package: str) -> Path:
@@ -131,7 +142,11 @@ CMD ["--help"]
 
 
 def worker_image_tag(
-    base_tag: str, requirements: tuple[str, ...], wheel_hashes: dict[str, str], sources: dict[str, bytes]
+    base_tag: str,
+    requirements: tuple[str, ...],
+    wheel_hashes: dict[str, str],
+    sources: dict[str, bytes],
+    repo: str = WORKER_REPO,
 ) -> str:
     parts = {
         "base": base_tag,
@@ -142,36 +157,48 @@ def worker_image_tag(
         "dockerfile": worker_dockerfile(base_tag, sorted(wheel_hashes), requirements),
         "format": WORKER_FORMAT,
     }
-    return f"{WORKER_REPO}:{digest(parts)}"
+    return f"{repo}:{digest(parts)}"
 
 
 def _cached_tag(
-    client: docker.DockerClient, cache_dir: Path, base: str, reqs: tuple[str, ...], sources: dict[str, bytes]
+    client: docker.DockerClient,
+    cache_dir: Path,
+    base: str,
+    reqs: tuple[str, ...],
+    sources: dict[str, bytes],
+    repo: str,
 ) -> str | None:
     hashes = cached_wheels(cache_dir, reqs)
     if hashes is None:
         return None
-    tag = worker_image_tag(base, reqs, hashes, sources)
+    tag = worker_image_tag(base, reqs, hashes, sources, repo)
     return tag if image_exists(client, tag) else None
 
 
-def ensure_worker_image(client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None) -> str:
-    """The worker image's tag, building the base layer, the wheels and the image where missing (under a lock)."""
+def ensure_worker_image(
+    client: docker.DockerClient, cache_dir: Path, progress: Progress | None = None, *, cuda: bool = False
+) -> str:
+    """The worker image's tag, building the base layer, the wheels and the image where missing (under a lock).
+    `cuda`: the CUDA variant, `trajflow-worker-cuda:<hash>` (several GB of wheels on its first build)."""
     report = progress or quiet
     cache_dir = Path(cache_dir)
     base = ensure_base_image(client, cache_dir, report)
-    reqs, sources = worker_requirements(), source_files()
-    tag = _cached_tag(client, cache_dir, base, reqs, sources)
+    reqs, sources = worker_requirements(cuda=cuda), source_files()
+    repo = WORKER_CUDA_REPO if cuda else WORKER_REPO
+    tag = _cached_tag(client, cache_dir, base, reqs, sources, repo)
     if tag is not None:
         report(f"worker image {tag} is cached")
         return tag
     with file_lock(cache_dir / ".worker-build.lock"):
-        tag = _cached_tag(client, cache_dir, base, reqs, sources)
+        tag = _cached_tag(client, cache_dir, base, reqs, sources, repo)
         if tag is not None:
             report(f"worker image {tag} was built by another caller")
             return tag
-        hashes = cached_wheels(cache_dir, reqs) or download_wheels(cache_dir, report, reqs, no_deps=True)
-        tag = worker_image_tag(base, reqs, hashes, sources)
+        from_index = CUDA_PINS if cuda else None
+        hashes = cached_wheels(cache_dir, reqs) or download_wheels(
+            cache_dir, report, reqs, no_deps=True, from_index=from_index
+        )
+        tag = worker_image_tag(base, reqs, hashes, sources, repo)
         started = time.monotonic()
         report(f"building worker image {tag} on {base}")
         wheels = wheel_dir(cache_dir, reqs)
