@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.gpu.gpu_helpers import checked_rounds
 from trajflow.lab.bench import gpu_check
 
 pytestmark = pytest.mark.gpu
@@ -46,16 +47,8 @@ def test_the_hf_engine_serves_1_16_and_64_requests_on_the_gpu(
             await engine.close()
 
     rounds, stats = asyncio.run(serve())
-    assert [r.batch for r, _ in rounds] == BATCHES
+    rows = checked_rounds(rounds, BATCHES, NEW_TOKENS)
     assert stats["batches"] == 1 + len(BATCHES), f"a round was split into several batches: {stats}"
-    for r, completions in rounds:
-        assert len(completions) == r.batch
-        for c in completions:
-            assert 0 < len(c.token_ids) == len(c.logprobs) <= NEW_TOKENS
-            assert all(math.isfinite(x) and x <= 0.0 for x in c.logprobs), c.logprobs
-        assert r.tokens == sum(len(c.token_ids) for c in completions) and r.tokens_per_s > 0
-    rows = [{"batch": r.batch, "tokens": r.tokens, "seconds": r.seconds, "tokens_per_s": r.tokens_per_s}
-            for r, _ in rounds]  # fmt: skip
     summary = ", ".join(f"batch {row['batch']}: {row['tokens_per_s']:.0f} tok/s" for row in rows)
     gpu_figures["hf_decode"] = {
         "summary": f"{summary} ({precision.dtype}, {NEW_TOKENS} new tokens a request)",

@@ -2,7 +2,7 @@
 worker builds it (`trajflow.rl.engines.load.load_engine` with `engine = "vllm"`), serves SmolLM2-135M's architecture
 with random weights to 1, 16 and 64 concurrent requests, all of them inside vLLM at once: every completion has a
 token and a finite logprob (<= 0) per generated token, at most the tokens asked for. Tokens/s per batch size is
-recorded (eager mode, the engine's default).
+recorded (with `[model.vllm]`'s defaults for a GPU: compiled, not eager).
 
 vLLM runs in this process, as in tests/integration/test_vllm_engine.py, so the file runs under a Python that has
 vLLM: `make test-gpu` runs it again with the vLLM venv's (`TRAJFLOW_VLLM_PYTHON`, default `.vllm-venv/bin/python`)
@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.gpu.gpu_helpers import checked_rounds
 
 pytestmark = pytest.mark.gpu
 
@@ -63,19 +64,12 @@ def test_the_vllm_engine_serves_1_16_and_64_requests_on_the_gpu(
             await engine.close()
 
     rounds, stats = asyncio.run(serve())
-    assert [r.batch for r, _ in rounds] == BATCHES
+    rows = checked_rounds(rounds, BATCHES, NEW_TOKENS)
     assert stats["max_in_flight"] == max(BATCHES), stats
-    for r, completions in rounds:
-        assert len(completions) == r.batch
-        for c in completions:
-            assert 0 < len(c.token_ids) == len(c.logprobs) <= NEW_TOKENS
-            assert all(math.isfinite(x) and x <= 0.0 for x in c.logprobs), c.logprobs
-        assert r.tokens == sum(len(c.token_ids) for c in completions) and r.tokens_per_s > 0
-    rows = [{"batch": r.batch, "tokens": r.tokens, "seconds": r.seconds, "tokens_per_s": r.tokens_per_s}
-            for r, _ in rounds]  # fmt: skip
     summary = ", ".join(f"batch {row['batch']}: {row['tokens_per_s']:.0f} tok/s" for row in rows)
+    mode = "eager" if engine.args["enforce_eager"] else "compiled"  # [model.vllm]'s default on a GPU: compiled
     gpu_figures["vllm_decode"] = {
-        "summary": f"{summary} (vLLM {vllm_on_cuda}, {precision.dtype}, eager, {NEW_TOKENS} new tokens a request)",
+        "summary": f"{summary} (vLLM {vllm_on_cuda}, {precision.dtype}, {mode}, {NEW_TOKENS} new tokens a request)",
         "vllm": vllm_on_cuda,
         "dtype": precision.dtype,
         "new_tokens": NEW_TOKENS,
