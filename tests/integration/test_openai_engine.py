@@ -245,8 +245,10 @@ async def test_a_decode_worker_with_the_engine_runs_a_trajectory(
 ):
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as stack:
         result = await stack.run(stack.request(seed=11, max_turns=3))
-        # A system prompt longer than the server's context: the request is the trajectory's fault, so it fails
-        # at once (not retried, not infra-failed) with the server's reason.
+        # A system prompt longer than the server's context (its max_model_len, the engine's positions): the first
+        # prompt leaves no room in the context budget, which is the trajectory's fault, so it fails at once (not
+        # retried, not infra-failed), naming the budget, before the server is asked (its own refusal of such a
+        # request is test_a_prompt_over_the_servers_context_is_rejected's).
         too_long = await stack.run(stack.request(seed=12, system_prompt="guess " * 600))
     assert result.status is TrajectoryStatus.COMPLETED, result.error
     assert result.policy_version == VERSION
@@ -259,5 +261,6 @@ async def test_a_decode_worker_with_the_engine_runs_a_trajectory(
     assert sum(ctx.loss_mask) == sum(t.completion_tokens for t in record.turns) > 0
     assert all(lp < 0.0 for lp, m in zip(ctx.logprobs, ctx.loss_mask, strict=True) if m)
 
-    assert too_long.status is TrajectoryStatus.FAILED
-    assert "BadRequest" in (too_long.error or "") and "maximum context length" in (too_long.error or "")
+    assert engine.max_positions == 512  # the server's max_model_len, read by start()
+    assert too_long.status is TrajectoryStatus.FAILED and too_long.reward is None
+    assert "leaves no room in the context budget (the model's positions)" in (too_long.error or "")
