@@ -121,6 +121,11 @@ class ModelConfig(Contract):
     CUDA GPU or a CPU with AVX512-BF16/AMX, float32 where bf16 would be emulated (most laptops and many cloud
     CPUs: several times slower decode there). bfloat16 rollout logprobs are up to ~0.2 nats off the trainer's float32
     ones; the losses correct for it. `float32` / `bfloat16` force a dtype."""
+    batching: Literal["static", "continuous"] = "static"
+    """How the `hf` engine batches: `static` (a batch of requests with the same sampling params runs to its longest
+    completion, then the next starts) or `continuous` (a request joins the running batch at its next decode step and
+    leaves it when it finishes; no prefix cache in that mode yet, and not yet measured against `static`;
+    `trajflow.rl.engines.continuous`). Models with sliding-window layers always batch statically."""
     prefix_cache_mb: Annotated[int, Field(ge=0, le=1_000_000)] = 1024
     """The `hf` engine keeps keys and values of earlier prompts and completions up to this size, so a trajectory's
     next turn (which extends its last prompt and completion) and a task's shared instructions are not recomputed
@@ -133,6 +138,10 @@ class ModelConfig(Contract):
             raise ValueError('engine = "openai" needs a [model.openai] section (base_url, served_model)')
         if self.engine != "openai" and self.openai is not None:
             raise ValueError(f'[model.openai] is set, but engine = "{self.engine}"; set engine = "openai" or drop it')
+        if self.engine != "hf" and self.batching != "static":
+            raise ValueError(
+                f'batching = "{self.batching}" is the hf engine\'s setting; engine = "{self.engine}" batches itself'
+            )
         if self.engine != "vllm" and self.vllm is not None:
             raise ValueError(f'[model.vllm] is set, but engine = "{self.engine}"; set engine = "vllm" or drop it')
         return self

@@ -4,7 +4,13 @@ A background asyncio task collects concurrent requests into batches (up to `max_
 it waits at most `batch_wait_ms` for more) and runs each batch as ONE `model.generate` (left padding + attention
 mask) in a worker thread, so the event loop stays free. Requests are grouped by identical `SamplingParams` but
 for the seed: the oldest waiting request picks the params of the next batch and later requests with the same
-params join it (FIFO within a group, so no group starves).
+params join it (FIFO within a group, so no group starves). That is static batching: a batch waits for its longest
+completion.
+
+`continuous=True` (`[model] batching = "continuous"`) runs `trajflow.rl.engines.continuous` instead: one decode
+loop over a shared KV cache, which a request joins at the next step and leaves the step it finishes, rows with any
+`SamplingParams` side by side, the same tokens and logprobs per request (see that module for what it leaves out).
+Models with sliding-window layers fall back to static batches (logged).
 
 Sampling (`temperature > 0`) is ours, not transformers': `trajflow.rl.engines.sampling.SeededSampler` applies
 temperature and top-p and draws each row's token from softmax(logits / T) over the top-p nucleus with one uniform number
@@ -49,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -61,7 +68,9 @@ import torch
 from trajflow.contracts.trajectory import SamplingParams
 from trajflow.rl.engines.base import Completion, WeightSource, config_positions, eos_ids, trim_at_eos
 from trajflow.rl.engines.prefix_cache import PrefixCache, batch_past, keep_batch
-from trajflow.rl.engines.sampling import SeededSampler
+from trajflow.rl.engines.sampling import LogprobRecorder, SeededSampler
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -90,37 +99,6 @@ class _Stats:
         }
 
 
-class _LogprobRecorder:
-    """A logits processor that records each sampled token's logprob without keeping per-step distributions.
-
-    Called with the raw logits of step s (before the sampler's temperature, top-p and noise, which come after it
-    in the processor list), it keeps log_softmax(logits / T) until step s+1 reveals the token sampled from it.
-    """
-
-    def __init__(self, prompt_len: int, temperature: float) -> None:
-        self.prompt_len = prompt_len
-        self.temperature = temperature if temperature > 0 else 1.0
-        self.gathered: dict[int, torch.Tensor] = {}
-        self.pending: tuple[int, torch.Tensor] | None = None
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        step = input_ids.shape[1] - self.prompt_len
-        if self.pending is not None and self.pending[0] == step - 1:
-            self.gathered[step - 1] = self.pending[1].gather(1, input_ids[:, -1:]).squeeze(1)
-        logprobs = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        self.pending = (step, logprobs)
-        return scores
-
-    def finish(self, generated: torch.Tensor) -> torch.Tensor:
-        """Logprobs (batch, n) of the generated ids (batch, n)."""
-        n = generated.shape[1]
-        if n and self.pending is not None and self.pending[0] == n - 1:
-            self.gathered[n - 1] = self.pending[1].gather(1, generated[:, -1:]).squeeze(1)
-        self.pending = None
-        columns = [self.gathered[i] for i in range(n)]
-        return torch.stack(columns, dim=1) if columns else torch.zeros(generated.shape[0], 0, device=generated.device)
-
-
 @dataclass
 class _Request:
     prompt_ids: list[int]
@@ -144,11 +122,13 @@ class HFEngine:
         dtype: torch.dtype | None = None,
         weights: WeightSource | None = None,
         prefix_cache_bytes: int = 0,
+        continuous: bool = False,
     ) -> None:
         """`device` a torch device (`cpu`, `cuda`, `cuda:N`; `trajflow.rl.devices.resolve_device` turns a setting such
         as `auto` into one); `dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny
         model); `weights` None serves the initial model only; `prefix_cache_bytes` > 0 keeps up to that many bytes of
-        keys and values of earlier prompts and completions (`trajflow.rl.engines.prefix_cache`; 0: none)."""
+        keys and values of earlier prompts and completions (`trajflow.rl.engines.prefix_cache`; 0: none; ignored when
+        `continuous`, which batches continuously, see the module docstring)."""
         from transformers import AutoConfig, AutoTokenizer
 
         if max_batch < 1:
@@ -176,7 +156,8 @@ class HFEngine:
         self._loop_task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._stats = _Stats()
-        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.continuous = continuous
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 and not continuous else None
 
     def _pick_pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
@@ -188,7 +169,10 @@ class HFEngine:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._load_model)
         if self._loop_task is None or self._loop_task.done():
             self._wakeup = asyncio.Event()
-            self._loop_task = asyncio.create_task(self._batch_loop(), name=f"hf-engine-{self.name}")
+            from trajflow.rl.engines.continuous import continuous_loop
+
+            scheduler = continuous_loop(self) if self.continuous else self._batch_loop()
+            self._loop_task = asyncio.create_task(scheduler, name=f"hf-engine-{self.name}")
 
     def _load_model(self) -> None:
         from transformers import AutoModelForCausalLM
@@ -201,6 +185,9 @@ class HFEngine:
         self._eos = eos_ids(self.tokenizer, model.config)
         if "sliding_attention" in (getattr(model.config, "layer_types", None) or []):
             self.prefix_cache = None  # a sliding-window layer keeps only its window: no prefix to reuse
+            if self.continuous:  # its cache layers cannot be left-padded and merged as full ones are
+                _log.warning("%s has sliding-window layers: static batches instead of continuous", self.name)
+                self.continuous = False
         self.model = model
 
     async def close(self) -> None:
@@ -342,7 +329,7 @@ class HFEngine:
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention[row, width - len(prompt) :] = 1
         past = self._reused_prefix(prompts, width)
-        recorder = _LogprobRecorder(prompt_len=width, temperature=params.temperature)
+        recorder = LogprobRecorder(prompt_len=width, temperature=params.temperature)
         processors: list[Any] = [recorder]
         if params.temperature > 0.0:  # after the recorder: it must see the logits before temperature and noise
             row_seeds = list(seeds) if seeds is not None else [None] * len(prompts)

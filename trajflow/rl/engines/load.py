@@ -83,6 +83,7 @@ def load_engine(
         dtype=getattr(torch, chosen.dtype),
         weights=weights,
         prefix_cache_bytes=model.prefix_cache_mb * 2**20,
+        continuous=model.batching == "continuous",
     )
 
 

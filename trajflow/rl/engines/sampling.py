@@ -48,7 +48,7 @@ class SeededSampler:
         self.temperature = temperature
         self.top_p = top_p
         self.device = torch.device(device)
-        self.generators = [None if s is None else torch.Generator(device=self.device).manual_seed(s) for s in seeds]
+        self.generators = [row_generator(s, self.device) for s in seeds]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if scores.shape[0] != len(self.generators):
@@ -59,24 +59,72 @@ class SeededSampler:
 
     def draw(self, z: torch.Tensor) -> torch.Tensor:
         """One token id per row of logits `z` (rows, vocab), drawn from softmax(z) over the top-p nucleus."""
-        probs = torch.softmax(z, dim=-1)
-        order = None
-        if self.top_p < 1.0:
-            probs, order = probs.sort(dim=-1, descending=True)
-        cdf = probs.double().cumsum(dim=-1)
-        if order is None:
-            last = torch.full((z.shape[0], 1), z.shape[1] - 1, device=z.device)
-        else:  # the nucleus: every token whose more likely predecessors hold less than top_p (the first always)
-            last = ((cdf - probs.double()) < self.top_p).sum(dim=-1, keepdim=True) - 1
-        mass = cdf.gather(-1, last)
-        index = torch.searchsorted(cdf, self.uniforms(z.device) * mass, right=True)
-        index = torch.minimum(index, last)  # u < 1, but u * mass may round up to the mass itself
-        return (index if order is None else order.gather(-1, index)).squeeze(-1)
+        return draw_tokens(z, self.uniforms(z.device), self.top_p)
 
     def uniforms(self, device: torch.device) -> torch.Tensor:
         """One U[0, 1) number per row (rows, 1), each from its row's generator (the global RNG for None)."""
-        draws = [torch.rand(1, generator=g, device=device, dtype=torch.float64) for g in self.generators]
-        return torch.stack(draws)
+        return torch.stack([uniform(g, device) for g in self.generators])
+
+
+class LogprobRecorder:
+    """A logits processor that records each sampled token's logprob without keeping per-step distributions (what
+    `HFEngine`'s static batches report).
+
+    Called with the raw logits of step s (before the sampler's temperature, top-p and noise, which come after it
+    in the processor list), it keeps log_softmax(logits / T) until step s+1 reveals the token sampled from it.
+    """
+
+    def __init__(self, prompt_len: int, temperature: float) -> None:
+        self.prompt_len = prompt_len
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.gathered: dict[int, torch.Tensor] = {}
+        self.pending: tuple[int, torch.Tensor] | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        step = input_ids.shape[1] - self.prompt_len
+        if self.pending is not None and self.pending[0] == step - 1:
+            self.gathered[step - 1] = self.pending[1].gather(1, input_ids[:, -1:]).squeeze(1)
+        logprobs = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.pending = (step, logprobs)
+        return scores
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor:
+        """Logprobs (batch, n) of the generated ids (batch, n)."""
+        n = generated.shape[1]
+        if n and self.pending is not None and self.pending[0] == n - 1:
+            self.gathered[n - 1] = self.pending[1].gather(1, generated[:, -1:]).squeeze(1)
+        self.pending = None
+        columns = [self.gathered[i] for i in range(n)]
+        return torch.stack(columns, dim=1) if columns else torch.zeros(generated.shape[0], 0, device=generated.device)
+
+
+def row_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    """A row's own generator, seeded by its request's seed (None: the row draws from torch's global RNG)."""
+    return None if seed is None else torch.Generator(device=device).manual_seed(seed)
+
+
+def uniform(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """One U[0, 1) number (shape (1,), float64): a row's draw for one step."""
+    return torch.rand(1, generator=generator, device=device, dtype=torch.float64)
+
+
+def draw_tokens(z: torch.Tensor, u: torch.Tensor, top_p: float) -> torch.Tensor:
+    """One token id per row of logits `z` (rows, vocab), drawn from softmax(z) over the top-p nucleus by inverting
+    its CDF at the row's uniform number `u` (rows, 1); what `SeededSampler` and the continuous decode loop
+    (`trajflow.rl.engines.continuous`) both draw with."""
+    probs = torch.softmax(z, dim=-1)
+    order = None
+    if top_p < 1.0:
+        probs, order = probs.sort(dim=-1, descending=True)
+    cdf = probs.double().cumsum(dim=-1)
+    if order is None:
+        last = torch.full((z.shape[0], 1), z.shape[1] - 1, device=z.device)
+    else:  # the nucleus: every token whose more likely predecessors hold less than top_p (the first always)
+        last = ((cdf - probs.double()) < top_p).sum(dim=-1, keepdim=True) - 1
+    mass = cdf.gather(-1, last)
+    index = torch.searchsorted(cdf, u * mass, right=True)
+    index = torch.minimum(index, last)  # u < 1, but u * mass may round up to the mass itself
+    return (index if order is None else order.gather(-1, index)).squeeze(-1)
 
 
 def truncate_top_p(z: torch.Tensor, top_p: float) -> torch.Tensor:

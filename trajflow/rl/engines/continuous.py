@@ -1,0 +1,296 @@
+"""Continuous batching for `HFEngine(continuous=True)` (`[model] batching = "continuous"`): requests join the running
+batch at its next decode step and leave it the step they finish.
+
+`DecodeBatch` (worker thread only) holds the running rows and ONE batched KV cache (a transformers `DynamicCache`,
+rows left-padded to a common length, an explicit attention mask, per-row position ids). A step:
+
+1. drops rows whose caller went away (a cancelled request);
+2. runs one decode forward pass over every running row (its last sampled token in, one new token out);
+3. prefills the requests admitted this step (together, left-padded, as `generate` would), samples their first token
+   and merges their cache into the batch's (the shorter side padded on the left);
+4. removes the rows that finished (EOS sampled: "stop", kept; their own `max_new_tokens` reached: "length"), trims
+   cache columns no row uses any more, and returns their completions.
+
+`continuous_loop` (the engine's asyncio task) admits requests between steps: while rows run, every waiting request
+of the same policy joins at the next step (up to `max_batch` rows, FIFO; a request of another policy stops admission
+until the batch drains, so it cannot starve); an empty batch waits `batch_wait_ms` for company as static mode does.
+A finished row's future resolves when its step returns.
+
+Sampling and logprobs are the static path's, per row: each row keeps its own `SamplingParams` (temperature, top_p,
+max_new_tokens, seed), a seeded row draws from its own generator with `trajflow.rl.engines.sampling.draw_tokens`
+(one uniform number per step, as `SeededSampler` does: the same tokens alone, batched statically or here, up to
+float ties), greedy rows take the argmax; the logprob is log_softmax(logits / T) of the sampled token (T = 1 when
+greedy). Unlike `generate`, no processor of the checkpoint's generation config (e.g. a repetition penalty) runs; ours
+ask for none.
+
+Weights: one policy runs at a time. The batch's policy version is checked after each step; when a newer one is
+published the batch stops admitting, its rows finish on the weights they started on, and the next request reloads
+(`HFEngine._use_policy`) before it is prefilled: every completion comes from one version.
+
+Not here (yet): the prefix cache (a prefill recomputes the whole prompt; an engine with `prefix_cache_bytes` keeps
+no cache in this mode), interrupting running rows on a new version (`interrupt_on_update`), and models with
+sliding-window layers (the engine falls back to static batches for them). A step's prefill and decode are two
+forward passes, not one ragged one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from trajflow.rl.engines.base import Completion
+from trajflow.rl.engines.sampling import draw_tokens, row_generator, uniform
+
+if TYPE_CHECKING:
+    from trajflow.rl.engines.hf import HFEngine, _Request
+
+
+@dataclass(eq=False)
+class Row:
+    """One running request: what it generated so far and where it stands in the engine's counters."""
+
+    request: _Request
+    generator: torch.Generator | None
+    admitted: float
+    tokens_before: int
+    """The engine's decode tokens when it was admitted (for its completion's `batch_tokens_per_s`)."""
+    busy_before: float
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    widest: int = 0
+    """The most rows that shared a step with it."""
+
+    def done(self, eos: set[int]) -> bool:
+        return self.tokens[-1] in eos or len(self.tokens) >= self.request.params.max_new_tokens
+
+
+def sample_rows(logits: torch.Tensor, rows: list[Row]) -> tuple[list[int], list[float]]:
+    """One token and its logprob per row of float32 `logits` (rows, vocab), each under its row's params."""
+    tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+    groups: dict[tuple[float, float], list[int]] = {}
+    for i, row in enumerate(rows):
+        params = row.request.params
+        groups.setdefault((params.temperature, params.top_p), []).append(i)
+    logprobs = torch.empty(len(rows), dtype=torch.float32, device=logits.device)
+    for (temperature, top_p), members in groups.items():
+        index = torch.tensor(members, device=logits.device)
+        z = logits.index_select(0, index) / (temperature if temperature > 0 else 1.0)
+        if temperature > 0:
+            u = torch.stack([uniform(rows[i].generator, logits.device) for i in members])
+            drawn = draw_tokens(z, u, top_p)
+        else:
+            drawn = z.argmax(dim=-1)
+        tokens[index] = drawn
+        logprobs[index] = torch.log_softmax(z, dim=-1).gather(1, drawn[:, None]).squeeze(1)
+    return tokens.tolist(), logprobs.tolist()
+
+
+@dataclass
+class StepResult:
+    finished: list[tuple[Row, Completion]]
+    stale: bool
+    """A newer version of the running policy is published: admit nothing more until the batch drains."""
+
+
+class DecodeBatch:
+    """The running rows and their shared KV cache; every method runs in the engine's worker thread."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine = engine
+        self.rows: list[Row] = []
+        self.cache: Any = None
+        self.mask = torch.zeros((0, 0), dtype=torch.long)
+        self.positions = torch.zeros(0, dtype=torch.long)
+        """Each row's next position id (its prompt and generated tokens so far)."""
+        self.stale = False
+
+    @property
+    def policy(self) -> str | None:
+        return self.rows[0].request.policy if self.rows else None
+
+    def clear(self) -> None:
+        self.rows, self.cache, self.stale = [], None, False
+
+    def step(self, admit: list[_Request], drop: list[Row]) -> StepResult:
+        started = time.monotonic()
+        engine = self.engine
+        with torch.inference_mode():
+            if drop:
+                dropped = {id(row) for row in drop}
+                self._keep([i for i, row in enumerate(self.rows) if id(row) not in dropped])
+            generated = self._decode() if self.rows else 0
+            if admit:
+                if not self.rows:
+                    engine._use_policy(admit[0].policy)
+                generated += self._prefill(admit)
+            for row in self.rows:
+                row.widest = max(row.widest, len(self.rows))
+            stats = engine._stats
+            stats.batches += 1
+            stats.batched_requests += len(self.rows)
+            stats.completion_tokens += generated
+            stats.busy_s += time.monotonic() - started
+            finished = self._finish()
+        policy = self.policy
+        if policy and engine.weights is not None:  # a cached pointer (`WeightSource`): cheap when nothing changed
+            self.stale = engine.weights.latest_version(policy) > engine.version
+        elif not self.rows:
+            self.stale = False
+        return StepResult(finished, self.stale)
+
+    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> Any:
+        device = self.engine.device
+        return self.engine.model(
+            input_ids=input_ids.to(device),
+            attention_mask=mask.to(device),
+            position_ids=positions.to(device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+
+    def _decode(self) -> int:
+        last = torch.tensor([row.tokens[-1] for row in self.rows], dtype=torch.long)
+        self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=torch.long)], dim=1)
+        output = self._forward(last[:, None], self.mask, self.positions[:, None], self.cache)
+        self.cache = output.past_key_values
+        self.positions = self.positions + 1
+        self._append(output.logits[:, -1].float(), self.rows)
+        return len(self.rows)
+
+    def _prefill(self, admit: list[_Request]) -> int:
+        from transformers import DynamicCache
+
+        engine = self.engine
+        width = max(len(r.prompt_ids) for r in admit)
+        input_ids = torch.full((len(admit), width), engine._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(admit), width), dtype=torch.long)
+        for i, request in enumerate(admit):
+            input_ids[i, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids, dtype=torch.long)
+            mask[i, width - len(request.prompt_ids) :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # what `generate` gives left-padded rows
+        output = self._forward(input_ids, mask, positions, DynamicCache(config=engine.model.config))
+        now, stats = time.monotonic(), engine._stats
+        rows = [
+            Row(r, row_generator(r.params.seed, engine.device), now, stats.completion_tokens, stats.busy_s)
+            for r in admit
+        ]
+        self._append(output.logits[:, -1].float(), rows)
+        stats.prompt_tokens += sum(len(r.prompt_ids) for r in admit)
+        self._merge(rows, output.past_key_values, mask, positions[:, -1] + 1)
+        return len(rows)
+
+    def _append(self, logits: torch.Tensor, rows: list[Row]) -> None:
+        tokens, logprobs = sample_rows(logits, rows)
+        for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+
+    def _merge(self, rows: list[Row], cache: Any, mask: torch.Tensor, positions: torch.Tensor) -> None:
+        if not self.rows:
+            self.rows, self.cache, self.mask, self.positions = rows, cache, mask, positions
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        for old, new in zip(self.cache.layers, cache.layers, strict=True):
+            old.keys = torch.cat([_left_pad(old.keys, width, 2), _left_pad(new.keys, width, 2)])
+            old.values = torch.cat([_left_pad(old.values, width, 2), _left_pad(new.values, width, 2)])
+        self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(mask, width, 1)])
+        self.positions = torch.cat([self.positions, positions])
+        self.rows = [*self.rows, *rows]
+
+    def _keep(self, keep: list[int]) -> None:
+        """Keep only the rows at `keep` (in order), and drop the cache columns none of them uses."""
+        if not keep:
+            self.clear()
+            return
+        self.rows = [self.rows[i] for i in keep]
+        index = torch.tensor(keep, dtype=torch.long)
+        self.mask = self.mask.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+        used = self.mask.any(dim=0).nonzero()
+        start = int(used[0]) if used.numel() else 0
+        self.mask = self.mask[:, start:]
+        on_device = index.to(self.engine.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, on_device)[:, :, start:]
+            layer.values = layer.values.index_select(0, on_device)[:, :, start:]
+
+    def _finish(self) -> list[tuple[Row, Completion]]:
+        eos = set(self.engine._eos)
+        done = [row.done(eos) for row in self.rows]
+        if not any(done):
+            return []
+        finished = []
+        for row, is_done in zip(self.rows, done, strict=True):
+            if is_done:
+                reason = "stop" if row.tokens[-1] in eos else "length"
+                text = str(self.engine.tokenizer.decode(row.tokens, skip_special_tokens=True))
+                finished.append((row, Completion(row.tokens, row.logprobs, text, reason, self.engine.version)))
+        self._keep([i for i, is_done in enumerate(done) if not is_done])
+        return finished
+
+
+def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """`tensor` with zeros prepended along `dim` up to `width` (a cache's length dim 2, a mask's dim 1)."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    pad = [0, 0] * (tensor.dim() - 1 - dim) + [missing, 0]
+    return F.pad(tensor, pad)
+
+
+def _admissions(engine: HFEngine, batch: DecodeBatch) -> list[_Request]:
+    """The waiting requests that join the batch at its next step (FIFO, same policy, up to `max_batch` rows)."""
+    live = [r for r in engine._pending if not r.future.done()]
+    if batch.stale:
+        engine._pending = live
+        return []
+    policy = batch.policy if batch.rows else (live[0].policy if live else None)
+    room = engine.max_batch - len(batch.rows)
+    admit: list[_Request] = []
+    for request in live:
+        if request.policy != policy or len(admit) == room:
+            break  # another policy's request waits for this batch to drain
+        admit.append(request)
+    engine._pending = live[len(admit) :]
+    return admit
+
+
+async def continuous_loop(engine: HFEngine) -> None:
+    """The engine's scheduling task in continuous mode (see the module docstring)."""
+    loop = asyncio.get_running_loop()
+    batch = DecodeBatch(engine)
+    while True:
+        if not batch.rows:
+            while not engine._pending:
+                engine._wakeup.clear()
+                await engine._wakeup.wait()
+            await engine._wait_for_more()
+        drop = [row for row in batch.rows if row.request.future.done()]  # their callers went away
+        admit = _admissions(engine, batch)
+        if not admit and not batch.rows:
+            continue
+        engine._running = [*(row.request for row in batch.rows), *admit]
+        try:
+            result = await loop.run_in_executor(engine._executor, batch.step, admit, drop)
+        except Exception as error:  # a failed step fails its requests, never the loop
+            for request in engine._running:
+                if not request.future.done():
+                    request.future.set_exception(error)
+            batch.clear()
+            engine._running = []
+            continue
+        for row, completion in result.finished:
+            completion.batch_requests = row.widest
+            completion.queue_wait_s = max(0.0, row.admitted - row.request.enqueued)
+            seconds = engine._stats.busy_s - row.busy_before
+            tokens = engine._stats.completion_tokens - row.tokens_before
+            completion.batch_tokens_per_s = tokens / seconds if seconds > 0 else None
+            if not row.request.future.done():  # a cancelled caller just drops its result
+                row.request.future.set_result(completion)
+        engine._running = [row.request for row in batch.rows]
