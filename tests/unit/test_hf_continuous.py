@@ -1,0 +1,231 @@
+"""HFEngine(continuous=True): the same completions as static batches (greedy and seeded), requests that join a
+running batch and leave it when done, honest logprobs, cancellation, failed steps, and a new policy version that
+drains the batch. All on the tiny random model (float32, CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import torch
+from pydantic import ValidationError
+
+from trajflow.contracts.config import ModelConfig
+from trajflow.contracts.trajectory import SamplingParams
+from trajflow.rl.engines.base import Completion, PolicyWeights
+from trajflow.rl.engines.hf import HFEngine
+from trajflow.rl.engines.load import load_engine
+
+LOGPROB_TOL = 1e-4
+"""As in test_rl_engine.py: float32 batched decode vs one teacher-forced pass differ by ~1e-6."""
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def static(tiny_model: Path) -> AsyncIterator[HFEngine]:
+    eng = HFEngine(tiny_model, max_batch=8, batch_wait_ms=0.0)
+    await eng.start()
+    yield eng
+    await eng.close()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def continuous(tiny_model: Path) -> AsyncIterator[HFEngine]:
+    eng = HFEngine(tiny_model, max_batch=8, batch_wait_ms=0.0, continuous=True)
+    await eng.start()
+    yield eng
+    await eng.close()
+
+
+def _prompts(tokenizer: Any, n: int) -> list[list[int]]:
+    return [tokenizer.encode(f"Guess the number {i}. " * (1 + i % 4)) for i in range(n)]
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll `condition` (bounded), yielding to the engine's loop between looks."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.001)
+
+
+async def _after_steps(engine: HFEngine, steps: int) -> None:
+    start = engine.stats()["batches"]
+    await _until(lambda: engine.stats()["batches"] >= start + steps)
+
+
+async def _staggered(engine: HFEngine, prompts: list[list[int]], params: list[SamplingParams]) -> list[Completion]:
+    """Each request arrives two decode steps after the one before it, while those still run."""
+    tasks = []
+    for prompt, p in zip(prompts, params, strict=True):
+        tasks.append(asyncio.create_task(engine.generate(prompt, p)))
+        await _after_steps(engine, 2)
+    return await asyncio.gather(*tasks)
+
+
+def _params(temperature: float, n: int, top_p: float = 1.0) -> list[SamplingParams]:
+    seeded = temperature > 0
+    return [
+        SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=6 + 5 * i, seed=100 + i if seeded else None)
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (1.0, 1.0), (0.8, 0.9)])
+async def test_same_completions_as_static(
+    static: HFEngine, continuous: HFEngine, temperature: float, top_p: float
+) -> None:
+    prompts = _prompts(static.tokenizer, 6)
+    params = _params(temperature, 6, top_p)
+    alone = [await static.generate(p, q) for p, q in zip(prompts, params, strict=True)]
+    joined = await _staggered(continuous, prompts, params)
+    assert max(c.batch_requests for c in joined) > 1  # they did share steps
+    for a, b, q in zip(alone, joined, params, strict=True):
+        assert b.token_ids == a.token_ids
+        assert (b.finish_reason, b.text, b.policy_version) == (a.finish_reason, a.text, a.policy_version)
+        assert len(b.token_ids) == q.max_new_tokens or b.finish_reason == "stop"
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < LOGPROB_TOL
+
+
+async def test_logprobs_match_teacher_forcing(continuous: HFEngine) -> None:
+    prompts = _prompts(continuous.tokenizer, 6)
+    temperatures = [1.0, 0.0, 0.7, 1.3, 0.0, 0.5]
+    params = [SamplingParams(temperature=t, max_new_tokens=12 + i) for i, t in enumerate(temperatures)]
+    results = await _staggered(continuous, prompts, params)
+    for prompt, c, t in zip(prompts, results, temperatures, strict=True):
+        ids = torch.tensor([prompt + c.token_ids])
+        with torch.inference_mode():
+            logits = continuous.model(ids).logits[0, len(prompt) - 1 : -1].float()
+        expected = torch.log_softmax(logits / (t if t > 0 else 1.0), dim=-1)
+        expected = expected.gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
+        assert (torch.tensor(c.logprobs) - expected).abs().max().item() < LOGPROB_TOL
+        if t == 0:
+            assert logits.argmax(-1).tolist() == c.token_ids
+
+
+async def test_a_late_request_joins_the_running_batch(continuous: HFEngine) -> None:
+    long_prompt, short_prompt = _prompts(continuous.tokenizer, 2)
+    long = asyncio.create_task(continuous.generate(long_prompt, SamplingParams(temperature=0.0, max_new_tokens=300)))
+    await _after_steps(continuous, 5)
+    short = await continuous.generate(short_prompt, SamplingParams(temperature=1.0, max_new_tokens=4))
+    assert not long.done()  # the short one joined the running batch and left it before the long one ended
+    assert short.batch_requests == 2 and len(short.token_ids) <= 4
+    assert len((await long).token_ids) == 300
+
+
+async def test_a_finished_row_frees_its_slot(tiny_model: Path) -> None:
+    eng = HFEngine(tiny_model, max_batch=2, batch_wait_ms=0.0, continuous=True)
+    await eng.start()
+    try:
+        a, b, c = _prompts(eng.tokenizer, 3)
+        long = asyncio.create_task(eng.generate(a, SamplingParams(temperature=0.0, max_new_tokens=300)))
+        short = asyncio.create_task(eng.generate(b, SamplingParams(temperature=0.0, max_new_tokens=3)))
+        third = await asyncio.create_task(eng.generate(c, SamplingParams(temperature=0.0, max_new_tokens=3)))
+        assert short.done() and not long.done()  # the third took the short one's slot, beside the long one
+        assert third.batch_requests == 2 and eng.stats()["mean_batch_size"] <= 2.0
+        await long
+    finally:
+        await eng.close()
+
+
+async def test_cancelled_requests_are_dropped(tiny_model: Path) -> None:
+    eng = HFEngine(tiny_model, max_batch=2, batch_wait_ms=0.0, continuous=True)
+    await eng.start()
+    try:
+        prompts = _prompts(eng.tokenizer, 4)
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=200)
+        running = asyncio.create_task(eng.generate(prompts[0], greedy))
+        kept = asyncio.create_task(eng.generate(prompts[1], greedy))
+        queued = asyncio.create_task(eng.generate(prompts[2], greedy))  # no room: max_batch=2
+        await _after_steps(eng, 3)
+        assert len(eng._running) == 2
+        queued.cancel()
+        running.cancel()
+        await _until(lambda: len(eng._running) == 1)  # the running one left the batch at the next step
+        done = await kept
+        assert len(done.token_ids) == 200
+        for task in (running, queued):
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        after = await eng.generate(prompts[3], SamplingParams(max_new_tokens=5))
+        assert 1 <= len(after.token_ids) <= 5
+        assert eng.stats()["prompt_tokens"] == len(prompts[0]) + len(prompts[1]) + len(prompts[3])
+    finally:
+        await eng.close()
+
+
+class _FailingModel:
+    """The engine's model, failing its next forward pass once `armed`."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.config, self.armed = model, model.config, False
+
+    def __call__(self, **kwargs: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("injected failure")
+        return self.model(**kwargs)
+
+
+async def test_a_failed_step_fails_its_requests_not_the_loop(tiny_model: Path) -> None:
+    eng = HFEngine(tiny_model, max_batch=4, batch_wait_ms=0.0, continuous=True)
+    await eng.start()
+    try:
+        failing = _FailingModel(eng.model)
+        eng.model = failing
+        prompts = _prompts(eng.tokenizer, 3)
+        running = asyncio.create_task(eng.generate(prompts[0], SamplingParams(max_new_tokens=300)))
+        await _after_steps(eng, 3)
+        failing.armed = True
+        with pytest.raises(RuntimeError, match="injected failure"):
+            await running
+        failing.armed = True  # now the prefill of a fresh request fails
+        with pytest.raises(RuntimeError, match="injected failure"):
+            await eng.generate(prompts[1], SamplingParams(max_new_tokens=4))
+        after = await eng.generate(prompts[2], SamplingParams(max_new_tokens=4))
+        assert 1 <= len(after.token_ids) <= 4
+    finally:
+        await eng.close()
+
+
+class _Versions:
+    """A weight source whose policy "run" is at `version` (its weights: the tiny model's own)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.version = path, 0
+
+    def latest(self, policy: str) -> PolicyWeights | None:
+        return PolicyWeights(policy, self.version, self.path) if self.version else None
+
+    def latest_version(self, policy: str) -> int:
+        return self.version
+
+
+async def test_a_new_version_drains_the_batch_first(tiny_model: Path) -> None:
+    source = _Versions(tiny_model)
+    eng = HFEngine(tiny_model, max_batch=4, batch_wait_ms=0.0, continuous=True, weights=source)
+    await eng.start()
+    try:
+        a, b = _prompts(eng.tokenizer, 2)
+        long = asyncio.create_task(eng.generate(a, SamplingParams(temperature=0.0, max_new_tokens=100), "run"))
+        await _after_steps(eng, 3)
+        source.version = 1
+        await _after_steps(eng, 2)  # the batch has seen the new version
+        late = await eng.generate(b, SamplingParams(max_new_tokens=4), "run")
+        assert long.done() and (await long).policy_version == 0  # it finished on the weights it started on
+        assert late.policy_version == 1 and late.batch_requests == 1  # loaded after the drain, never joined
+        assert eng.stats()["weight_loads"] == 1.0
+    finally:
+        await eng.close()
+
+
+async def test_the_config_selects_the_mode(tmp_path: Path) -> None:
+    eng = load_engine(ModelConfig(name_or_path="tiny", batching="continuous", prefix_cache_mb=8), cache_dir=tmp_path)
+    assert isinstance(eng, HFEngine) and eng.continuous and eng.prefix_cache is None  # none in this mode yet
+    await eng.close()
+    with pytest.raises(ValidationError, match="batching"):
+        ModelConfig(engine="vllm", batching="continuous")
