@@ -115,7 +115,7 @@ class DecodeActivities:
             raise ApplicationError(str(e), type=names.ERR_BAD_REQUEST, non_retryable=True) from e
         except EngineMisconfigured as e:
             raise ApplicationError(str(e), type=names.ERR_ENGINE_MISCONFIGURED, non_retryable=True) from e
-        version = completion.policy_version
+        version = completion.policy_version  # the oldest, when the turn spans several (`Completion.versions`)
         if version < inp.min_policy_version:
             # The engine reloads between batches from the store's pointer, so this needs a pointer that went back (a
             # store restored from a backup); retried like a version not yet published, never served as older weights.

@@ -229,3 +229,32 @@ async def test_the_config_selects_the_mode(tmp_path: Path) -> None:
     await eng.close()
     with pytest.raises(ValidationError, match="batching"):
         ModelConfig(engine="vllm", batching="continuous")
+
+
+async def test_interrupt_on_update_moves_running_rows_to_the_new_version(tiny_model: Path) -> None:
+    source = _Versions(tiny_model)
+    eng = HFEngine(
+        tiny_model, max_batch=4, batch_wait_ms=0.0, continuous=True, interrupt_on_update=True, weights=source
+    )
+    await eng.start()
+    try:
+        a, b = _prompts(eng.tokenizer, 2)
+        long = asyncio.create_task(eng.generate(a, SamplingParams(temperature=0.0, max_new_tokens=100), "run"))
+        await _after_steps(eng, 3)
+        source.version = 1
+        await _after_steps(eng, 2)  # loaded in place; the long row went on
+        late = await eng.generate(b, SamplingParams(max_new_tokens=4), "run")
+        assert not long.done() and late.batch_requests == 2  # no drain: it joined the running row
+        assert (late.policy_version, late.versions) == (1, [])
+        spanning = await long
+        assert (spanning.policy_version, spanning.versions) == (0, [0, 1])  # staleness counts from the oldest
+        assert len(spanning.token_ids) == 100 and eng.stats()["weight_loads"] == 1.0
+    finally:
+        await eng.close()
+
+
+def test_interrupt_on_update_needs_continuous(tiny_model: Path) -> None:
+    with pytest.raises(ValidationError, match="interrupt_on_update"):
+        ModelConfig(interrupt_on_update=True)
+    with pytest.raises(ValueError, match="interrupt_on_update"):
+        HFEngine(tiny_model, interrupt_on_update=True)

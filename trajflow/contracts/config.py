@@ -126,6 +126,11 @@ class ModelConfig(Contract):
     completion, then the next starts) or `continuous` (a request joins the running batch at its next decode step and
     leaves it when it finishes; no prefix cache in that mode yet, and not yet measured against `static`;
     `trajflow.rl.engines.continuous`). Models with sliding-window layers always batch statically."""
+    interrupt_on_update: bool = False
+    """With `batching = "continuous"`: a newly published policy version is loaded at once and the running
+    generations continue on it (their cached keys and values stay the old weights'), instead of finishing on the
+    version they started with while new requests wait. Such a turn records every version it spans and counts the
+    oldest as its `policy_version` (for staleness)."""
     prefix_cache_mb: Annotated[int, Field(ge=0, le=1_000_000)] = 1024
     """The `hf` engine keeps keys and values of earlier prompts and completions up to this size, so a trajectory's
     next turn (which extends its last prompt and completion) and a task's shared instructions are not recomputed
@@ -142,6 +147,8 @@ class ModelConfig(Contract):
             raise ValueError(
                 f'batching = "{self.batching}" is the hf engine\'s setting; engine = "{self.engine}" batches itself'
             )
+        if self.interrupt_on_update and self.batching != "continuous":
+            raise ValueError('interrupt_on_update needs batching = "continuous"')
         if self.engine != "vllm" and self.vllm is not None:
             raise ValueError(f'[model.vllm] is set, but engine = "{self.engine}"; set engine = "vllm" or drop it')
         return self

@@ -26,7 +26,8 @@ class TurnContext(Contract):
 
     `token_ids`, `logprobs` and `loss_mask` are aligned: prompt and observation tokens have mask 0 and
     logprob 0.0; generated tokens have mask 1 and the behaviour policy's logprob. `turn_versions[i]` is the
-    policy version that generated turn i; `turn_spans[i]` is its [start, end) in `token_ids`.
+    policy version that generated turn i (the oldest, when an engine moved the turn to newer weights mid-way:
+    `HFEngine`'s `interrupt_on_update`); `turn_spans[i]` is its [start, end) in `token_ids`.
     """
 
     messages: list[ChatMessage] = Field(default_factory=list)

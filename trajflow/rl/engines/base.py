@@ -14,7 +14,7 @@ Not here: batching, sampling, logprob computation (each engine's own job).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -29,7 +29,11 @@ class Completion:
     finish_reason: str
     """"stop" when EOS was generated, "length" when max_new_tokens ran out."""
     policy_version: int = 0
-    """The version of the weights that generated this completion (0: the initial model)."""
+    """The version of the weights that generated this completion (0: the initial model); the oldest one when several
+    did (`versions`), so staleness is counted from where it started."""
+    versions: list[int] = field(default_factory=list)
+    """Every version that generated part of it, oldest first, when more than one did (`HFEngine` with
+    `interrupt_on_update` moves running generations to new weights); empty: `policy_version` alone."""
     batch_requests: int = 0
     """How many requests the engine's batch held (0: the engine does not say, e.g. a server's)."""
     queue_wait_s: float | None = None

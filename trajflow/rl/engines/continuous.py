@@ -25,12 +25,16 @@ ask for none.
 
 Weights: one policy runs at a time. The batch's policy version is checked after each step; when a newer one is
 published the batch stops admitting, its rows finish on the weights they started on, and the next request reloads
-(`HFEngine._use_policy`) before it is prefilled: every completion comes from one version.
+(`HFEngine._use_policy`) before it is prefilled: every completion comes from one version. With
+`interrupt_on_update` (`[model] interrupt_on_update`) the engine instead loads the new version in place right away,
+between two steps, and the running rows continue on it: their tokens from then on are the new weights' choices and
+logprobs, but the keys and values already cached for their prompt and earlier tokens stay the old weights' (not
+recomputed), so such a completion is not exactly what either version alone would generate. It records the versions
+it spans (`Completion.versions`) and reports the oldest as its `policy_version`, which staleness counts from.
 
 Not here (yet): the prefix cache (a prefill recomputes the whole prompt; an engine with `prefix_cache_bytes` keeps
-no cache in this mode), interrupting running rows on a new version (`interrupt_on_update`), and models with
-sliding-window layers (the engine falls back to static batches for them). A step's prefill and decode are two
-forward passes, not one ragged one.
+no cache in this mode) and models with sliding-window layers (the engine falls back to static batches for them). A
+step's prefill and decode are two forward passes, not one ragged one.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     widest: int = 0
     """The most rows that shared a step with it."""
+    versions: list[int] = field(default_factory=list)
+    """The policy versions it was generated with, oldest first (more than one only with `interrupt_on_update`)."""
 
     def done(self, eos: set[int]) -> bool:
         return self.tokens[-1] in eos or len(self.tokens) >= self.request.params.max_new_tokens
@@ -136,12 +142,22 @@ class DecodeBatch:
             stats.completion_tokens += generated
             stats.busy_s += time.monotonic() - started
             finished = self._finish()
-        policy = self.policy
-        if policy and engine.weights is not None:  # a cached pointer (`WeightSource`): cheap when nothing changed
-            self.stale = engine.weights.latest_version(policy) > engine.version
-        elif not self.rows:
-            self.stale = False
+        self._check_version()
         return StepResult(finished, self.stale)
+
+    def _check_version(self) -> None:
+        """Is a newer version of the running policy published? Then stop admitting until the batch drains, or,
+        with `interrupt_on_update`, load it now and let the running rows go on with it."""
+        engine, policy = self.engine, self.policy
+        if not policy or engine.weights is None:  # `latest_version`: a cached pointer, cheap when nothing changed
+            self.stale = False
+        elif not engine.interrupt_on_update:
+            self.stale = engine.weights.latest_version(policy) > engine.version
+        elif engine.weights.latest_version(policy) > engine.version:
+            engine._use_policy(policy)  # in place, between two steps: the rows' cached keys/values stay the old ones
+            for row in self.rows:
+                if row.versions[-1] != engine.version:
+                    row.versions.append(engine.version)
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> Any:
         device = self.engine.device
@@ -180,6 +196,8 @@ class DecodeBatch:
             Row(r, row_generator(r.params.seed, engine.device), now, stats.completion_tokens, stats.busy_s)
             for r in admit
         ]
+        for row in rows:
+            row.versions.append(engine.version)
         self._append(output.logits[:, -1].float(), rows)
         stats.prompt_tokens += sum(len(r.prompt_ids) for r in admit)
         self._merge(rows, output.past_key_values, mask, positions[:, -1] + 1)
@@ -230,7 +248,8 @@ class DecodeBatch:
             if is_done:
                 reason = "stop" if row.tokens[-1] in eos else "length"
                 text = str(self.engine.tokenizer.decode(row.tokens, skip_special_tokens=True))
-                finished.append((row, Completion(row.tokens, row.logprobs, text, reason, self.engine.version)))
+                spans = row.versions if len(row.versions) > 1 else []
+                finished.append((row, Completion(row.tokens, row.logprobs, text, reason, row.versions[0], spans)))
         self._keep([i for i, is_done in enumerate(done) if not is_done])
         return finished
 

@@ -123,16 +123,20 @@ class HFEngine:
         weights: WeightSource | None = None,
         prefix_cache_bytes: int = 0,
         continuous: bool = False,
+        interrupt_on_update: bool = False,
     ) -> None:
         """`device` a torch device (`cpu`, `cuda`, `cuda:N`; `trajflow.rl.devices.resolve_device` turns a setting such
         as `auto` into one); `dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny
         model); `weights` None serves the initial model only; `prefix_cache_bytes` > 0 keeps up to that many bytes of
         keys and values of earlier prompts and completions (`trajflow.rl.engines.prefix_cache`; 0: none; ignored when
-        `continuous`, which batches continuously, see the module docstring)."""
+        `continuous`, which batches continuously, see the module docstring); `interrupt_on_update` (continuous only)
+        moves running generations to a newly published version instead of letting them finish on theirs."""
         from transformers import AutoConfig, AutoTokenizer
 
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if interrupt_on_update and not continuous:
+            raise ValueError("interrupt_on_update needs continuous batching")
         self.model_path = Path(model_path)
         self.name = self.model_path.name
         self.max_positions = config_positions(AutoConfig.from_pretrained(self.model_path))
@@ -157,6 +161,7 @@ class HFEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
         self._stats = _Stats()
         self.continuous = continuous
+        self.interrupt_on_update = interrupt_on_update
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 and not continuous else None
 
     def _pick_pad_id(self) -> int:

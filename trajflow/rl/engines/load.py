@@ -84,6 +84,7 @@ def load_engine(
         weights=weights,
         prefix_cache_bytes=model.prefix_cache_mb * 2**20,
         continuous=model.batching == "continuous",
+        interrupt_on_update=model.interrupt_on_update,
     )
 
 
