@@ -1,5 +1,5 @@
 """The CLI's `bench pipeline`, `bench sandbox`, `bench real`, `bench gpu`, `bench contention`, `bench lora`,
-`bench prefix-cache`, `bench scale` and `bench soak` commands: parse the options, then hand over to
+`bench prefix-cache`, `bench batching`, `bench scale` and `bench soak` commands: parse the options, then hand over to
 `trajflow/lab/bench/`."""
 
 from __future__ import annotations
@@ -191,6 +191,26 @@ def bench_prefix_cache(
     from trajflow.lab.bench.prefix_cache import main as prefix_main
 
     _exit(prefix_main(quick, json_path, load_settings().cache_dir / "models", episodes, threads, dtype))
+
+
+@bench_app.command("batching")
+def bench_batching(
+    json_path: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON here.")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer, shorter trajectories (a few minutes).")] = False,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="Torch threads (default: the decode worker's).")
+    ] = None,
+    tiny: Annotated[bool, typer.Option("--tiny", help="The tiny model: a smoke test, not a measurement.")] = False,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="auto (the CPU's native choice), float32 or bfloat16.")
+    ] = "auto",
+) -> None:
+    """The HF engine's static and continuous batching side by side on the demo's workload and a long-tailed one:
+    decode tokens/s, p50/p99 request latency, requests/s and trajectories/s, each as a ratio continuous/static."""
+    from infra.settings import load_settings
+    from trajflow.lab.bench.batching import main as batching_main
+
+    _exit(batching_main(quick, json_path, load_settings().cache_dir / "models", threads, tiny, dtype))
 
 
 @bench_app.command("reward-model")

@@ -1,0 +1,35 @@
+"""trajflow.lab.bench.batching on the tiny model (`--tiny`), so `trajflow bench batching` cannot rot: both modes play
+both workloads, the figures and ratios are there, and seeded sampling gives both modes the same tokens (float32)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trajflow.lab.bench.batching import MODES, RATIOS, long_tail_budgets, main
+
+
+def test_long_tail_budgets_are_powers_of_two_with_a_tail() -> None:
+    budgets = long_tail_budgets(200, 256)
+    assert all(8 <= b <= 256 and b & (b - 1) == 0 for b in budgets)
+    assert budgets.count(8) > len(budgets) / 3 and max(budgets) == 256 and sum(b >= 64 for b in budgets) >= 10
+    assert sorted(long_tail_budgets(16, 128)) == [8] * 9 + [16] * 4 + [32, 64, 128]
+
+
+def test_the_tiny_bench_plays_both_modes(cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "batching.json"
+    assert main(quick=True, json_path=out, models_dir=cache_dir / "models", threads=1, tiny=True, dtype="float32") == 0
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert [w["workload"] for w in report["workloads"]] == ["demo", "long-tail"]
+    assert report["machine"]["cpu"] and report["threads"] == 1
+    for w in report["workloads"]:
+        for mode in MODES:
+            figures = w[mode]
+            assert figures["requests"] == w["trajectories"] * w["turns"]
+            assert figures["completion_tokens"] > 0 and figures["p99_latency_s"] >= figures["p50_latency_s"] > 0
+        assert set(w["ratios"]) == set(RATIOS) and all(v is not None and v > 0 for v in w["ratios"].values())
+        assert w["identical_trajectories"] == w["trajectories"]  # tiny model: float32, seeded
