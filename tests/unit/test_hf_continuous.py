@@ -107,6 +107,38 @@ async def test_logprobs_match_teacher_forcing(continuous: HFEngine) -> None:
             assert logits.argmax(-1).tolist() == c.token_ids
 
 
+async def _conversations(engine: HFEngine, turns: int, n: int) -> list[list[Completion]]:
+    """`n` trajectories at once, each turn's prompt its last prompt, its completion and a new user message."""
+    from trajflow.contracts.records import TurnContext
+    from trajflow.rl.chat import append_completion, append_user
+
+    async def one(i: int) -> list[Completion]:
+        ctx, done = TurnContext(), []
+        for turn in range(turns):
+            ctx, prompt = append_user(ctx, engine.tokenizer, f"Guess {i}, turn {turn}. " * (1 + i % 3), "Play.")
+            params = SamplingParams(temperature=0.7, max_new_tokens=6 + 3 * i, seed=10 * i + turn)
+            done.append(await engine.generate(prompt, params))
+            ctx = append_completion(ctx, done[-1].token_ids, done[-1].logprobs, done[-1].text, 0)
+        return done
+
+    return await asyncio.gather(*(one(i) for i in range(n)))
+
+
+async def test_the_prefix_cache_changes_no_completion(static: HFEngine, tiny_model: Path) -> None:
+    eng = HFEngine(tiny_model, max_batch=8, batch_wait_ms=0.0, continuous=True, prefix_cache_bytes=2**24)
+    await eng.start()
+    try:
+        cached = await _conversations(eng, 3, 4)
+        assert eng.stats()["prefix_reused_tokens"] > eng.stats()["prompt_tokens"] / 3
+    finally:
+        await eng.close()
+    plain = await _conversations(static, 3, 4)
+    for a_turns, b_turns in zip(plain, cached, strict=True):
+        for a, b in zip(a_turns, b_turns, strict=True):
+            assert a.token_ids == b.token_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < LOGPROB_TOL
+
+
 async def test_a_late_request_joins_the_running_batch(continuous: HFEngine) -> None:
     long_prompt, short_prompt = _prompts(continuous.tokenizer, 2)
     long = asyncio.create_task(continuous.generate(long_prompt, SamplingParams(temperature=0.0, max_new_tokens=300)))
@@ -225,7 +257,7 @@ async def test_a_new_version_drains_the_batch_first(tiny_model: Path) -> None:
 
 async def test_the_config_selects_the_mode(tmp_path: Path) -> None:
     eng = load_engine(ModelConfig(name_or_path="tiny", batching="continuous", prefix_cache_mb=8), cache_dir=tmp_path)
-    assert isinstance(eng, HFEngine) and eng.continuous and eng.prefix_cache is None  # none in this mode yet
+    assert isinstance(eng, HFEngine) and eng.continuous and eng.prefix_cache is not None
     await eng.close()
     with pytest.raises(ValidationError, match="batching"):
         ModelConfig(engine="vllm", batching="continuous")

@@ -124,8 +124,8 @@ class ModelConfig(Contract):
     batching: Literal["static", "continuous"] = "static"
     """How the `hf` engine batches: `static` (a batch of requests with the same sampling params runs to its longest
     completion, then the next starts) or `continuous` (a request joins the running batch at its next decode step and
-    leaves it when it finishes; no prefix cache in that mode yet, and not yet measured against `static`;
-    `trajflow.rl.engines.continuous`). Models with sliding-window layers always batch statically."""
+    leaves it when it finishes; not yet measured against `static`; `trajflow.rl.engines.continuous`). Models with
+    sliding-window layers always batch statically."""
     interrupt_on_update: bool = False
     """With `batching = "continuous"`: a newly published policy version is loaded at once and the running
     generations continue on it (their cached keys and values stay the old weights'), instead of finishing on the

@@ -3,8 +3,8 @@ process on this machine, on two workloads.
 
 Each (workload, mode) gets a fresh `trajflow.rl.engines.hf.HFEngine` (SmolLM2-135M-Instruct in the dtype
 `trajflow.rl.precision` picks for the CPU unless `--dtype` forces one, the decode worker's threads unless
-`--threads`, `max_batch` 32 and `batch_wait_ms` 10 as configured by default, no prefix cache in either mode, since
-continuous mode has none yet) and plays the same trajectories: each one a closed loop of turns, its next request
+`--threads`, and the default config's `max_batch` (32), `batch_wait_ms` (10) and prefix cache (1024 MB), in both
+modes) and plays the same trajectories: each one a closed loop of turns, its next request
 sent when its last completion returns, all trajectories started at once, as the decode worker sees the concurrent
 trajectories of a step.
 
@@ -125,12 +125,20 @@ async def run_mode(
 ) -> dict[str, Any]:
     import torch
 
+    from trajflow.contracts.config import ModelConfig
     from trajflow.rl.engines.hf import HFEngine
     from trajflow.rl.precision import resolve_dtype
 
     dtype = resolve_dtype(dtype, "cpu").dtype
+    config = ModelConfig()
     engine = HFEngine(
-        model, torch_threads=threads, dtype=getattr(torch, dtype), continuous=mode == "continuous", batch_wait_ms=10
+        model,
+        max_batch=config.max_batch,
+        batch_wait_ms=config.batch_wait_ms,
+        torch_threads=threads,
+        dtype=getattr(torch, dtype),
+        prefix_cache_bytes=config.prefix_cache_mb * 2**20,
+        continuous=mode == "continuous",
     )
     await engine.start()
     try:

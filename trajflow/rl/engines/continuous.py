@@ -32,9 +32,13 @@ logprobs, but the keys and values already cached for their prompt and earlier to
 recomputed), so such a completion is not exactly what either version alone would generate. It records the versions
 it spans (`Completion.versions`) and reports the oldest as its `policy_version`, which staleness counts from.
 
-Not here (yet): the prefix cache (a prefill recomputes the whole prompt; an engine with `prefix_cache_bytes` keeps
-no cache in this mode) and models with sliding-window layers (the engine falls back to static batches for them). A
-step's prefill and decode are two forward passes, not one ragged one.
+Prefix cache (`trajflow.rl.engines.prefix_cache`, as in static mode): a prefill takes the cached keys and values of
+its prompts' longest cached prefixes (`batch_past`) and feeds the model only the rest; a finished row gives its
+prompt and completion's keys and values (the rightmost columns of its row of the batch's cache) to the cache, unless
+it spans two versions (`interrupt_on_update`). Cleared whenever other weights are loaded.
+
+Not here (yet): models with sliding-window layers (the engine falls back to static batches for them); one ragged
+forward pass for a step's prefill and decode (they are two).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from trajflow.rl.engines.base import Completion
+from trajflow.rl.engines.prefix_cache import batch_past
 from trajflow.rl.engines.sampling import draw_tokens, row_generator, uniform
 
 if TYPE_CHECKING:
@@ -190,7 +195,12 @@ class DecodeBatch:
             input_ids[i, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids, dtype=torch.long)
             mask[i, width - len(request.prompt_ids) :] = 1
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # what `generate` gives left-padded rows
-        output = self._forward(input_ids, mask, positions, DynamicCache(config=engine.model.config))
+        past, reused = None, 0
+        if engine.prefix_cache is not None:
+            past, reused = batch_past(engine.prefix_cache, [r.prompt_ids for r in admit], width)
+        cached = 0 if past is None else past[0][0].shape[2]  # columns whose keys/values came from the prefix cache
+        cache = DynamicCache(ddp_cache_data=past, config=engine.model.config)
+        output = self._forward(input_ids[:, cached:], mask, positions[:, cached:], cache)
         now, stats = time.monotonic(), engine._stats
         rows = [
             Row(r, row_generator(r.params.seed, engine.device), now, stats.completion_tokens, stats.busy_s)
@@ -200,6 +210,7 @@ class DecodeBatch:
             row.versions.append(engine.version)
         self._append(output.logits[:, -1].float(), rows)
         stats.prompt_tokens += sum(len(r.prompt_ids) for r in admit)
+        stats.reused_tokens += reused
         self._merge(rows, output.past_key_values, mask, positions[:, -1] + 1)
         return len(rows)
 
@@ -244,14 +255,26 @@ class DecodeBatch:
         if not any(done):
             return []
         finished = []
-        for row, is_done in zip(self.rows, done, strict=True):
+        for i, (row, is_done) in enumerate(zip(self.rows, done, strict=True)):
             if is_done:
+                self._keep_prefix(i)
                 reason = "stop" if row.tokens[-1] in eos else "length"
                 text = str(self.engine.tokenizer.decode(row.tokens, skip_special_tokens=True))
                 spans = row.versions if len(row.versions) > 1 else []
                 finished.append((row, Completion(row.tokens, row.logprobs, text, reason, row.versions[0], spans)))
         self._keep([i for i, is_done in enumerate(done) if not is_done])
         return finished
+
+    def _keep_prefix(self, i: int) -> None:
+        """Give row `i`'s prompt and fed tokens (all but the last sampled) to the prefix cache, when it has one and
+        they came from the loaded weights alone. A row's tokens are the rightmost columns of the batch's cache."""
+        row, cache = self.rows[i], self.engine.prefix_cache
+        if cache is None or row.versions != [self.engine.version]:
+            return
+        tokens = [*row.request.prompt_ids, *row.tokens[:-1]]
+        layers = [(layer.keys[i, :, -len(tokens) :].clone(), layer.values[i, :, -len(tokens) :].clone())
+                  for layer in self.cache.layers]  # fmt: skip
+        cache.add(tokens, layers)
 
 
 def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:

@@ -128,8 +128,8 @@ class HFEngine:
         """`device` a torch device (`cpu`, `cuda`, `cuda:N`; `trajflow.rl.devices.resolve_device` turns a setting such
         as `auto` into one); `dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny
         model); `weights` None serves the initial model only; `prefix_cache_bytes` > 0 keeps up to that many bytes of
-        keys and values of earlier prompts and completions (`trajflow.rl.engines.prefix_cache`; 0: none; ignored when
-        `continuous`, which batches continuously, see the module docstring); `interrupt_on_update` (continuous only)
+        keys and values of earlier prompts and completions (`trajflow.rl.engines.prefix_cache`; 0: none); `continuous`
+        batches continuously (see the module docstring); `interrupt_on_update` (continuous only)
         moves running generations to a newly published version instead of letting them finish on theirs."""
         from transformers import AutoConfig, AutoTokenizer
 
@@ -162,7 +162,7 @@ class HFEngine:
         self._stats = _Stats()
         self.continuous = continuous
         self.interrupt_on_update = interrupt_on_update
-        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 and not continuous else None
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
 
     def _pick_pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
