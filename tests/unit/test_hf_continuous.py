@@ -5,6 +5,8 @@ drains the batch. All on the tiny random model (float32, CPU)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -281,6 +283,24 @@ async def test_interrupt_on_update_moves_running_rows_to_the_new_version(tiny_mo
         spanning = await long
         assert (spanning.policy_version, spanning.versions) == (0, [0, 1])  # staleness counts from the oldest
         assert len(spanning.token_ids) == 100 and eng.stats()["weight_loads"] == 1.0
+    finally:
+        await eng.close()
+
+
+async def test_sliding_window_models_fall_back_to_static(tiny_model: Path, tmp_path: Path) -> None:
+    sliding = tmp_path / "sliding"
+    shutil.copytree(tiny_model, sliding)
+    config = json.loads((sliding / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    config.update(use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    config["layer_types"] = ["sliding_attention", "full_attention"] * (layers // 2)
+    (sliding / "config.json").write_text(json.dumps(config))
+    eng = HFEngine(sliding, continuous=True, batch_wait_ms=0.0)
+    await eng.start()
+    try:
+        assert not eng.continuous
+        c = await eng.generate(_prompts(eng.tokenizer, 1)[0], SamplingParams(max_new_tokens=3))
+        assert 1 <= len(c.token_ids) <= 3
     finally:
         await eng.close()
 

@@ -14,7 +14,9 @@ rows left-padded to a common length, an explicit attention mask, per-row positio
 `continuous_loop` (the engine's asyncio task) admits requests between steps: while rows run, every waiting request
 of the same policy joins at the next step (up to `max_batch` rows, FIFO; a request of another policy stops admission
 until the batch drains, so it cannot starve); an empty batch waits `batch_wait_ms` for company as static mode does.
-A finished row's future resolves when its step returns.
+A finished row's future resolves when its step returns. In this mode the engine's `batches` stat counts steps
+(`mean_batch_size`: rows per step), and a completion's `batch_requests` is the most rows it shared a step with,
+`queue_wait_s` its wait before its prefill, `batch_tokens_per_s` all rows' tokens per busy second while it ran.
 
 Sampling and logprobs are the static path's, per row: each row keeps its own `SamplingParams` (temperature, top_p,
 max_new_tokens, seed), a seeded row draws from its own generator with `trajflow.rl.engines.sampling.draw_tokens`
