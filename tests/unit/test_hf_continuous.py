@@ -193,13 +193,13 @@ async def test_cancelled_requests_are_dropped(tiny_model: Path) -> None:
 
 
 class _FailingModel:
-    """The engine's model, failing its next forward pass once `armed`."""
+    """The engine's model, failing its next forward pass once `armed` (a prefill's only, with `prefill_only`)."""
 
     def __init__(self, model: Any) -> None:
-        self.model, self.config, self.armed = model, model.config, False
+        self.model, self.config, self.armed, self.prefill_only = model, model.config, False, False
 
     def __call__(self, **kwargs: Any) -> Any:
-        if self.armed:
+        if self.armed and (kwargs["input_ids"].shape[1] > 1 or not self.prefill_only):
             self.armed = False
             raise RuntimeError("injected failure")
         return self.model(**kwargs)
@@ -212,7 +212,7 @@ async def test_a_failed_step_fails_its_requests_not_the_loop(tiny_model: Path) -
         failing = _FailingModel(eng.model)
         eng.model = failing
         prompts = _prompts(eng.tokenizer, 3)
-        running = asyncio.create_task(eng.generate(prompts[0], SamplingParams(max_new_tokens=300)))
+        running = asyncio.create_task(eng.generate(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=300)))
         await _after_steps(eng, 3)
         failing.armed = True
         with pytest.raises(RuntimeError, match="injected failure"):
@@ -222,6 +222,13 @@ async def test_a_failed_step_fails_its_requests_not_the_loop(tiny_model: Path) -
             await eng.generate(prompts[1], SamplingParams(max_new_tokens=4))
         after = await eng.generate(prompts[2], SamplingParams(max_new_tokens=4))
         assert 1 <= len(after.token_ids) <= 4
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=100)  # greedy: this prompt's 100 tokens hold no EOS
+        running = asyncio.create_task(eng.generate(prompts[0], greedy))
+        await _after_steps(eng, 3)
+        failing.armed = failing.prefill_only = True  # a request joining the running one fails alone
+        with pytest.raises(RuntimeError, match="injected failure"):
+            await eng.generate(prompts[1], SamplingParams(max_new_tokens=4))
+        assert not running.done() and len((await running).token_ids) == 100
     finally:
         await eng.close()
 

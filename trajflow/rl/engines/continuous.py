@@ -108,6 +108,8 @@ class StepResult:
     finished: list[tuple[Row, Completion]]
     stale: bool
     """A newer version of the running policy is published: admit nothing more until the batch drains."""
+    admission_error: Exception | None = None
+    """Why the prefill of this step's admitted requests failed (they fail; the running rows went on)."""
 
 
 class DecodeBatch:
@@ -137,10 +139,15 @@ class DecodeBatch:
                 dropped = {id(row) for row in drop}
                 self._keep([i for i, row in enumerate(self.rows) if id(row) not in dropped])
             generated = self._decode() if self.rows else 0
-            if admit:
-                if not self.rows:
-                    engine._use_policy(admit[0].policy)
+            admission_error = None
+            if admit and not self.rows:  # nothing else runs: a failure here fails the step's requests, all admitted
+                engine._use_policy(admit[0].policy)
                 generated += self._prefill(admit)
+            elif admit:
+                try:  # the running rows' state is only changed by the prefill's last act, the merge
+                    generated += self._prefill(admit)
+                except Exception as error:  # e.g. a prompt the model cannot take: those requests fail, not the rows
+                    admission_error = error
             for row in self.rows:
                 row.widest = max(row.widest, len(self.rows))
             stats = engine._stats
@@ -150,7 +157,7 @@ class DecodeBatch:
             stats.busy_s += time.monotonic() - started
             finished = self._finish()
         self._check_version()
-        return StepResult(finished, self.stale)
+        return StepResult(finished, self.stale, admission_error)
 
     def _check_version(self) -> None:
         """Is a newer version of the running policy published? Then stop admitting until the batch drains, or,
@@ -306,7 +313,9 @@ def _admissions(engine: HFEngine, batch: DecodeBatch) -> list[_Request]:
 
 
 async def continuous_loop(engine: HFEngine) -> None:
-    """The engine's scheduling task in continuous mode (see the module docstring)."""
+    """The engine's scheduling task in continuous mode (see the module docstring). A failed prefill fails the
+    requests it admitted; any other failed step fails every request of the step and empties the batch; the loop
+    goes on."""
     loop = asyncio.get_running_loop()
     batch = DecodeBatch(engine)
     while True:
@@ -329,6 +338,10 @@ async def continuous_loop(engine: HFEngine) -> None:
             batch.clear()
             engine._running = []
             continue
+        if result.admission_error is not None:
+            for request in admit:
+                if not request.future.done():
+                    request.future.set_exception(result.admission_error)
         for row, completion in result.finished:
             completion.batch_requests = row.widest
             completion.queue_wait_s = max(0.0, row.admitted - row.request.enqueued)
