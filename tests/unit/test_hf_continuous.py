@@ -317,3 +317,16 @@ def test_interrupt_on_update_needs_continuous(tiny_model: Path) -> None:
         ModelConfig(interrupt_on_update=True)
     with pytest.raises(ValueError, match="interrupt_on_update"):
         HFEngine(tiny_model, interrupt_on_update=True)
+
+
+async def test_close_fails_running_and_waiting_requests(tiny_model: Path) -> None:
+    eng = HFEngine(tiny_model, max_batch=1, batch_wait_ms=0.0, continuous=True)
+    await eng.start()
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=300)
+    a, b = _prompts(eng.tokenizer, 2)
+    running, waiting = (asyncio.create_task(eng.generate(p, greedy)) for p in (a, b))
+    await _after_steps(eng, 3)
+    await eng.close()
+    for task in (running, waiting):
+        with pytest.raises(RuntimeError, match="engine closed"):
+            await task
