@@ -26,6 +26,10 @@ same float products in another order (~1e-6 apart in float32, more in bfloat16),
 different token where its uniform number falls that close to a boundary of the CDF. A seed's stream differs between
 device types (a CPU and a CUDA generator), so reproducibility holds on one kind of device. Greedy
 (`temperature == 0`) needs no sampler.
+
+Also here: the draw on its own (`row_generator`, `uniform`, `draw_tokens`), which the continuous decode loop
+(`trajflow.rl.engines.continuous`) calls per row without `generate`, and `LogprobRecorder`, the logits processor that
+records the logprobs of `HFEngine`'s static batches.
 """
 
 from __future__ import annotations
