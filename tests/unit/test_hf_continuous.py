@@ -312,6 +312,34 @@ async def test_sliding_window_models_fall_back_to_static(tiny_model: Path, tmp_p
         await eng.close()
 
 
+async def test_an_interrupted_row_continues_on_the_new_weights(tiny_model: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    other = AutoModelForCausalLM.from_pretrained(tiny_model)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
+    other.save_pretrained(tmp_path / "v1")
+    source = _Versions(tmp_path / "v1")
+    eng = HFEngine(tiny_model, batch_wait_ms=0.0, continuous=True, interrupt_on_update=True, weights=source)
+    await eng.start()
+    try:
+        prompt = _prompts(eng.tokenizer, 1)[0]
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=60)
+        before = await eng.generate(prompt, greedy, "run")  # all v0
+        task = asyncio.create_task(eng.generate(prompt, greedy, "run"))
+        await _after_steps(eng, 10)
+        source.version = 1
+        spanning = await task
+        after = await eng.generate(prompt, greedy, "run")  # all v1
+    finally:
+        await eng.close()
+    assert (spanning.policy_version, spanning.versions, after.policy_version, after.versions) == (0, [0, 1], 1, [])
+    parted = next(i for i, (a, b) in enumerate(zip(before.token_ids, spanning.token_ids, strict=False)) if a != b)
+    assert parted >= 10  # v0's tokens up to the switch, then the new weights' choices
+    assert spanning.token_ids != after.token_ids
+
+
 def test_interrupt_on_update_needs_continuous(tiny_model: Path) -> None:
     with pytest.raises(ValidationError, match="interrupt_on_update"):
         ModelConfig(interrupt_on_update=True)
