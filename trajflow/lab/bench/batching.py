@@ -17,8 +17,9 @@ trajectories of a step.
   budgets are powers of two to leave them groups to batch (unrounded, every budget would run alone).
 
 Reported per mode: wall seconds, completion tokens and decode tokens/s (all tokens over the wall time), p50/p99
-request latency (from the call to its completion), requests/s and trajectories/s; then each as a ratio
-continuous/static. Also whether both modes generated the same tokens (seeded sampling should, up to float ties).
+request latency (from the call to its completion; with under 100 requests p99 is the slowest), requests/s and
+trajectories/s; then each as a ratio continuous/static. Also whether both modes generated the same tokens (seeded
+sampling should, up to float ties).
 The machine: the CPU model, cores, whether it has native bf16, the load average before and after.
 
 Limits: one machine, whatever else runs on it; a closed loop with no env time between turns (the env's seconds
