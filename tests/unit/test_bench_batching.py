@@ -24,6 +24,7 @@ def test_the_tiny_bench_plays_both_modes(cache_dir: Path, tmp_path: Path, monkey
     out = tmp_path / "batching.json"
     assert main(quick=True, json_path=out, models_dir=cache_dir / "models", threads=1, tiny=True, dtype="float32") == 0
     report: dict[str, Any] = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0
     assert [w["workload"] for w in report["workloads"]] == ["demo", "long-tail"]
     assert report["machine"]["cpu"] and report["threads"] == 1
     for w in report["workloads"]:

@@ -213,6 +213,31 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_plot(report: dict[str, Any], path: Path) -> Path:
+    """Each workload's ratios continuous/static as bars (1 = even; above it, continuous has more of the figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(report["workloads"])
+    for n, w in enumerate(report["workloads"]):
+        xs = [i + n * width for i in range(len(RATIOS))]
+        ax.bar(xs, [w["ratios"][k] or 0.0 for k in RATIOS], width=width, label=w["workload"])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(RATIOS))], [k.replace("_", " ") for k in RATIOS])
+    ax.set_ylabel("continuous / static")
+    m = report["machine"]
+    ax.set_title(f"{report['model']}, {m['cpu']} ({m['cores']} cores), {report['threads']} threads", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def main(
     quick: bool,
     json_path: Path | None,
@@ -226,5 +251,5 @@ def main(
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2))
-        print(f"json: {json_path}", flush=True)
+        print(f"json: {json_path}; plot: {write_plot(report, json_path.with_suffix('.png'))}", flush=True)
     return 0
