@@ -124,8 +124,8 @@ class ModelConfig(Contract):
     batching: Literal["static", "continuous"] = "static"
     """How the `hf` engine batches: `static` (a batch of requests with the same sampling params runs to its longest
     completion, then the next starts) or `continuous` (a request joins the running batch at its next decode step and
-    leaves it when it finishes; `trajflow.rl.engines.continuous`). Measured once, on a loaded 2-core CPU: even with
-    `static` on the demo's shape, 1.8x the requests/s on a long-tailed one (docs/stack.md); `static` stays the
+    leaves it when it finishes; `trajflow.rl.engines.continuous`). Measured once, on a loaded 2-core CPU: on a par
+    with `static` on the demo's shape, 1.8x the requests/s on a long-tailed one (docs/stack.md); `static` stays the
     default until measured more. Models with sliding-window layers always batch statically."""
     interrupt_on_update: bool = False
     """With `batching = "continuous"`: a newly published policy version is loaded at once and the running
