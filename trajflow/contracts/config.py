@@ -124,9 +124,9 @@ class ModelConfig(Contract):
     batching: Literal["static", "continuous"] = "static"
     """How the `hf` engine batches: `static` (a batch of requests with the same sampling params runs to its longest
     completion, then the next starts) or `continuous` (a request joins the running batch at its next decode step and
-    leaves it when it finishes; `trajflow.rl.engines.continuous`). Measured once, on a loaded 2-core CPU: on a par
-    with `static` on the demo's shape, 1.8x the requests/s on a long-tailed one (docs/stack.md); `static` stays the
-    default until measured more. Models with sliding-window layers always batch statically."""
+    leaves it when it finishes; `trajflow.rl.engines.continuous`). Measured unloaded on a 2-core CPU with native
+    bf16 (docs/stack.md): 1.14-1.20x the trajectories/s on the demo's shape, but a worse median request on a
+    long-tailed one; `static` stays the default. Models with sliding-window layers always batch statically."""
     interrupt_on_update: bool = False
     """With `batching = "continuous"`: a newly published policy version is loaded at once and the running
     generations continue on it (their cached keys and values stay the old weights'), instead of finishing on the
