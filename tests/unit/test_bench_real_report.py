@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trajflow.lab.bench.real_report import mode_figures, render, summary, sync_phases, union_seconds
+from trajflow.lab.bench.real_report import mode_figures, render, summary, sync_phases, trainer_split, union_seconds
 
 
 def test_union_counts_overlaps_once_and_clips_to_the_window() -> None:
@@ -37,3 +37,27 @@ def test_summary_reports_speedup_against_the_reference_ratio() -> None:
     assert fast.busy["decode"] == pytest.approx(1.0)
     text = render(s)
     assert "reference ratio" in text and "alpha 1" in text
+
+
+def test_trainer_split_leaves_out_the_first_step_names_the_rest_writing_and_gives_the_updates_speed() -> None:
+    parts = [
+        {"compute_s": 30.0, "load_s": 1.0, "tokens": 900.0},
+        {"compute_s": 4.0, "load_s": 0.5, "tokens": 40.0},
+        {"compute_s": 6.0, "load_s": 0.5, "tokens": 60.0},
+    ]
+    mode = mode_figures(
+        "alpha1", 1, [40.0, 50.0, 60.0], [35.0, 6.0, 8.0], 8, {}, 0.0, 60.0, None, parts, {"x": 1.0}, {"trainer": 0.14}
+    )
+    assert trainer_split(mode) == {
+        "train_s": pytest.approx(7.0),
+        "compute_s": pytest.approx(5.0),
+        "load_s": pytest.approx(0.5),
+        "write_s": pytest.approx(1.5),
+        "tokens_per_s": pytest.approx(10.0),  # 100 tokens in 10 s of updates, step 1 left out
+    }
+    assert trainer_split(mode_figures("sync", 0, [1.0, 2.0], [1.0, 1.0], 8, {}, 0.0, 2.0)) == {}
+    s = summary(mode, [mode], {"cpu": "test"})
+    assert s["trainer_split"]["alpha1"]["write_s"] == pytest.approx(1.5)  # type: ignore[index]
+    text = render(s)
+    assert "checkpoint and weights 1.5 s; updates at 10 loss tokens/s" in text and "cores alpha1" in text
+    assert "waiting for a CPU alpha1   trainer 0.14" in text

@@ -53,7 +53,8 @@ class RealPlan:
 
 def quick_plan() -> RealPlan:
     """4 steps of 8 trajectories (groups of 4) per mode: 3 steady intervals per mode, about 18 minutes for the three
-    modes on a 2-core CPU with SmolLM2 (measured on the hosts layout)."""
+    modes on a 2-core AVX2 CPU with SmolLM2 (float32; measured on the hosts layout), 5 on a 2-core CPU with native
+    bf16 (the embedded default)."""
     return RealPlan(steps=4, batch_size=8, group_size=4, label="quick")
 
 
@@ -108,26 +109,42 @@ async def _end_leftovers(client: Client, run_id: str) -> int:
     return ended
 
 
+def _stack_processes() -> dict[str, int]:
+    """Name -> pid of the live processes `trajflow up` started on this machine (none for `up --hosts`' containers,
+    whose CPU counts as "other")."""
+    from infra.processes import ProcessTable, is_alive
+    from infra.settings import load_settings
+
+    return {r.name: r.pid for r in ProcessTable(load_settings().run_dir).load() if is_alive(r)}
+
+
 async def run_mode(client: Client, config: RunConfig, plan: RealPlan, alpha: int, say: Say) -> ModeFigures:
     from trajflow.client import start_training, training_progress
+    from trajflow.lab.bench import cpu_use
 
     label = "sync" if alpha == 0 else f"alpha{alpha}"
     run_id = f"bench-{plan.label}-{label}-{int(time.time())}"
     cfg = plan.run_config(config, alpha)
     say(f"{label}: {plan.steps} steps of {cfg.batch_size} trajectories (run {run_id})")
+    processes = _stack_processes()
     start, t0 = time.time(), time.monotonic()
     handle = await start_training(cfg, run_id=run_id, client=client)
     waiter = asyncio.ensure_future(handle.result())
-    seen = 0
+    seen, first = 0, None
     while not waiter.done():
-        await asyncio.wait({waiter}, timeout=5.0)
+        await asyncio.wait({waiter}, timeout=1.0)
         if not waiter.done():
             version = (await training_progress(handle)).version
             if version > seen:
                 seen = version
+                if first is None:  # the steady window starts at step 1's end (seen within a second)
+                    first = cpu_use.take(processes)
                 say(f"  {label}: step {version}/{plan.steps} at {time.monotonic() - t0:.0f} s")
     result: TrainingResult = waiter.result()
     wall = time.monotonic() - t0
+    last = cpu_use.take(processes)
+    cores = cpu_use.cores_used(first, last) if first is not None else {}
+    waiting = cpu_use.cores_waiting(first, last) if first is not None else {}
     await _end_leftovers(client, run_id)
     spans = await run_spans(client, run_id)
     return mode_figures(
@@ -140,7 +157,20 @@ async def run_mode(client: Client, config: RunConfig, plan: RealPlan, alpha: int
         start,
         wall,
         result.counters.model_dump(),
+        [_train_parts(h.metrics) for h in result.history],
+        cores,
+        waiting,
     )
+
+
+def _train_parts(metrics: dict[str, float]) -> dict[str, float]:
+    """What a step's trainer metrics say of its time: its updates (`compute_s`), its reads (`load_s`), and the
+    tokens they trained on (`tokens`: loss tokens, for a speed that holds across steps of different lengths)."""
+    return {
+        "compute_s": metrics.get("seconds", 0.0),
+        "load_s": metrics.get("load_s", 0.0),
+        "tokens": metrics.get("tokens", 0.0),
+    }
 
 
 async def run_bench(config: RunConfig, plan: RealPlan, say: Say) -> dict[str, object]:

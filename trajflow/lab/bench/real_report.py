@@ -52,6 +52,15 @@ class ModeFigures:
     counters: dict[str, int] = field(default_factory=dict)
     spans: dict[str, list[Span]] = field(default_factory=dict)
     """Stage -> its activity spans in seconds since the run started (for the timeline plot)."""
+    train_parts: list[dict[str, float]] = field(default_factory=list)
+    """Per step, the parts of its train_s the trainer reported: `compute_s` (the optimizer updates) and `load_s`
+    (reading the batch from the store); the rest of train_s is writing the checkpoint and the weights."""
+    waiting: dict[str, float] = field(default_factory=dict)
+    """Per stack process, its threads' time runnable but waiting for a CPU over the same window, as cores
+    (`cpu_use.cores_waiting`)."""
+    cores: dict[str, float] = field(default_factory=dict)
+    """Cores each stack process (and "other", "idle") used on average from step 1's end to the mode's end (the
+    steady window, to within the bench's one-second poll; `cpu_use.cores_used`)."""
 
 
 def mode_figures(
@@ -64,6 +73,9 @@ def mode_figures(
     start: float,
     wall_s: float,
     counters: dict[str, int] | None = None,
+    train_parts: Sequence[dict[str, float]] = (),
+    cores: dict[str, float] | None = None,
+    waiting: dict[str, float] | None = None,
 ) -> ModeFigures:
     """One mode's figures. `spans` are absolute times; `start` is the absolute time the run started (step
     times are relative to it)."""
@@ -81,7 +93,27 @@ def mode_figures(
         wall_s=wall_s,
         counters=counters or {},
         spans={stage: sorted((a - start, b - start) for a, b in ss) for stage, ss in spans.items()},
+        train_parts=[dict(p) for p in train_parts],
+        cores=dict(cores or {}),
+        waiting=dict(waiting or {}),
     )
+
+
+def trainer_split(mode: ModeFigures) -> dict[str, float]:
+    """Mean seconds per step, steps 2..N (step 1 builds the trainer): the whole train_s, its optimizer updates
+    (`compute_s`), its reads (`load_s`) and the rest (`write_s`: checkpoint and weights); and the updates' loss
+    tokens per second over those steps (`tokens_per_s`, where the parts count tokens). Empty without parts."""
+    pairs = list(zip(mode.train_s[1:], mode.train_parts[1:], strict=False))
+    if not pairs:
+        return {}
+    train = statistics.fmean(t for t, _ in pairs)
+    compute = statistics.fmean(p.get("compute_s", 0.0) for _, p in pairs)
+    load = statistics.fmean(p.get("load_s", 0.0) for _, p in pairs)
+    split = {"train_s": train, "compute_s": compute, "load_s": load, "write_s": max(0.0, train - compute - load)}
+    tokens = sum(p.get("tokens", 0.0) for _, p in pairs)
+    if tokens > 0:  # steps differ in length: the updates' speed is comparable across modes, their seconds are not
+        split["tokens_per_s"] = tokens / sum(p.get("compute_s", 0.0) for _, p in pairs)
+    return split
 
 
 def sync_phases(step_times: Sequence[float], train_s: Sequence[float]) -> tuple[float, float]:
@@ -106,6 +138,9 @@ def summary(sync: ModeFigures, modes: Sequence[ModeFigures], machine: dict[str, 
         "G_s": g,
         "T_s": t,
         "busy": {m.label: m.busy for m in (sync, *modes)},
+        "trainer_split": {m.label: trainer_split(m) for m in (sync, *modes)},
+        "cores": {m.label: m.cores for m in (sync, *modes)},
+        "waiting": {m.label: m.waiting for m in (sync, *modes)},
         "modes": [asdict(m) for m in (sync, *modes)],
         "machine": machine,
     }
@@ -128,6 +163,22 @@ def render(s: dict[str, object]) -> str:
         )
     for label, fractions in busy.items():
         lines.append(f"busy {label:8} " + "  ".join(f"{k} {v:.0%}" for k, v in fractions.items()))
+    split: dict[str, dict[str, float]] = s.get("trainer_split", {})  # type: ignore[assignment]
+    for label, parts in split.items():
+        if parts:
+            lines.append(
+                f"trainer {label:8} {parts['train_s']:.1f} s a step: updates {parts['compute_s']:.1f} s, "
+                f"reads {parts['load_s']:.1f} s, checkpoint and weights {parts['write_s']:.1f} s"
+                + (f"; updates at {parts['tokens_per_s']:.0f} loss tokens/s" if "tokens_per_s" in parts else "")
+            )
+    cores: dict[str, dict[str, float]] = s.get("cores", {})  # type: ignore[assignment]
+    for label, used in cores.items():
+        if used:
+            lines.append(f"cores {label:8} " + "  ".join(f"{k} {v:.2f}" for k, v in used.items()))
+    waiting: dict[str, dict[str, float]] = s.get("waiting", {})  # type: ignore[assignment]
+    for label, waits in waiting.items():
+        if waits:
+            lines.append(f"waiting for a CPU {label:8} " + "  ".join(f"{k} {v:.2f}" for k, v in waits.items()))
     return "\n".join(lines)
 
 
