@@ -165,7 +165,7 @@ async def run_mode(client: Client, config: RunConfig, plan: RealPlan, alpha: int
 
 def _train_parts(metrics: dict[str, float]) -> dict[str, float]:
     """What a step's trainer metrics say of its time: its updates (`compute_s`), its reads (`load_s`), and the
-    tokens they trained on (`tokens`: loss tokens, for a speed that holds across steps of different lengths)."""
+    tokens they trained on (`tokens`: loss tokens only, a rough size of the step; its prompts cost compute too)."""
     return {
         "compute_s": metrics.get("seconds", 0.0),
         "load_s": metrics.get("load_s", 0.0),

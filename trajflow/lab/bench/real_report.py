@@ -111,7 +111,7 @@ def trainer_split(mode: ModeFigures) -> dict[str, float]:
     load = statistics.fmean(p.get("load_s", 0.0) for _, p in pairs)
     split = {"train_s": train, "compute_s": compute, "load_s": load, "write_s": max(0.0, train - compute - load)}
     tokens = sum(p.get("tokens", 0.0) for _, p in pairs)
-    if tokens > 0:  # steps differ in length: the updates' speed is comparable across modes, their seconds are not
+    if tokens > 0:  # steps differ in length: a speed compares modes better than seconds (roughly: prompts cost too)
         split["tokens_per_s"] = tokens / sum(p.get("compute_s", 0.0) for _, p in pairs)
     return split
 
