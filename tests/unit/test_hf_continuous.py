@@ -249,17 +249,26 @@ class _Versions:
         return self.version
 
 
+async def _new_version_while_a_row_runs(
+    eng: HFEngine, source: _Versions
+) -> tuple[asyncio.Task[Completion], Completion]:
+    """A greedy 100-token row of policy "run" starts, v1 is published after its third step, and two steps later a
+    short request of the same policy arrives: the running row's task and the late request's completion."""
+    a, b = _prompts(eng.tokenizer, 2)
+    long = asyncio.create_task(eng.generate(a, SamplingParams(temperature=0.0, max_new_tokens=100), "run"))
+    await _after_steps(eng, 3)
+    source.version = 1
+    await _after_steps(eng, 2)  # the batch has seen the new version
+    late = await eng.generate(b, SamplingParams(max_new_tokens=4), "run")
+    return long, late
+
+
 async def test_a_new_version_drains_the_batch_first(tiny_model: Path) -> None:
     source = _Versions(tiny_model)
     eng = HFEngine(tiny_model, max_batch=4, batch_wait_ms=0.0, continuous=True, weights=source)
     await eng.start()
     try:
-        a, b = _prompts(eng.tokenizer, 2)
-        long = asyncio.create_task(eng.generate(a, SamplingParams(temperature=0.0, max_new_tokens=100), "run"))
-        await _after_steps(eng, 3)
-        source.version = 1
-        await _after_steps(eng, 2)  # the batch has seen the new version
-        late = await eng.generate(b, SamplingParams(max_new_tokens=4), "run")
+        long, late = await _new_version_while_a_row_runs(eng, source)
         assert long.done() and (await long).policy_version == 0  # it finished on the weights it started on
         assert late.policy_version == 1 and late.batch_requests == 1  # loaded after the drain, never joined
         assert eng.stats()["weight_loads"] == 1.0
@@ -282,12 +291,7 @@ async def test_interrupt_on_update_moves_running_rows_to_the_new_version(tiny_mo
     )
     await eng.start()
     try:
-        a, b = _prompts(eng.tokenizer, 2)
-        long = asyncio.create_task(eng.generate(a, SamplingParams(temperature=0.0, max_new_tokens=100), "run"))
-        await _after_steps(eng, 3)
-        source.version = 1
-        await _after_steps(eng, 2)  # loaded in place; the long row went on
-        late = await eng.generate(b, SamplingParams(max_new_tokens=4), "run")
+        long, late = await _new_version_while_a_row_runs(eng, source)  # loaded in place; the long row went on
         assert not long.done() and late.batch_requests == 2  # no drain: it joined the running row
         assert (late.policy_version, late.versions) == (1, [])
         spanning = await long

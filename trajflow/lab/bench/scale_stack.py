@@ -22,10 +22,9 @@ from temporalio.client import Client
 
 from infra.processes import python_module
 from trajflow.contracts import names
+from trajflow.lab.bench.cpu_use import stat_fields
 from trajflow.lab.bench.scale_workers import ROLES
 from trajflow.lab.bench.stack import child_output_to_devnull, quiet_runtime, start_reward_service, stop_process
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -41,10 +40,9 @@ class ScaleStack:
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process (0 when it is gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return stat_fields(Path(f"/proc/{pid}/stat").read_text())[1]
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def server_pid() -> int | None:

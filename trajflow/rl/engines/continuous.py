@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from trajflow.rl.engines.base import Completion
+from trajflow.rl.engines.hf import left_padded
 from trajflow.rl.engines.prefix_cache import batch_past
 from trajflow.rl.engines.sampling import draw_tokens, row_generator, uniform
 
@@ -197,12 +198,8 @@ class DecodeBatch:
         from transformers import DynamicCache
 
         engine = self.engine
-        width = max(len(r.prompt_ids) for r in admit)
-        input_ids = torch.full((len(admit), width), engine._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(admit), width), dtype=torch.long)
-        for i, request in enumerate(admit):
-            input_ids[i, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids, dtype=torch.long)
-            mask[i, width - len(request.prompt_ids) :] = 1
+        input_ids, mask = left_padded([r.prompt_ids for r in admit], engine._pad_id)
+        width = input_ids.shape[1]
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # what `generate` gives left-padded rows
         past, reused = None, 0
         if engine.prefix_cache is not None:

@@ -99,6 +99,18 @@ class _Stats:
         }
 
 
+def left_padded(prompts: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (rows, width) of `prompts` left-padded with `pad_id` to the longest, and their attention mask (1 on
+    each prompt's tokens): the layout of a batch for `generate` and for the continuous loop's prefill."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return input_ids, mask
+
+
 @dataclass
 class _Request:
     prompt_ids: list[int]
@@ -327,12 +339,8 @@ class HFEngine:
         """One batched `model.generate` (runs in the worker thread); `seeds` one per prompt (None: unseeded)."""
         self._use_policy(policy)
         version = self.version
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self._pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention[row, width - len(prompt) :] = 1
+        input_ids, attention = left_padded(prompts, self._pad_id)
+        width = input_ids.shape[1]
         past = self._reused_prefix(prompts, width)
         recorder = LogprobRecorder(prompt_len=width, temperature=params.temperature)
         processors: list[Any] = [recorder]
