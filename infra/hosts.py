@@ -22,9 +22,9 @@ but TCP:
   the Prometheus started on this machine scrapes at the container's address (labelled `host`, and a decode worker's
   `replica` with it); every container
   mounts this machine's traces directory, so `trajflow trace` reads the spans of every host.
-The containers are labelled (`trajflow.hosts=<prefix>`, `trajflow.host=<name>`), found by label and stopped
-exactly by `down`; the processes on this machine (dev server, moto, Prometheus) are recorded like the embedded
-stack's.
+The containers are labelled (`trajflow.hosts=<prefix>`, `trajflow.host=<name>`), found by label, and listed and
+stopped exactly by `status` and `down` (`infra.host_admin`); the processes on this machine (dev server, moto,
+Prometheus) are recorded like the embedded stack's.
 Limits: one layout per prefix per Docker engine; containers run as root (env hosts hold the Docker socket).
 """
 
@@ -190,7 +190,7 @@ def container_options(settings: Settings, layout: Layout, host: HostConfig, env:
     return opts
 
 
-def _labelled(client: docker.DockerClient, prefix: str) -> list:
+def labelled_containers(client: docker.DockerClient, prefix: str) -> list:
     return client.containers.list(all=True, filters={"label": f"{LABEL_HOSTS}={prefix}"})
 
 
@@ -265,7 +265,7 @@ def up(
     layout_file(settings).write_text(json.dumps(layout.__dict__, indent=1))
     hosts = hosts_of(config)
     settings.traces_dir.mkdir(parents=True, exist_ok=True)
-    running = {c.labels.get(LABEL_HOST): c for c in _labelled(client, prefix)}
+    running = {c.labels.get(LABEL_HOST): c for c in labelled_containers(client, prefix)}
     for host in hosts:
         if "env" in host.kinds():
             (env_host_dir(settings, host.name) / "sandboxes").mkdir(parents=True, exist_ok=True)
@@ -309,7 +309,7 @@ def _wait_ready(
     service = next((h.name for h in hosts if "reward-service" in h.runs), None)
 
     def check_containers() -> None:
-        for c in _labelled(client, layout.prefix):
+        for c in labelled_containers(client, layout.prefix):
             if c.status in ("exited", "dead"):
                 tail = c.logs(tail=30).decode(errors="replace")
                 raise RuntimeError(f"host container {c.name} exited during start-up:\n{tail}")
@@ -341,56 +341,3 @@ def container_ip(client: docker.DockerClient, layout: Layout, host: str) -> str:
     container = client.containers.get(layout.container(host))
     return container.attrs["NetworkSettings"]["Networks"][layout.network]["IPAddress"]
 
-
-def report(settings: Settings) -> list[str]:
-    """One line per host container: host, state, container, what it runs, cpuset, memory."""
-    layout = load_layout(settings)
-    if layout is None:
-        return []
-    import docker
-
-    client = docker.from_env()
-    found = {c.labels.get(LABEL_HOST): c for c in _labelled(client, layout.prefix)}
-    lines = []
-    for host in layout.hosts:
-        c = found.get(host)
-        if c is None:
-            lines.append(f"host {host:14} MISSING")
-            continue
-        config = c.attrs["HostConfig"]
-        mem = config.get("Memory") or 0
-        lines.append(
-            f"host {host:14} {c.status:8} container {c.name}  cpus {config.get('CpusetCpus') or 'all'}  "
-            f"memory {f'{mem / 2**30:.1f}g' if mem else 'unlimited'}"
-        )
-    return lines
-
-
-def down(settings: Settings, progress: Progress) -> int:
-    """Stop and remove exactly the containers labelled with this layout's prefix, their sandboxes and the network."""
-    layout = load_layout(settings)
-    if layout is None:
-        return 0
-    import docker.errors
-
-    client = docker.from_env()
-    stopped = 0
-    for c in _labelled(client, layout.prefix):
-        c.stop(timeout=20)
-        c.remove(force=True)
-        stopped += 1
-        progress(f"host {c.labels.get(LABEL_HOST)}: stopped and removed {c.name}")
-    from trajflow.sandbox import labels
-
-    owners = {layout.container(h) for h in layout.hosts}
-    for sb in client.containers.list(all=True, filters={"label": f"{labels.SANDBOX}=1"}, ignore_removed=True):
-        if (sb.labels or {}).get(labels.OWNER_HOST) in owners:
-            try:
-                sb.remove(force=True)
-            except docker.errors.NotFound:
-                continue  # closed by its owner meanwhile
-            progress(f"sandbox {sb.name}: removed (its env host is down)")
-    for net in client.networks.list(names=[layout.network]):
-        net.remove()
-    layout_file(settings).unlink(missing_ok=True)
-    return stopped

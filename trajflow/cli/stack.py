@@ -95,9 +95,9 @@ def down() -> None:
 
     settings = load_settings()
     if (settings.run_dir / "hosts.json").exists():  # `up --hosts` ran: its containers first
-        from infra import hosts
+        from infra import host_admin
 
-        typer.echo(f"down: stopped {hosts.down(settings, _say)} host container(s)")
+        typer.echo(f"down: stopped {host_admin.down(settings, _say)} host container(s)")
     n = stack.down(settings, _say)
     typer.echo(f"down: stopped {n} process(es)")
 
@@ -142,9 +142,9 @@ def status(
             served = f"  UI and API http://127.0.0.1:{settings.prometheus_port}"
         typer.echo(f"{rec.name:15} {state:5} pid {rec.pid:<8} log {rec.log}{served}")
     if (settings.run_dir / "hosts.json").exists():  # `up --hosts` ran: one line per host container
-        from infra import hosts
+        from infra import host_admin
 
-        for line in hosts.report(settings):
+        for line in host_admin.report(settings):
             typer.echo(line)
     if config is None:
         config = stack.started_config(records)
