@@ -1,12 +1,13 @@
 """`trajflow up --hosts`: every host of the run config's hardware section in its own container, on one machine.
 
 Each host (`[[hardware.hosts]]`, or one host per worker kind for a config that places nothing:
-`HardwareConfig.with_defaults`) is a container of the worker image (`trajflow.sandbox.builder.worker_image`) running
-`trajflow worker host NAME`, named `<prefix>-<host>` (prefix: `TRAJFLOW_HOSTS_PREFIX`, default `trajflow`) on its own
-user-defined bridge network `<prefix>-net`: its own network namespace, its own CPU set (`--cpuset-cpus` from
-`cpus`), memory limit (`memory`) and GPUs (a device request from `gpus`, which the container sees renumbered from 0:
-its workers get those ids, `TRAJFLOW_GPUS_GIVEN`; the request itself is untested here, no GPU). Nothing is shared
-but TCP:
+`HardwareConfig.with_defaults`) is a container of the worker image (`trajflow.sandbox.builder.worker_image`; on a
+host given GPUs its CUDA variant, with the CUDA build of torch: `up` fails before it starts anything without it)
+running `trajflow worker host NAME`, named `<prefix>-<host>` (prefix: `TRAJFLOW_HOSTS_PREFIX`, default `trajflow`)
+on its own user-defined bridge network `<prefix>-net`: its own network namespace, its own CPU set (`--cpuset-cpus`
+from `cpus`), memory limit (`memory`) and GPUs (a device request from `gpus`, which the container sees renumbered
+from 0: its workers get those ids, `TRAJFLOW_GPUS_GIVEN`; the request itself is untested here, no GPU). Nothing is
+shared but TCP:
 - Temporal: the dev server, started on this machine as `trajflow up` starts it but listening on every address
   (`0.0.0.0`), so containers reach it at the network's gateway; its Web UI too. Use a firewall where that matters.
 - The store: S3. Unless `TRAJFLOW_STORE_URL` already names an `s3://` store, `moto_server` (PyPI `moto[server]`)
@@ -78,9 +79,19 @@ class Layout:
     hosts: list[str]
     store_url: str
     s3_endpoint_url: str | None
+    cuda_image: str | None = None
+    """The CUDA variant of the worker image, for the hosts given GPUs (None when no host is)."""
 
     def container(self, host: str) -> str:
         return f"{self.prefix}-{host}"
+
+    def image_for(self, host: HostConfig) -> str:
+        """A host given GPUs runs the CUDA worker image (the CPU one has a CPU build of torch, which sees none)."""
+        if not host.gpu_ids():
+            return self.image
+        if self.cuda_image is None:
+            raise ValueError(f"host {host.name!r} is given GPUs ({host.gpus}), but no CUDA worker image was built")
+        return self.cuda_image
 
 
 def layout_file(settings: Settings) -> Path:
@@ -158,7 +169,7 @@ def env_host_dir(settings: Settings, host: str) -> Path:
 def container_options(settings: Settings, layout: Layout, host: HostConfig, env: dict[str, str]) -> dict:
     """The keyword arguments of `containers.run` for one host (pure: unit-tested without Docker)."""
     opts: dict = {
-        "image": layout.image,
+        "image": layout.image_for(host),
         "command": ["worker", "host", host.name],
         "name": layout.container(host.name),
         "hostname": host.name,
@@ -237,10 +248,20 @@ def _start_machine_side(settings: Settings, store_s3: bool, progress: Progress) 
 
 
 def up(
-    settings: Settings, config: RunConfig, config_text: str, image: str, progress: Progress, timeout_s: float = 600
+    settings: Settings,
+    config: RunConfig,
+    config_text: str,
+    image: str,
+    progress: Progress,
+    timeout_s: float = 600,
+    *,
+    cuda_image: str | None = None,
 ) -> Layout:
-    """Start the machine side and one container per host; wait until every queue has a poller."""
+    """Start the machine side and one container per host (those given GPUs on `cuda_image`); wait until every queue
+    has a poller."""
     config.pools.check_one_process_per_pool("with hosts")
+    if cuda_image is None and (given := [h.name for h in hosts_of(config) if h.gpu_ids()]):
+        raise ValueError(f"hosts {', '.join(given)} are given GPUs, but no CUDA worker image was built for them")
     store = settings.store_url or ""
     if store and not store.startswith("s3://"):
         raise ValueError(f"--hosts shares no filesystem: TRAJFLOW_STORE_URL must be s3://..., not {store}")
@@ -258,6 +279,7 @@ def up(
         hosts=[h.name for h in hosts_of(config)],
         store_url=store or f"s3://{BUCKET}/store",
         s3_endpoint_url=f"http://{gateway}:{settings.hosts_s3_port}" if embedded_s3 else settings.s3_endpoint_url,
+        cuda_image=cuda_image,
     )
     _start_machine_side(settings, not embedded_s3, progress)
     asyncio.run(wait_until_reachable(settings, timeout_s=60))
@@ -270,7 +292,7 @@ def up(
         if "env" in host.kinds():
             (env_host_dir(settings, host.name) / "sandboxes").mkdir(parents=True, exist_ok=True)
         old = running.get(host.name)
-        if old is not None and old.status == "running" and old.image.tags == [image]:
+        if old is not None and old.status == "running" and old.image.tags == [layout.image_for(host)]:
             progress(f"host {host.name}: already running ({old.name})")
             continue
         if old is not None:
@@ -340,4 +362,3 @@ def _wait_ready(
 def container_ip(client: docker.DockerClient, layout: Layout, host: str) -> str:
     container = client.containers.get(layout.container(host))
     return container.attrs["NetworkSettings"]["Networks"][layout.network]["IPAddress"]
-

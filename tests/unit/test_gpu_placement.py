@@ -67,12 +67,15 @@ def test_a_host_container_gets_the_machines_gpus_and_its_workers_count_them_from
     placed = hosts.hosts_of(cfg)
     host = next(h for h in placed if h.name == host_name)
     settings = Settings(state_dir=tmp_path)
-    layout = hosts.Layout("tfx", "tfx-net", "img", "172.30.0.1", [h.name for h in placed], "s3://b/s", None)
+    layout = hosts.Layout(
+        "tfx", "tfx-net", "img", "172.30.0.1", [h.name for h in placed], "s3://b/s", None, cuda_image="img-cuda"
+    )
 
-    # up --hosts: the container is given the machine's GPUs by id
+    # up --hosts: the container is given the machine's GPUs by id, on the worker image with CUDA's torch
     opts = hosts.container_options(settings, layout, host, hosts.host_env(settings, layout, host, placed, CONFIG))
     [request] = opts["device_requests"]
     assert request["DeviceIDs"] == requested and request["Capabilities"] == [["gpu"]]
+    assert opts["image"] == "img-cuda"
 
     # inside it, `trajflow worker host NAME` places each worker on the GPUs the container sees: 0..n-1
     container = _settings_from(opts["environment"], monkeypatch)
@@ -109,12 +112,25 @@ def test_gpus_empty_means_no_gpu_in_a_container_and_on_this_machine(
     settings = Settings(state_dir=tmp_path)
     layout = hosts.Layout("tfx", "tfx-net", "img", "172.30.0.1", [h.name for h in placed], "s3://b/s", None)
     opts = hosts.container_options(settings, layout, host, hosts.host_env(settings, layout, host, placed, CONFIG))
-    assert "device_requests" not in opts
+    assert "device_requests" not in opts and opts["image"] == "img"  # the CPU build of torch where there is no GPU
     plan = {c.name: c for c in host_plan(cfg, "none", 8799, None, gpus_given=True)}
     assert plan["env"].env["CUDA_VISIBLE_DEVICES"] == ""  # hides a GPU the runtime might expose anyway
     assert placement(cfg, "env").env["CUDA_VISIBLE_DEVICES"] == ""  # the embedded stack: every GPU hidden
     unset = parse_run_config('[[hardware.hosts]]\nname = "any"\nruns = ["decode"]\n', "no gpus")
     assert "CUDA_VISIBLE_DEVICES" not in placement(unset, "decode").env  # None: inherit
+
+
+def test_hosts_given_gpus_need_the_cuda_worker_image(tmp_path: Path) -> None:
+    cfg = parse_run_config(CONFIG, "hosts under test")
+    placed = hosts.hosts_of(cfg)
+    layout = hosts.Layout("tfx", "tfx-net", "img", "172.30.0.1", [h.name for h in placed], "s3://b/s", None)
+    with pytest.raises(ValueError, match="host 'one' is given GPUs \\(1\\), but no CUDA worker image was built"):
+        hosts.container_options(Settings(state_dir=tmp_path), layout, placed[0], {})
+    # `up` says so before it starts anything (no Docker is asked: none runs in this test)
+    settings = Settings(state_dir=tmp_path, store_url="s3://b/s")
+    with pytest.raises(ValueError, match="hosts one, pair are given GPUs, but no CUDA worker image was built"):
+        hosts.up(settings, cfg, CONFIG, "img", print)
+    assert not hosts.layout_file(settings).exists()
 
 
 def test_the_embedded_stack_keeps_the_machines_gpu_ids_and_the_same_check() -> None:

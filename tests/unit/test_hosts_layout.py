@@ -27,6 +27,7 @@ def _layout(config: RunConfig) -> hosts.Layout:
         hosts=[h.name for h in hosts.hosts_of(config)],
         store_url="s3://trajflow/store",
         s3_endpoint_url="http://172.30.0.1:8712",
+        cuda_image="trajflow-worker-cuda:abc",
     )
 
 
@@ -103,6 +104,7 @@ def test_gpus_become_a_device_request(tmp_path: Path) -> None:
     opts = hosts.container_options(Settings(state_dir=tmp_path), _layout(cfg), host, {})
     [request] = opts["device_requests"]
     assert request["DeviceIDs"] == ["0", "1"] and request["Capabilities"] == [["gpu"]]
+    assert opts["image"] == "trajflow-worker-cuda:abc"
 
 
 def test_host_plan_runs_each_kind_of_the_host_with_its_placement() -> None:

@@ -22,12 +22,18 @@ def up_hosts(settings: Settings, config: RunConfig, config_path: Path, say: Call
     try:
         prepare_machine(settings, config, say)  # directories, Docker, the sandbox layers env hosts start from
         image = ensure_worker_image(docker_client(), settings.cache_dir / "images", say)
-        layout = hosts.up(settings, config, config_path.read_text(), image, say)
+        gpu_hosts = [h.name for h in hosts.hosts_of(config) if h.gpu_ids()]
+        cuda_image = None
+        if gpu_hosts:  # their workers need the CUDA build of torch (several GB of wheels on the first build)
+            say(f"hosts {', '.join(gpu_hosts)} are given GPUs: they run the CUDA worker image")
+            cuda_image = ensure_worker_image(docker_client(), settings.cache_dir / "images", say, cuda=True)
+        layout = hosts.up(settings, config, config_path.read_text(), image, say, cuda_image=cuda_image)
     except (RuntimeError, TimeoutError, ValueError, DockerException) as e:
         say(f"trajflow up --hosts failed: {e}")
         return 1
     print(
         f"up: {len(layout.hosts)} hosts ({', '.join(layout.hosts)}) on network {layout.network}, image {layout.image}"
+        + (f" (CUDA image {layout.cuda_image} on the hosts given GPUs)" if layout.cuda_image else "")
     )
     print(f"Temporal Web UI at http://127.0.0.1:{settings.temporal_ui_port}  (stop with `trajflow down`)")
     if layout.s3_endpoint_url is not None:
