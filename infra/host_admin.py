@@ -9,7 +9,8 @@ from infra.stack import Progress
 
 
 def report(settings: Settings) -> list[str]:
-    """One line per host container: host, state, container, what it runs, cpuset, memory."""
+    """One line per host container: host, state, container, its image, cpuset, memory and GPUs (as Docker was
+    asked for them: the host's own device ids)."""
     layout = load_layout(settings)
     if layout is None:
         return []
@@ -25,9 +26,11 @@ def report(settings: Settings) -> list[str]:
             continue
         config = c.attrs["HostConfig"]
         mem = config.get("Memory") or 0
+        gpus = [i for r in config.get("DeviceRequests") or [] for i in r.get("DeviceIDs") or []]
         lines.append(
-            f"host {host:14} {c.status:8} container {c.name}  cpus {config.get('CpusetCpus') or 'all'}  "
-            f"memory {f'{mem / 2**30:.1f}g' if mem else 'unlimited'}"
+            f"host {host:14} {c.status:8} container {c.name}  image {c.attrs['Config']['Image']}  "
+            f"cpus {config.get('CpusetCpus') or 'all'}  memory {f'{mem / 2**30:.1f}g' if mem else 'unlimited'}  "
+            f"gpus {','.join(gpus) or 'none'}"
         )
     return lines
 

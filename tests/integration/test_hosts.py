@@ -152,7 +152,8 @@ def test_training_across_four_hosts_survives_a_killed_env_host(hosts_stack, monk
     assert status.returncode == 0, status.stderr
     for host in ("orchestrator", "decode", "env", "trainer"):
         line = next(line for line in status.stdout.splitlines() if line.startswith(f"host {host} "))
-        assert "running" in line, status.stdout
+        assert "running" in line and "gpus none" in line, status.stdout
+        assert f"image {containers[host].attrs['Config']['Image']}" in line and "image trajflow-worker:" in line, line
     assert all(int(line.split()[-1]) >= 1 for line in status.stdout.splitlines() if line.startswith("queue ")), (
         status.stdout
     )
