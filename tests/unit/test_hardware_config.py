@@ -3,6 +3,7 @@ oversubscribe the CPUs."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,36 @@ def test_the_hosts_example_places_everything() -> None:
     declared = {k: getattr(cfg.pools, k) for k in DECLARED}
     assert cfg.hardware.unplaced(declared) == []
     assert len(cfg.hardware.hosts) >= 4
+
+
+def _vllm_config(tp: int, *hosts: str) -> str:
+    return f'[model]\nengine = "vllm"\n[model.vllm]\ntensor_parallel_size = {tp}\n' + "".join(hosts)
+
+
+@pytest.mark.parametrize(
+    ("host", "said"),
+    [
+        ('[[hardware.hosts]]\nname = "d"\nruns = ["decode"]\ngpus = "0"\n', "decode host 'd' is given 1 GPU(s)"),
+        ('[[hardware.hosts]]\nname = "d"\nruns = ["decode"]\ngpus = ""\n', "decode host 'd' is given 0 GPU(s)"),
+        ('[[hardware.hosts]]\nname = "d"\nruns = ["decode"]\ndevice = "cpu"\n', "decode host 'd' runs on the CPU"),
+    ],
+)
+def test_a_tensor_parallel_size_above_a_decode_hosts_gpus_is_refused_at_submission(host: str, said: str) -> None:
+    from trajflow.contracts.config import parse_run_config
+
+    with pytest.raises(
+        ValueError, match=re.escape(f"tensor_parallel_size = 2 splits the model across 2 GPUs, but {said}")
+    ):
+        parse_run_config(_vllm_config(2, host), "tp config")
+
+
+def test_a_tensor_parallel_size_within_the_decode_hosts_gpus_or_unknown_is_accepted() -> None:
+    from trajflow.contracts.config import parse_run_config
+
+    fits = '[[hardware.hosts]]\nname = "d"\nruns = ["decode"]\ngpus = "2,3"\n'
+    unset = '[[hardware.hosts]]\nname = "e"\nruns = ["decode"]\n'  # gpus unset: the machine's own, unknown here
+    other = '[[hardware.hosts]]\nname = "t"\nruns = ["trainer"]\ngpus = "0"\n'  # not a decode host
+    vllm = parse_run_config(_vllm_config(2, fits, unset, other), "tp config").model.vllm
+    assert vllm is not None and vllm.tensor_parallel_size == 2
+    hf = '[model]\nengine = "hf"\n[[hardware.hosts]]\nname = "d"\nruns = ["decode"]\ngpus = "0"\n'
+    assert parse_run_config(hf, "hf config").model.engine == "hf"  # no vLLM, no tensor parallelism to fit

@@ -74,7 +74,8 @@ class VLLMConfig(Contract):
     memory, so one config serves CPU and GPU hosts alike). Not with `kv_cache_gib`, which replaces it."""
     tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     """GPUs one engine splits the model across (vLLM's tensor parallelism); the decode worker must see that many
-    (a host's `gpus`). More than 1 is refused on the CPU."""
+    (a host's `gpus`). More than 1 is refused on the CPU; a decode host whose `gpus` or `device = "cpu"` cannot hold
+    it, at submission."""
     max_model_len: Annotated[int, Field(ge=1, le=2**24)] | None = None
     """Most tokens a sequence (prompt and completion) may hold, and so the engine's positions a turn's context
     budget is cut to. None: the model's context length."""
@@ -251,6 +252,7 @@ class RunConfig(Contract):
                         f"[[hardware.hosts]] {host.name!r} runs {entry!r}, but [pools].{kind} declares only "
                         f"{getattr(self.pools, kind)}"
                     )
+        self._decode_hosts_fit_the_tensor_parallel_size()
         first = self.train.eval.first_seed
         # a dataset holds out its test rows from the eval's first seed (trajflow/envs/dataset.py)
         for task in self.tasks:
@@ -270,6 +272,19 @@ class RunConfig(Contract):
         # frozen: the tasks with their reward model's spec replace the parsed ones once, here
         object.__setattr__(self, "tasks", [self._with_reward_model(t) for t in self.tasks])
         return self
+
+    def _decode_hosts_fit_the_tensor_parallel_size(self) -> None:
+        """A decode host's `gpus` (where set) and `device` hold the vLLM engine's `tensor_parallel_size`, said at
+        submission rather than by a decode worker that fails to start."""
+        tp = self.model.vllm.tensor_parallel_size if self.model.engine == "vllm" and self.model.vllm else 1
+        for host in self.hardware.hosts if tp > 1 else []:
+            gpus = host.gpu_ids()
+            if "decode" in host.kinds() and (host.device == "cpu" or (gpus is not None and len(gpus) < tp)):
+                given = "runs on the CPU" if host.device == "cpu" else f"is given {len(gpus or [])} GPU(s)"
+                raise ValueError(
+                    f"[model.vllm] tensor_parallel_size = {tp} splits the model across {tp} GPUs, but decode host "
+                    f"{host.name!r} {given}: give it {tp} (gpus) or lower tensor_parallel_size"
+                )
 
     def _with_reward_model(self, task: TaskConfig) -> TaskConfig:
         """`task` carrying the spec of the reward model its `reward_fn = "model:NAME"` names (a ValueError naming the
