@@ -2,8 +2,10 @@
 
 `env.reset` runs on the pool's shared queue: it finds (or builds, on first use) the env's image, takes a started
 sandbox from the warm pool (or starts one), and answers with a handle naming this worker's own host queue;
-`env.step` and `env.close` run there. Sandbox calls are blocking (docker SDK, a Unix socket) and run in
-threads. Every activity on a sandbox renews its lease (`trajflow.sandbox.leases`): the reset grants it to the
+`env.step` and `env.close` run there; the close gives the sandbox back to the warm pool, which keeps it for the
+next trajectory of a reusable env (`trajflow.sandbox.pool`) or removes it (a late repeat of a close, from a
+trajectory that no longer holds the sandbox, does nothing). Sandbox calls are blocking (docker SDK, a Unix socket)
+and run in threads. Every activity on a sandbox renews its lease (`trajflow.sandbox.leases`): the reset grants it to the
 calling workflow run, and the sandbox counts as busy while a request is in flight, so the env worker's sweep
 (`workers/sandbox_sweep.py`) never removes a sandbox in use. Failures are classified once: infra (`SandboxLost`, start
 errors) vs the env's own (`EnvError`, which includes an unknown env id and a non-finite reward; an `agent:` env's
@@ -149,7 +151,12 @@ class EnvActivities:
 
     @activity.defn(name=names.ENV_CLOSE)
     async def close(self, inp: EnvCloseInput) -> None:
-        await with_heartbeats(asyncio.to_thread(self.manager.close, inp.handle.sandbox_id), "closing", QUICK_EVERY_S)
+        sandbox_id = inp.handle.sandbox_id
+        holder = self.manager.leases.holder(sandbox_id)
+        if holder and holder != activity.info().workflow_id:
+            return  # a late repeat of a close: the sandbox went back to the pool and serves another trajectory now
+        release = self.warm.give_back if self.warm is not None else self.manager.close
+        await with_heartbeats(asyncio.to_thread(release, sandbox_id), "closing", QUICK_EVERY_S)
 
 
 def _observation(out: Mapping[str, Any], env_id: str) -> str:

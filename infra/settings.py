@@ -137,6 +137,11 @@ class Settings(BaseSettings):
     sandbox_step_timeout_s: float = 60.0
     sandbox_warm_pool: int = 4
     """Started sandboxes kept waiting per env (per env hint) on each env worker; 0 turns the warm pool off."""
+    sandbox_reuse: int = Field(default=16, ge=1)
+    """How many trajectories one sandbox may serve, one after another, when its env's actions are text the env
+    parses and never code it runs (GEM's games, puzzles, math and QA, `gym:`, `data:`; `trajflow.sandbox.pool`):
+    the runner builds the env anew at each reset, and a reuse skips a container's start and stop. 1: every trajectory
+    gets a fresh container. Shell tasks, agent programs, `py:` envs and code envs always get a fresh one."""
     sandbox_lease_s: float = Field(default=120.0, gt=0)
     """How long a sandbox may sit unused before the env worker's sweep asks Temporal whether its trajectory still runs
     (`trajflow/sandbox/leases.py`): past it, the sandbox of a terminated, reset or finished trajectory is removed

@@ -5,8 +5,8 @@ each pool's shared queue for resets and its own host queue for the steps of the 
 Temporal workers, a sweep (`workers/sandbox_sweep.py`) runs every quarter lease (`TRAJFLOW_SANDBOX_LEASE_S`): it
 removes this worker's sandboxes whose trajectory no longer runs or that sat idle too long, and the orphans of dead
 env workers on this engine. A warm pool keeps `sandbox_warm_pool` started sandboxes waiting for each env it has
-served. A user's `py:` env gets its
-image layer from its package in the object store on first use (`trajflow/envs/user/`,
+served, and takes back the sandboxes of reusable envs for up to `sandbox_reuse` trajectories each. A user's
+`py:` env gets its image layer from its package in the object store on first use (`trajflow/envs/user/`,
 `trajflow/sandbox/user_images.py`).
 """
 
@@ -90,7 +90,7 @@ async def serve(settings: Settings, pools: Sequence[str]) -> None:
     manager = await asyncio.to_thread(build_manager, settings, worker_id)
     client = await connect_worker(settings, "env")
 
-    warm = WarmPool(manager, settings.sandbox_warm_pool)  # fills per env on first use
+    warm = WarmPool(manager, settings.sandbox_warm_pool, reuse=settings.sandbox_reuse)  # fills per env on first use
     sweeper = Sweeper(manager, client, settings.sandbox_lease_s, warm)
     await sweeper.sweep_logged()  # dead workers' orphans go before this worker starts sandboxes of its own
     sweeping = asyncio.create_task(sweeper.run_forever())

@@ -4,7 +4,8 @@ Every `interval` (a quarter of the lease) it (1) asks Temporal about the owning 
 idle past the lease (described by workflow id and run id: a reset workflow leaves the old run terminated; a run
 Temporal does not know counts as closed), (2) removes what `trajflow.sandbox.leases.lease_verdict` says, and
 (3) runs the reaper (`trajflow.sandbox.reaper.reap_orphans`) for the sandboxes of dead owners on this engine (this
-host's earlier runs, another host's dead worker). The first round runs before the worker starts sandboxes.
+host's earlier runs, another host's dead worker); it also (4) closes the sandboxes that came back to the warm pool
+past its size and waited a lease (`WarmPool.trim`). The first round runs before the worker starts sandboxes.
 
 Errors: a round that fails (Docker or Temporal unreachable, anything else) is logged and the next round tries
 again; the sweep never stops the worker. Limits: one engine (this host's); a sandbox used by no activity for
@@ -94,6 +95,11 @@ class Sweeper:
             verdict = lease_verdict(lease, holders[lease.sandbox_id], run, self.lease_s, self.cap_s)
             if verdict is not Verdict.KEEP:
                 await self._remove(lease, verdict)
+        if self.warm is not None:
+            trimmed = await asyncio.to_thread(self.warm.trim, self.lease_s)
+            if trimmed:
+                record(self.meter, SANDBOXES_SWEPT, trimmed, reason="pool_surplus")
+                log.info("closed %d sandboxes waiting past the warm pool's size for a lease", trimmed)
         reaped = await asyncio.to_thread(
             reap_orphans, self.manager.client, self.manager.runtime_dir, self.manager.host_name
         )

@@ -1,4 +1,4 @@
-"""Hardened sandboxes, shell tasks and the warm pool on the real Docker engine.
+"""Hardened sandboxes, shell tasks, the warm pool and sandbox reuse on the real Docker engine.
 
 Each escape attempt runs as an agent's shell command inside a shell-task sandbox (the way an agent would try it)
 and must be contained: the command fails or is killed, the sandbox keeps answering, and the host is unharmed.
@@ -17,6 +17,7 @@ import docker
 import docker.errors
 import pytest
 
+from trajflow.sandbox.errors import SandboxLost
 from trajflow.sandbox.images import SHELL_TASKS_DIR, ensure_task_image, image_for_env
 from trajflow.sandbox.manager import Sandbox, SandboxLimits, SandboxManager
 from trajflow.sandbox.pool import WarmPool
@@ -185,3 +186,68 @@ def test_warm_pool_close_removes_waiting_containers(
     for cid in ids:
         with pytest.raises(docker.errors.NotFound):
             docker_client.api.inspect_container(cid)
+
+
+# ---- reuse ----
+
+GAME = "game:GuessTheNumber-v0-easy"
+
+
+def _play(box: Sandbox, seed: int) -> list[str]:
+    """A reset and three guesses: what the env says to each (its target follows from the seed)."""
+    said = [box.reset(GAME, seed, {})["observation"]]
+    return said + [box.step(f"\\boxed{{{guess}}}")["observation"] for guess in (2, 5, 8)]
+
+
+def test_a_game_sandbox_serves_up_to_reuse_trajectories_and_plays_as_a_fresh_one(manager: SandboxManager) -> None:
+    pool = WarmPool(manager, size=1, reuse=3)
+    try:
+        fresh = manager.start(GAME)
+        expected = {seed: _play(fresh, seed) for seed in (3, 4)}
+        manager.close(fresh.id)
+        first = pool.take(GAME)
+        assert _play(first, 3) == expected[3]
+        assert pool.give_back(first.id) and pool.idle_count(GAME) == 1
+        assert pool.give_back(first.id) and pool.idle_count(GAME) == 1  # a repeated close: still waiting, once
+        second, hit = pool.take_noting_hit(GAME)
+        assert hit and second is first  # the same container, not a fresh one
+        assert _play(second, 4) == expected[4]  # the env is built anew: the earlier trajectory left nothing
+        assert pool.give_back(second.id)
+        third = pool.take(GAME)
+        assert third is first and third.served == 3
+        assert not pool.give_back(third.id)  # used up: closed
+        with pytest.raises(SandboxLost):
+            manager.get(first.id)
+        assert pool.stats.given_back == 2 and pool.stats.closed_on_return == 1
+    finally:
+        pool.close()
+
+
+def test_shell_sandboxes_busy_ones_and_disabled_reuse_are_never_given_back(manager: SandboxManager) -> None:
+    pool = WarmPool(manager, size=1, reuse=16)
+    once = WarmPool(manager, size=1, reuse=1)
+    try:
+        shell = pool.take(f"shell:{TASK}")
+        assert not pool.give_back(shell.id)  # its commands may have changed the container
+        busy = pool.take(GAME)
+        with manager.leases.in_use(busy.id):
+            assert not pool.give_back(busy.id)  # a request still in flight
+        single = once.take(GAME)
+        assert not once.give_back(single.id)
+        assert not {shell.id, busy.id, single.id} & set(manager.sandbox_ids())
+    finally:
+        pool.close()
+        once.close()
+
+
+def test_returns_after_a_burst_wait_past_the_size_until_trimmed(manager: SandboxManager) -> None:
+    pool = WarmPool(manager, size=1, reuse=4)
+    try:
+        boxes = [pool.take(GAME) for _ in range(3)]  # three trajectories at once: a peak of 3
+        assert all(pool.give_back(b.id) for b in boxes)
+        assert pool.idle_count(GAME) >= 3  # all kept (the refill may have added its own)
+        assert pool.trim(3600) == 0  # none has waited that long
+        waiting = pool.idle_count(GAME)
+        assert pool.trim(0) == waiting - 1 and pool.idle_count(GAME) == 1  # back to the pool's size
+    finally:
+        pool.close()

@@ -1,4 +1,5 @@
-"""The sweep's decisions over hand-made leases, the lease book's bookkeeping, and finding one's own container."""
+"""The sweep's decisions over hand-made leases, the lease book's bookkeeping, which envs' sandboxes are reused, and
+finding one's own container."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from trajflow.sandbox.leases import (
     lease_verdict,
     needs_run_state,
 )
+from trajflow.sandbox.pool import reusable
 
 LEASE_S = 60.0
 CAP_S = cap_for(LEASE_S)
@@ -105,6 +107,41 @@ def test_take_idle_rechecks_against_a_use_since_the_snapshot() -> None:
     assert book.take_idle("s1", 60)
     assert book.snapshot() == []
     assert not book.take_idle("s1", 60)  # already taken (or closed): nothing to do twice
+
+
+def test_a_release_ends_the_lease_unless_a_request_is_in_flight() -> None:
+    clock = Clock()
+    book = LeaseBook(clock)
+    book.add("s1")
+    book.grant("s1", "wf-a", "run-1")
+    assert book.holder("s1") == "wf-a" and book.holder("nope") is None
+    with book.in_use("s1"):
+        assert not book.release("s1")  # busy: it must not go back to the pool
+    assert book.holder("s1") == "wf-a"
+    clock.now += 50
+    assert book.release("s1") and book.holder("s1") == ""
+    assert book.snapshot()[0].idle_s == 0  # idle from the release on, not from the last step
+    assert not book.release("nope")
+
+
+@pytest.mark.parametrize(
+    ("env_id", "reused"),
+    [
+        ("game:GuessTheNumber-v0-easy", True),
+        ("rg:basic_arithmetic", True),
+        ("math:GSM8K", True),
+        ("gym:FrozenLake-v1", True),
+        ("data:questions", True),
+        ("shell:slugify", False),
+        ("agent:mod:run", False),
+        ("agent-cmd:run.sh", False),
+        ("py:mod:Env", False),
+        ("code:CodeContest", False),
+        ("eval:CodeContest", False),
+    ],
+)
+def test_only_envs_whose_actions_are_parsed_never_run_are_reusable(env_id: str, reused: bool) -> None:
+    assert reusable(env_id) is reused
 
 
 MOUNTINFO = """\

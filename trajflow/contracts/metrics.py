@@ -139,7 +139,8 @@ SANDBOXES_SWEPT = Metric(
     "trajflow_sandboxes_swept",
     "counter",
     "Sandboxes the env worker's sweep removed, by reason: expired (its lease ran out: its trajectory ended or is "
-    "gone), idle_cap (unused past the idle cap), orphan (left by a dead env worker).",
+    "gone), idle_cap (unused past the idle cap), orphan (left by a dead env worker), pool_surplus (given back "
+    "after a burst, waiting past the warm pool's size for a lease).",
     ("reason",),
     emitted_by="env",
 )

@@ -128,6 +128,22 @@ class LeaseBook:
             if entry is not None:
                 entry.workflow_id, entry.run_id, entry.last_used = workflow_id, run_id, self._clock()
 
+    def release(self, sandbox_id: str) -> bool:
+        """End the sandbox's lease (held by nobody, idle from now) unless a request is in flight on it; True when
+        released, False when it is busy or unknown."""
+        with self._lock:
+            entry = self._entries.get(sandbox_id)
+            if entry is None or entry.busy:
+                return False
+            entry.workflow_id, entry.run_id, entry.last_used = "", "", self._clock()
+            return True
+
+    def holder(self, sandbox_id: str) -> str | None:
+        """The workflow id that holds the sandbox ("" while nobody does); None when it is unknown."""
+        with self._lock:
+            entry = self._entries.get(sandbox_id)
+            return None if entry is None else entry.workflow_id
+
     @contextmanager
     def in_use(self, sandbox_id: str) -> Iterator[None]:
         """Mark the sandbox busy for the block (never idle, never swept) and renew its lease when the block ends."""

@@ -77,6 +77,9 @@ class Sandbox:
         self._sock: socket.socket | None = None
         self._buffer = b""
         self._lost: str | None = None
+        self.served = 0
+        """How many trajectories have taken this sandbox (`trajflow.sandbox.pool` hands one out again up to its
+        `reuse`)."""
 
     def reset(
         self, env_id: str, seed: int, env_kwargs: dict[str, Any] | None = None, timeout_s: float | None = None

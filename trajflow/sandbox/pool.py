@@ -1,14 +1,25 @@
 """A warm pool: started sandboxes waiting, per image and env hint, so `env.reset` does not pay a container start.
 
 `WarmPool.take(env_hint, image)` hands out a waiting sandbox (checked alive first) or, when none waits, starts
-one cold; either way it asks a background thread to start a replacement. A sandbox is handed out once and never
-returns to the pool: every trajectory gets a fresh container. Keys are (image, env hint) pairs: a shell task has
-its own image layer, and the runner imports only what its hint needs (see `trajflow/envs/runner.py`).
+one cold; either way it asks a background thread to start a replacement. Keys are (image, env hint) pairs: a shell
+task has its own image layer, and the runner imports only what its hint needs (see `trajflow/envs/runner.py`).
+
+Reuse: when its trajectory is done, `give_back` puts a sandbox back to wait for the next trajectory of the same key,
+up to `reuse` trajectories per sandbox, if its env is `reusable`: one whose actions are text the env parses (a
+game, a puzzle, a math or QA answer, a gymnasium env, a dataset row), never code or commands it runs, and which the
+runner builds anew at every reset, so nothing of one trajectory reaches the next but the runner process itself
+(its imports: a reuse skips the container's start and stop and GEM's import, which on a small host preempt the
+trainer). Shell tasks, agent programs, `py:` user envs and GEM's code and `eval:` envs always get a fresh
+container (`reuse = 1`: every env does). A sandbox that comes back busy, dead, used up, or to a full pool is closed.
+The refill counts sandboxes out on a reusable env (and takes under way) as coming back, and returns may fill the
+pool past `size` by the most sandboxes this pool has had out at once for the key; `trim` (the sweep) closes those
+extra ones once they have waited a lease.
 
 Errors: `take` raises what `SandboxManager.start` raises (a cold start); a refill failure is logged and retried
-after a back-off, never raised to a caller. Thread-safety: `take` may be called from many threads.
+after a back-off, never raised to a caller. Thread-safety: `take` and `give_back` may be called from many threads.
 Limits: one refill thread (containers start one at a time, which suits a small host); waiting sandboxes count
-against the host's memory like running ones; `size = 0` disables the pool (every take is a cold start).
+against the host's memory like running ones; `size = 0` disables the pool (every take is a cold start, and
+nothing is given back).
 """
 
 from __future__ import annotations
@@ -29,6 +40,10 @@ log = logging.getLogger("trajflow.sandbox.pool")
 Key = tuple[str, str]
 """(image, env hint)."""
 
+REUSABLE_PREFIXES = ("game:", "rg:", "math:", "logic:", "qa:", "gym:", "data:")
+"""Env ids whose sandbox may serve another trajectory (see the module docstring): not `shell:`, `agent:`,
+`agent-cmd:`, `py:`, `code:` (runs the model's code) or `eval:` (some run code)."""
+
 REFILL_BACKOFF_S = (0.5, 30.0)
 """First and longest wait between refill attempts after a start failure (doubling in between)."""
 
@@ -41,19 +56,40 @@ class PoolStats:
     cold_starts: int = 0
     discarded_dead: int = 0
     refill_failures: int = 0
+    given_back: int = 0
+    """Sandboxes that came back from a trajectory to wait for the next one."""
+    closed_on_return: int = 0
+
+
+def reusable(env_id: str) -> bool:
+    """Whether a sandbox that hosted `env_id` may host another trajectory of it (`REUSABLE_PREFIXES`)."""
+    return env_id.startswith(REUSABLE_PREFIXES)
 
 
 class WarmPool:
-    """Keeps `size` started sandboxes waiting for each (image, env hint) it has been asked for (or pre-warmed)."""
+    """Keeps `size` started sandboxes waiting for each (image, env hint) it has been asked for (or pre-warmed);
+    `reuse`: how many trajectories one sandbox of a `reusable` env may serve (1: a fresh container each)."""
 
-    def __init__(self, manager: SandboxManager, size: int, warm: tuple[Key, ...] = ()) -> None:
+    def __init__(self, manager: SandboxManager, size: int, warm: tuple[Key, ...] = (), reuse: int = 1) -> None:
         if size < 0:
             raise ValueError(f"warm pool size must be >= 0, got {size}")
+        if reuse < 1:
+            raise ValueError(f"sandbox reuse must be >= 1 trajectory, got {reuse}")
         self.manager = manager
         self.size = size
+        self.reuse = reuse
         self.stats = PoolStats()
         self._idle: dict[Key, collections.deque[Sandbox]] = {}
         self._starting: dict[Key, int] = {}
+        self._out: dict[str, Key] = {}
+        """Sandboxes handed out that may come back (a reusable env, not used up), by id."""
+        self._peak: dict[Key, int] = {}
+        """The most sandboxes out at once per key: how far returns may fill the pool past `size`."""
+        self._waiting_since: dict[str, float] = {}
+        self._taking: collections.Counter[Key] = collections.Counter()
+        """Takes under way per key (a waiting sandbox being checked, or a cold start): counted from the moment the
+        take finds the pool's queue to the moment `_handed_out` knows whether the sandbox will come back, under the
+        lock throughout, so the refill never sees a taken sandbox as neither waiting nor out."""
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -68,11 +104,24 @@ class WarmPool:
     def take_noting_hit(self, env_hint: str = "", image: str | None = None) -> tuple[Sandbox, bool]:
         """`take`, and whether the sandbox was waiting warm (True) or had to be started (False)."""
         key = (image or self.manager.image, env_hint)
+        with self._cond:
+            self._want(key)
+            self._taking[key] += 1
+        try:
+            box, hit = self._waiting_or_started(key)
+        except BaseException:
+            self._untake(key)
+            raise
+        return self._handed_out(key, box), hit
+
+    def _waiting_or_started(self, key: Key) -> tuple[Sandbox, bool]:
+        """A live waiting sandbox of `key` (True), or one started cold (False), for a take counted in `_taking`."""
         while True:
             with self._cond:
-                self._want(key)
-                idle = self._idle.get(key)
+                idle = self._idle[key]
                 box = idle.popleft() if idle else None
+                if box is not None:
+                    self._waiting_since.pop(box.id, None)
                 self._cond.notify_all()  # a slot freed: the refill thread tops this hint up
             if box is None:
                 break
@@ -86,7 +135,71 @@ class WarmPool:
             self.stats.warm_hits += 1
             return box, True
         self.stats.cold_starts += 1
-        return self.manager.start(env_hint, key[0]), False
+        return self.manager.start(key[1], key[0]), False
+
+    def give_back(self, sandbox_id: str) -> bool:
+        """Its trajectory is done with the sandbox: keep it waiting for the next one (True) or close it (False; see
+        the module docstring for when). Giving back a sandbox twice, or one this pool did not hand out, closes it
+        unless it is already waiting here."""
+        with self._cond:
+            key = self._out.pop(sandbox_id, None)
+            if key is None and sandbox_id in self._waiting_since:
+                return True  # a repeated give-back: it waits already
+        box = None
+        if key is not None and self.manager.leases.release(sandbox_id):  # False: a request is still in flight
+            try:
+                box = self.manager.get(sandbox_id)
+            except SandboxLost:
+                box = None
+        if box is not None and key is not None:
+            with self._cond:
+                room = len(self._idle[key]) < self.size + self._peak.get(key, 0)
+                if room and not self._closed:
+                    self._idle[key].append(box)
+                    self._waiting_since[box.id] = time.monotonic()
+                    self.stats.given_back += 1
+                    self._cond.notify_all()
+                    return True
+        self.stats.closed_on_return += 1
+        self.manager.close(sandbox_id)
+        return False
+
+    def trim(self, idle_over_s: float) -> int:
+        """Close the sandboxes that wait past `size` for a key and have waited over `idle_over_s` (returns after a
+        burst), and let that key's peak fall back; how many were closed."""
+        now = time.monotonic()
+        extra: list[Sandbox] = []
+        with self._cond:
+            for key, idle in self._idle.items():
+                while len(idle) > self.size and now - self._waiting_since.get(idle[0].id, now) > idle_over_s:
+                    box = idle.popleft()
+                    self._waiting_since.pop(box.id, None)
+                    extra.append(box)
+                self._peak[key] = max(self._out_count(key), len(idle))
+        for box in extra:
+            self.manager.close(box.id)
+        return len(extra)
+
+    def _handed_out(self, key: Key, box: Sandbox) -> Sandbox:
+        """End the take of `box`: out and coming back (a reusable env, not used up), or gone for the refill."""
+        box.served += 1
+        with self._cond:
+            self._taking[key] -= 1
+            if self.size > 0 and box.served < self.reuse and reusable(key[1]):
+                self._out[box.id] = key
+                self._peak[key] = max(self._peak.get(key, 0), self._out_count(key))
+            self._cond.notify_all()  # the refill counted the take as coming back: it may now be short
+        return box
+
+    def _untake(self, key: Key) -> None:
+        """A take of `key` ended without a sandbox (its cold start, or the check of a waiting one, raised)."""
+        with self._cond:
+            self._taking[key] -= 1
+            self._cond.notify_all()
+
+    def _out_count(self, key: Key) -> int:
+        """Sandboxes of `key` out that may come back (under the lock)."""
+        return sum(1 for k in self._out.values() if k == key)
 
     def idle_count(self, env_hint: str = "", image: str | None = None) -> int:
         with self._cond:
@@ -116,6 +229,8 @@ class WarmPool:
             self._closed = True
             waiting = [box for idle in self._idle.values() for box in idle]
             self._idle.clear()
+            self._waiting_since.clear()
+            self._out.clear()
             self._cond.notify_all()
         for box in waiting:
             self.manager.close(box.id)
@@ -131,8 +246,15 @@ class WarmPool:
             self._thread.start()
 
     def _next_key(self) -> Key | None:
-        """The key with the largest shortfall, or None when every key is full (under the lock)."""
-        short = {k: self.size - len(q) - self._starting[k] for k, q in self._idle.items()}
+        """The key with the largest shortfall, or None when every key is full (under the lock). Sandboxes out that
+        will come back count as supply; one that was closed elsewhere (a failed reset, the sweep) no longer does."""
+        live = set(self.manager.sandbox_ids())
+        for gone in [sid for sid in self._out if sid not in live]:
+            del self._out[gone]
+        back = collections.Counter(self._out.values())
+        if self.reuse > 1:
+            back.update({k: n for k, n in self._taking.items() if reusable(k[1])})
+        short = {k: self.size - len(q) - self._starting[k] - back[k] for k, q in self._idle.items()}
         key = max(short, key=lambda k: short[k], default=None)
         return key if key is not None and short[key] > 0 else None
 
