@@ -14,6 +14,7 @@ from trajflow.sandbox.manager import Sandbox, SandboxManager
 from trajflow.sandbox.pool import WarmPool
 
 GAME = "game:GuessTheNumber-v0-easy"
+OTHER = "game:Mastermind-v0-easy"
 
 
 class Leases:
@@ -97,6 +98,31 @@ def test_a_cold_take_that_comes_back_leaves_one_waiting_and_a_used_up_one_is_rep
             assert pool.wait_full(GAME, timeout_s=5) and manager.started == 2
         finally:
             pool.close()
+
+
+def test_a_sandbox_being_given_back_is_not_replaced_while_its_return_is_checked() -> None:
+    manager = Manager()
+    pool = WarmPool(cast(SandboxManager, manager), size=1, reuse=3)
+    try:
+        box = pool.take(GAME)  # a cold start: out, and coming back
+        _settle(pool, manager)
+        assert manager.started == 1
+        manager.hold_get.clear()  # the give-back will sit in its check of the returned sandbox
+        kept: list[bool] = []
+        giver = threading.Thread(target=lambda: kept.append(pool.give_back(box.id)))
+        giver.start()
+        assert manager.in_get.wait(5)
+        pool.take(OTHER)  # another env's cold take wakes the refill while GAME's sandbox is on its way back
+        _settle(pool, manager)
+        assert manager.started == 2  # OTHER's own: nothing started for GAME, whose sandbox is coming back
+        manager.hold_get.set()
+        giver.join(5)
+        assert kept == [True] and pool.idle_count(GAME) == 1
+        _settle(pool, manager)
+        assert manager.started == 2 and pool.idle_count(GAME) == 1
+    finally:
+        manager.hold_get.set()
+        pool.close()
 
 
 def test_a_dead_waiting_sandbox_is_discarded_and_replaced() -> None:

@@ -11,9 +11,9 @@ runner builds anew at every reset, so nothing of one trajectory reaches the next
 (its imports: a reuse skips the container's start and stop and GEM's import, which on a small host preempt the
 trainer). Shell tasks, agent programs, `py:` user envs and GEM's code and `eval:` envs always get a fresh
 container (`reuse = 1`: every env does). A sandbox that comes back busy, dead, used up, or to a full pool is closed.
-The refill counts sandboxes out on a reusable env (and takes under way) as coming back, and returns may fill the
-pool past `size` by the most sandboxes this pool has had out at once for the key; `trim` (the sweep) closes those
-extra ones once they have waited a lease.
+The refill counts sandboxes out on a reusable env (and takes and returns under way) as coming back, and returns may
+fill the pool past `size` by the most sandboxes this pool has had out at once for the key; `trim` (the sweep) closes
+those extra ones once they have waited a lease.
 
 Errors: `take` raises what `SandboxManager.start` raises (a cold start); a refill failure is logged and retried
 after a back-off, never raised to a caller. Thread-safety: `take` and `give_back` may be called from many threads.
@@ -83,6 +83,8 @@ class WarmPool:
         self._starting: dict[Key, int] = {}
         self._out: dict[str, Key] = {}
         """Sandboxes handed out that may come back (a reusable env, not used up), by id."""
+        self._returning: dict[str, Key] = {}
+        """Sandboxes being given back (out of `_out`, not yet waiting or closed): still coming back for the refill."""
         self._peak: dict[Key, int] = {}
         """The most sandboxes out at once per key: how far returns may fill the pool past `size`."""
         self._waiting_since: dict[str, float] = {}
@@ -140,29 +142,41 @@ class WarmPool:
     def give_back(self, sandbox_id: str) -> bool:
         """Its trajectory is done with the sandbox: keep it waiting for the next one (True) or close it (False; see
         the module docstring for when). Giving back a sandbox twice, or one this pool did not hand out, closes it
-        unless it is already waiting here."""
+        unless it is already waiting here or the first give-back is still under way (True: that one decides). Until
+        it decides, the sandbox counts as coming back, so the refill starts no replacement that its return would make
+        surplus."""
         with self._cond:
+            if sandbox_id in self._waiting_since or sandbox_id in self._returning:
+                return True  # a repeated give-back
             key = self._out.pop(sandbox_id, None)
-            if key is None and sandbox_id in self._waiting_since:
-                return True  # a repeated give-back: it waits already
+            if key is not None:
+                self._returning[sandbox_id] = key
         box = None
-        if key is not None and self.manager.leases.release(sandbox_id):  # False: a request is still in flight
-            try:
-                box = self.manager.get(sandbox_id)
-            except SandboxLost:
-                box = None
-        if box is not None and key is not None:
+        try:
+            if key is not None and self.manager.leases.release(sandbox_id):  # False: a request is still in flight
+                try:
+                    box = self.manager.get(sandbox_id)
+                except SandboxLost:
+                    box = None
+        finally:
             with self._cond:
-                room = len(self._idle[key]) < self.size + self._peak.get(key, 0)
-                if room and not self._closed:
-                    self._idle[key].append(box)
-                    self._waiting_since[box.id] = time.monotonic()
-                    self.stats.given_back += 1
-                    self._cond.notify_all()
-                    return True
+                self._returning.pop(sandbox_id, None)
+                kept = box is not None and key is not None and self._keep(key, box)
+                self._cond.notify_all()  # waiting now, or never coming back: the refill counts it anew
+        if kept:
+            return True
         self.stats.closed_on_return += 1
         self.manager.close(sandbox_id)
         return False
+
+    def _keep(self, key: Key, box: Sandbox) -> bool:
+        """Put a returned `box` to wait for the next take of `key` if the pool has room for it (under the lock)."""
+        if self._closed or len(self._idle[key]) >= self.size + self._peak.get(key, 0):
+            return False
+        self._idle[key].append(box)
+        self._waiting_since[box.id] = time.monotonic()
+        self.stats.given_back += 1
+        return True
 
     def trim(self, idle_over_s: float) -> int:
         """Close the sandboxes that wait past `size` for a key and have waited over `idle_over_s` (returns after a
@@ -252,6 +266,7 @@ class WarmPool:
         for gone in [sid for sid in self._out if sid not in live]:
             del self._out[gone]
         back = collections.Counter(self._out.values())
+        back.update(self._returning.values())
         if self.reuse > 1:
             back.update({k: n for k, n in self._taking.items() if reusable(k[1])})
         short = {k: self.size - len(q) - self._starting[k] - back[k] for k, q in self._idle.items()}
