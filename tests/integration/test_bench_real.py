@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from trajflow.contracts.config import load_run_config
+
 pytestmark = pytest.mark.integration
 
 
@@ -43,3 +45,9 @@ def test_bench_real_writes_every_figure(cli_stack, tmp_path: Path) -> None:
     assert len(sync["step_times_s"]) == 3 and sync["counters"]["consumed"] == 12
     assert "reference ratio" in proc.stdout
     assert out.with_suffix(".png").stat().st_size > 10_000  # the timeline plot
+    config = load_run_config(cli_stack.config)
+    kernels = figures["machine"]["kernels"]  # what decided the kernels: the config's precision, the stack's ISA caps
+    assert (
+        kernels["decode_dtype"] == config.model.dtype and kernels["trainer_autocast"] == config.train.trainer.autocast
+    )
+    assert kernels["isa_caps"] == {"decode": {}, "trainer": {}}, kernels  # read from the live processes: none set

@@ -37,6 +37,11 @@ def test_summary_reports_speedup_against_the_reference_ratio() -> None:
     assert fast.busy["decode"] == pytest.approx(1.0)
     text = render(s)
     assert "reference ratio" in text and "alpha 1" in text
+    assert "sandboxes" not in text  # none counted: no line
+    fast.sandboxes_started, fast.counters = 5, {"started": 40}
+    s = summary(sync, [fast], {"cpu": "test"})
+    assert s["sandboxes_started"] == {"sync": None, "alpha1": 5}
+    assert "sandboxes alpha1   5 containers started for 40 trajectories" in render(s)
 
 
 def test_trainer_split_leaves_out_the_first_step_names_the_rest_writing_and_gives_the_updates_speed() -> None:

@@ -147,7 +147,7 @@ async def run_mode(client: Client, config: RunConfig, plan: RealPlan, alpha: int
     waiting = cpu_use.cores_waiting(first, last) if first is not None else {}
     await _end_leftovers(client, run_id)
     spans = await run_spans(client, run_id)
-    return mode_figures(
+    figures = mode_figures(
         label,
         alpha,
         [h.time_s for h in result.history],
@@ -161,6 +161,68 @@ async def run_mode(client: Client, config: RunConfig, plan: RealPlan, alpha: int
         cores,
         waiting,
     )
+    figures.sandboxes_started = sandbox_starts(start, time.time())
+    return figures
+
+
+def sandbox_starts(since: float, until: float, owner: str | None = None) -> int | None:
+    """Sandbox containers the local Docker engine started between two wall-clock times (its event log), of any
+    worker or of `owner`'s; None when the engine cannot be asked."""
+    import docker
+    import docker.errors
+
+    from trajflow.sandbox import labels
+
+    try:
+        client = docker.from_env()
+        wanted = [f"{labels.SANDBOX}=1", *([f"{labels.OWNER}={owner}"] if owner else [])]
+        filters = {"type": "container", "event": "start", "label": wanted}
+        return sum(1 for _ in client.events(since=int(since), until=int(until) + 1, filters=filters, decode=True))
+    except (docker.errors.DockerException, OSError):
+        return None
+
+
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+"""Variables that cap the vector ISA torch's kernels use (ATen's dispatch; oneDNN's matmuls): set on the stack, a
+CPU runs the kernels of an older one (e.g. `avx2` on a CPU with AVX-512)."""
+
+
+def _environ_of(name: str) -> dict[str, str] | None:
+    """The environment the embedded stack's process `name` was started with; None where it cannot be read (no
+    such process here: `up --hosts`)."""
+    pid = _stack_processes().get(name)
+    if pid is None:
+        return None
+    try:
+        return dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+    except OSError:
+        return None
+
+
+def env_worker_reuse() -> int | None:
+    """`TRAJFLOW_SANDBOX_REUSE` as the embedded stack's env worker was started with (its default where unset); None
+    where it cannot be read (`_environ_of`)."""
+    from infra.settings import Settings
+
+    environ = _environ_of("env")
+    if environ is None:
+        return None
+    value = environ.get("TRAJFLOW_SANDBOX_REUSE")
+    return int(value) if value and value.isdigit() else Settings.model_fields["sandbox_reuse"].default
+
+
+def kernels(config: RunConfig) -> dict[str, object]:
+    """What decides the kernels decode and the trainer run: the config's decode dtype and trainer autocast ("auto":
+    native bf16 decides, see `trajflow.rl.precision`) and any `ISA_CAPS` the embedded decode and trainer processes
+    were started with (None where they cannot be read)."""
+    caps = {name: _environ_of(name) for name in ("decode", "trainer")}
+    return {
+        "decode_dtype": config.model.dtype,
+        "trainer_autocast": config.train.trainer.autocast,
+        "isa_caps": {
+            name: None if env is None else {k: env[k] for k in ISA_CAPS if k in env} for name, env in caps.items()
+        },
+    }
 
 
 def _train_parts(metrics: dict[str, float]) -> dict[str, float]:
@@ -185,6 +247,8 @@ async def run_bench(config: RunConfig, plan: RealPlan, say: Say) -> dict[str, ob
     where = {
         **machine(),
         "layout": "hosts" if hosts else "embedded",
+        "sandbox_reuse": env_worker_reuse(),
+        "kernels": kernels(config),
         "hardware": [h.model_dump(exclude_defaults=True) for h in config.hardware.hosts],
     }
     return summary(sync, modes, where)

@@ -28,9 +28,12 @@ def plot_timeline(summary: dict[str, object], path: Path) -> None:
         ax.set_title(f"{mode['label']}: {mode['tps']:.3f} traj/s (dotted: step ends)", fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("seconds since the mode started")
     where: dict = summary["machine"]  # type: ignore[assignment]
+    kernels = where.get("kernels") or {}
+    caps = sorted({f"{k}={v}" for env in (kernels.get("isa_caps") or {}).values() for k, v in (env or {}).items()})
     fig.suptitle(
         f"bench real: {where.get('cpu')}, {where.get('cores')} cores, native bf16 {where.get('native_bf16')}, "
-        f"layout {where.get('layout', '?')}",
+        f"layout {where.get('layout', '?')}, decode dtype {kernels.get('decode_dtype', '?')}, trainer autocast "
+        f"{kernels.get('trainer_autocast', '?')}{', ' + ' '.join(caps) if caps else ''}",
         fontsize=8,
     )
     fig.tight_layout()

@@ -61,6 +61,9 @@ class ModeFigures:
     cores: dict[str, float] = field(default_factory=dict)
     """Cores each stack process (and "other", "idle") used on average from step 1's end to the mode's end (the
     steady window, to within the bench's one-second poll; `cpu_use.cores_used`)."""
+    sandboxes_started: int | None = None
+    """Sandbox containers the Docker engine started while the mode ran (None: the engine could not be asked): with
+    reuse (`TRAJFLOW_SANDBOX_REUSE`) far fewer than the trajectories started."""
 
 
 def mode_figures(
@@ -140,6 +143,7 @@ def summary(sync: ModeFigures, modes: Sequence[ModeFigures], machine: dict[str, 
         "busy": {m.label: m.busy for m in (sync, *modes)},
         "trainer_split": {m.label: trainer_split(m) for m in (sync, *modes)},
         "cores": {m.label: m.cores for m in (sync, *modes)},
+        "sandboxes_started": {m.label: m.sandboxes_started for m in (sync, *modes)},
         "waiting": {m.label: m.waiting for m in (sync, *modes)},
         "modes": [asdict(m) for m in (sync, *modes)],
         "machine": machine,
@@ -175,6 +179,13 @@ def render(s: dict[str, object]) -> str:
     for label, used in cores.items():
         if used:
             lines.append(f"cores {label:8} " + "  ".join(f"{k} {v:.2f}" for k, v in used.items()))
+    modes: list[dict] = s.get("modes", [])  # type: ignore[assignment]
+    for m in modes:
+        if m.get("sandboxes_started") is not None:
+            started = m["counters"].get("started", 0)
+            lines.append(
+                f"sandboxes {m['label']:8} {m['sandboxes_started']} containers started for {started} trajectories"
+            )
     waiting: dict[str, dict[str, float]] = s.get("waiting", {})  # type: ignore[assignment]
     for label, waits in waiting.items():
         if waits:
