@@ -82,10 +82,15 @@ class PolicyStore:
                 if int(name[1:]) not in held:
                     self.store.delete(uri)
 
+    def reserve(self, run_id: str, version: int) -> None:
+        """Hold `version` of `run_id` before it is published, so that no prune can remove it between its publication
+        and a `hold` that comes later (until `release`)."""
+        self.store.put_json(policy_hold_key(run_id, version), {"version": version})
+
     def hold(self, run_id: str, version: int) -> bool:
         """Keep `version` of `run_id` from being pruned until `release`; False (and no hold) when its weights are not
         in the store any more. A prune that had already begun when the hold was written may still remove it."""
-        self.store.put_json(policy_hold_key(run_id, version), {"version": version})
+        self.reserve(run_id, version)
         if version in self.versions(run_id):
             return True
         self.release(run_id, version)

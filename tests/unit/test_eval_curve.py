@@ -47,6 +47,9 @@ def test_due_versions_are_the_multiples_below_the_last_step() -> None:
 
 
 class FakeHolds:
+    """A run's holds: `pruned` versions' weights are gone already; `prune(newest)` is the trainer's prune, which keeps
+    the held versions."""
+
     def __init__(self, pruned: frozenset[int] = frozenset(), held: frozenset[int] = frozenset()) -> None:
         self.pruned = set(pruned)
         self.now: set[int] = set(held)
@@ -55,9 +58,17 @@ class FakeHolds:
     def hold(self, version: int) -> bool:
         self.log.append(f"hold {version}")
         if version in self.pruned:
+            self.now.discard(version)
             return False
         self.now.add(version)
         return True
+
+    def reserve(self, version: int) -> None:
+        self.log.append(f"reserve {version}")
+        self.now.add(version)
+
+    def prune(self, newest: int, keep: int = 2) -> None:
+        self.pruned |= {v for v in range(1, newest - keep + 1) if v not in self.now}
 
     def release(self, version: int) -> None:
         self.log.append(f"release {version}")
@@ -115,14 +126,16 @@ def a_curve(
 async def test_each_due_version_is_held_evaluated_once_in_order_and_recorded(tmp_path: Path) -> None:
     holds, evaluated, said = FakeHolds(), [], []
     curve, tracker = a_curve(tmp_path, holds, evaluated, said)
+    assert holds.now == {2, 4, 6, 8}  # every due version held before the run starts
     curve.seen(1)
     curve.seen(5)  # a poll that skipped steps: 2 and 4 are due
     curve.seen(4)
     curve.seen(5)
-    assert holds.now == {2, 4}  # held as soon as seen, before their evals run
     points = await curve.close(None, None)
     assert evaluated == [2, 4] and [p.version for p in points] == [2, 4]
-    assert holds.now == set() and holds.log == ["hold 2", "hold 4", "release 2", "release 4"]
+    assert holds.now == set()  # 6 and 8 were never reached: released at the end
+    assert holds.log == [*(f"reserve {v}" for v in (2, 4, 6, 8)), "hold 2", "hold 4", "release 2", "release 4",
+                         "release 6", "release 8"]  # fmt: skip
     assert points[0] == CurvePoint(version=2, successes=2, episodes=4, rate=0.5, mean_reward=0.5, seconds=2.0)
     assert read_points(tmp_path) == points
     assert [step for step, _ in tracker.logged] == [2, 4]
@@ -159,12 +172,34 @@ async def test_a_reattach_evaluates_only_what_is_missing_and_says_what_was_prune
     # the process died; versions 6 (pruned before anyone held it) and 8 (held by the dead process) are behind
     holds, again = FakeHolds(pruned=frozenset({6}), held=frozenset({4, 8})), []
     curve, _ = a_curve(tmp_path, holds, again, said)
-    assert holds.now == {8}  # 4 was evaluated before: its leftover hold is released
+    assert holds.now == {6, 8}  # 4 was evaluated before: its leftover hold is released; 6 and 8 are reserved
     curve.seen(9)
     points = await curve.close(None, None)
     assert again == [8] and [p.version for p in points] == [2, 4, 8]
     assert "held-out v6: not evaluated, its weights are not in the store (pruned before it was held)" in said
     assert len((tmp_path / CURVE_FILE).read_text().splitlines()) == 3
+
+
+async def test_a_reattach_to_a_run_stopped_early_releases_the_dead_clis_holds_above_its_end(tmp_path: Path) -> None:
+    # the first CLI reserved every due version (2..8) and died after v2's eval; the run is stopped at v5
+    holds, evaluated, said = FakeHolds(held=frozenset({4, 6, 8})), [], []
+    (tmp_path / CURVE_FILE).write_text(CurvePoint.of(an_eval(2, [True])).model_dump_json() + "\n")
+    curve, _ = a_curve(tmp_path, holds, evaluated, said)
+    assert curve.reserved == []  # every due version was held or done already: nothing is this curve's own
+    curve.seen(5)
+    curve.ended(5)
+    await curve.close(None, None)
+    assert evaluated == [4] and holds.now == set()  # 6 and 8 will never be published: no hold is left on them
+
+
+async def test_a_version_the_trainer_publishes_and_prunes_between_two_polls_is_still_evaluated(tmp_path: Path) -> None:
+    holds, evaluated, said = FakeHolds(), [], []
+    curve, _ = a_curve(tmp_path, holds, evaluated, said, every=1, steps=4)
+    holds.prune(3)  # v1, v2 and v3 published within one poll; the prune after v3 keeps v2, v3 and what is held
+    curve.seen(3)
+    points = await curve.close(None, None)
+    assert evaluated == [1, 2, 3] and [p.version for p in points] == [1, 2, 3]
+    assert not [line for line in said if "not evaluated" in line]
 
 
 async def test_a_failed_eval_is_left_out_and_released(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 evaluate versions N, 2N, ... (below the last step, which the eval after training covers) greedily on the first
 `during_episodes` held-out seeds, one eval at a time, in the background of the live view.
 
-Each version is held in the store (`infra.policies.PolicyStore.hold`) from the moment it is seen until its eval is
-done, so the trainer's pruning (it keeps the newest two versions) cannot remove it while it waits or runs; the
+Each due version is held in the store (`infra.policies.PolicyStore.reserve`) from before the run starts until its
+eval is done, so the trainer's pruning (it keeps the newest two versions) cannot remove it before the live view,
+which polls every 2 s, sees it published (a tiny model trains a step faster than that), nor while it waits or runs; the
 trajectories are pinned to it (`evaluate(..., version=v)`), so the result is that version's even when training has
 moved on. Each finished eval is appended to the run directory's `eval_curve.jsonl`, logged to the trackers
 (`eval_curve/success_rate`, `eval_curve/mean_reward` at step v) and said in one line. The summary's `eval_curve`
@@ -46,6 +47,10 @@ class Holds(Protocol):
         """Keep `version` from being pruned; False when its weights are gone already."""
         ...
 
+    def reserve(self, version: int) -> None:
+        """Keep `version` from being pruned from its publication on (it may not be published yet)."""
+        ...
+
     def release(self, version: int) -> None: ...
 
     def held(self) -> set[int]: ...
@@ -63,6 +68,9 @@ class RunHolds:
 
     def hold(self, version: int) -> bool:
         return self.policies.hold(self.run_id, version)
+
+    def reserve(self, version: int) -> None:
+        self.policies.reserve(self.run_id, version)
 
     def release(self, version: int) -> None:
         self.policies.release(self.run_id, version)
@@ -110,8 +118,15 @@ class EvalCurve:
         self.passed: set[int] = set(self.done)
         """Versions queued, evaluated, failed or found pruned: each is considered once."""
         self.task: asyncio.Task[None] | None = None
-        for version in holds.held() & set(self.done):  # evaluated by a process that died before releasing it
+        held = holds.held()
+        for version in held & set(self.done):  # evaluated by a process that died before releasing it
             holds.release(version)
+        due_all = range(every, steps, every) if every > 0 else range(0)
+        self.reserved = [v for v in due_all if v not in self.done and v not in held]
+        """Due versions this curve held ahead of their publication (`close` releases those the run never reached;
+        a hold it found, a dead process's, is left to its eval, or released by `close` when the run ends below it)."""
+        for version in self.reserved:
+            holds.reserve(version)
 
     def seen(self, version: int) -> None:
         """Version `version` is published: hold and queue every due version not yet considered."""
@@ -153,12 +168,25 @@ class EvalCurve:
         self.steps = min(self.steps, version)
         self.seen(version)
 
+    def release_unreached(self) -> None:
+        """Release the versions held ahead that the run never reached (it ended or was stopped before them, or never
+        started)."""
+        for version in self.reserved:
+            if version not in self.passed:
+                self.holds.release(version)
+
     async def close(self, before: EvalResult | None, after: EvalResult | None) -> list[CurvePoint]:
         """Await the eval in flight and those queued; the curve: every eval during training and, on the same seeds,
         the evals before and after (logged to the trackers here) where no eval during training took that version,
         in version order."""
         while self.task is not None and not self.task.done():
             await self.task
+        self.release_unreached()
+        # the run ended at `steps`: nothing above it will be published, so a hold there keeps nothing, whoever wrote
+        # it (a CLI that reserved its due versions ahead and died before the run ended, as `attach` follows)
+        for version in self.holds.held():
+            if version >= self.steps and version not in self.passed:
+                self.holds.release(version)
         points = dict(self.done)
         for result in (before, after):
             if result is not None and result.version not in points and len(result.per_episode) >= self.episodes:

@@ -120,12 +120,18 @@ async def train(
         trackers.scalars(0, eval_scalars(before))
         # for `trajflow attach`, which may write this run's summary when this process is gone
         (run_dir / EVAL_BEFORE).write_text(before.model_dump_json(indent=2))
+    # before the run starts: the curve holds its due versions ahead, so none is pruned before it is seen
+    curve = start_curve(client, settings, run, run_id, run_dir, trackers, say) if evaluate_now else None
     t0 = time.monotonic()
-    handle = await start_training(run, run_id=run_id, client=client)
+    try:
+        handle = await start_training(run, run_id=run_id, client=client)
+    except BaseException:
+        if curve is not None:
+            curve.release_unreached()  # e.g. a run of that id exists: its versions are not this curve's to hold
+        raise
     ui_host = settings.temporal_address.rsplit(":", 1)[0]
     ui = f"http://{ui_host}:{settings.temporal_ui_port}/namespaces/{settings.temporal_namespace}/workflows/{run_id}"
     say(f"training workflow {run_id} started (Temporal UI: {ui})")
-    curve = start_curve(client, settings, run, run_id, run_dir, trackers, say) if evaluate_now else None
     result = await follow_run(handle, say, on_step=on_steps(StepLog(trackers).log, curve))
     wall = time.monotonic() - t0
     return await finish(client, run, run_id, run_dir, result, wall, before, trackers, say, evaluate_now, curve)
