@@ -6,6 +6,7 @@ fresh pool names and a fresh orchestrator queue. Subprocesses are ended by PID. 
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -45,6 +46,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
         for item in gpu:
             item.add_marker(pytest.mark.skip(reason=f"needs a CUDA device; {build}"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Each test's report is made with the garbage collector paused. Formatting a failure parses the test's source
+    (`ast.parse`), and on CPython 3.11 a parse that runs while another is under way, as when a collection during it
+    runs a finalizer that logs a traceback (OpenTelemetry's, for a workflow's coroutine collected unfinished), fails
+    the outer one: pytest then stops the whole session with an INTERNALERROR ("AST constructor recursion depth
+    mismatch") instead of reporting one failed test. With no collection, no Python code runs inside the parse."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def pytest_configure(config: pytest.Config) -> None:
