@@ -74,8 +74,8 @@ def test_quick_chaos_run_loses_nothing(chaos_env) -> None:
     assert trainer["step_attempt"] >= 2, f"the trainer must die mid-step: {trainer}"
     assert report["containers"]["killed"] >= 1, shown
     assert report["lost"] == 0 and report["consumed_twice"] == 0 and report["infra_failures_scored"] == 0, shown
-    assert report["steps_completed"] == report["steps_configured"] == 6, shown
-    assert report["consumed"] == 6 * 8
+    assert report["steps_completed"] == report["steps_configured"] == 10, shown
+    assert report["consumed"] == 10 * 8
     assert report["started"] == report["completed"] + report["failed"] + report["infra_failed"] + report["cancelled"]
     assert proc.returncode == 0 and "PASS" in proc.stdout, shown
     assert (state_dir / "runs" / report["run_id"] / "chaos.png").exists()

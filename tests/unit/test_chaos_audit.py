@@ -122,7 +122,7 @@ def test_a_fault_late_in_a_run_recovers_on_the_next_version() -> None:
 
 
 def test_every_fault_is_due_well_before_the_run_ends() -> None:
-    moments = fault_moments(trajectories=48, faults=6)  # `trajflow chaos --quick`: 6 steps of 8
+    moments = fault_moments(trajectories=48, faults=6)  # faults spread over 6 steps of 8
     assert moments == [6, 12, 18, 24, 30, 36]
     assert moments[-1] <= 48 - 8, "the Temporal fault leaves at least a step of episodes to recover in"
     assert fault_moments(trajectories=3, faults=6) == [0, 0, 1, 1, 1, 2]

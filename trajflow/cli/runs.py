@@ -315,7 +315,7 @@ def eval_policy(
 def chaos(
     config: ConfigOpt = DEFAULT_CONFIG,
     quick: Annotated[
-        bool, typer.Option("--quick", help="6 short steps (B=8): a few minutes on the tiny config.")
+        bool, typer.Option("--quick", help="10 short steps (B=8): a few minutes on the tiny config.")
     ] = False,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the counts (and faults, timeline) here.")

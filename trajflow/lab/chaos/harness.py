@@ -1,6 +1,7 @@
 """`trajflow chaos`: a training run on the embedded stack under injected faults, then the run's own audit.
 
-Faults, in this order, each at its moment (`fault_moments`) and once the one before has recovered:
+Faults, in this order, each at its moment (`fault_moments`, spread over all but the run's last `TAIL_STEPS` steps)
+and once the one before has recovered:
     decode, env, reward, orchestrator   kill -9 of that worker process, restarted at once (a crash + supervisor)
     temporal                            kill -9 of the Temporal dev server, restarted on the same database
     trainer                             kill -9 as a `trainer.train_step` starts (mid-step), restarted; a kill
@@ -36,6 +37,10 @@ from trajflow.lab.chaos.containers import ContainerKills, kill_sandboxes, sleep_
 Say = Callable[[str], None]
 PROCESS_FAULTS = ("decode", "env", "reward", "orchestrator", "temporal", "trainer")
 """The trainer last: its recovery (a heartbeat timeout, a restart, the step again) is the longest."""
+TAIL_STEPS = 2
+"""Steps of the run left after the faults' moments: the trainer's fault needs a train step to start after the faults
+before it have recovered, and once the rollouts are done a tiny model trains its last steps back to back in a second
+or two (a `--quick` run once ended before the trainer's moment when its moments ran to 6/8 of the run)."""
 STARTED = 2
 """PendingActivityState STARTED: a worker is running the activity."""
 
@@ -104,11 +109,13 @@ class ChaosReport:
 
 
 def chaos_run_config(config: RunConfig, quick: bool) -> TrainingRunConfig:
-    """The config's training run; `--quick`: 6 steps of 8 (groups of 4), enough moments for every fault."""
+    """The config's training run; `--quick`: 10 steps of 8 (groups of 4), enough moments for every fault and their
+    recoveries (the orchestrator's takes 10-15 s) and `TAIL_STEPS` after them, even where a tiny model's run of 6
+    steps ended in 34 s."""
     run = config.training_run()
     if quick:
         run = TrainingRunConfig.model_validate(
-            {**run.model_dump(), "steps": 6, "batch_size": 8, "group_size": 4, "redundancy": 0}
+            {**run.model_dump(), "steps": 10, "batch_size": 8, "group_size": 4, "redundancy": 0}
         )
     return run
 
@@ -154,7 +161,7 @@ class Chaos:
     async def inject_process_faults(self, done: asyncio.Event) -> list[str]:
         """Each fault at its moment (`fault_moments`) once the one before has recovered; returns those never
         injected."""
-        moments = fault_moments(self.run.steps * self.run.batch_size, len(PROCESS_FAULTS))
+        moments = fault_moments(max(1, self.run.steps - TAIL_STEPS) * self.run.batch_size, len(PROCESS_FAULTS))
         for i, (fault, due) in enumerate(zip(PROCESS_FAULTS, moments, strict=True)):
             previous = self.faults[-1] if self.faults else None
             if not await self.until(
