@@ -3,14 +3,19 @@
 
 Checks that `up` started two decode processes polling the one queue, that both answered turns (each turn's record names
 its decode worker) and both served a version the trainer published after they started, that Prometheus scraped each
-with its own `replica` label, and that after the kill (while a turn was in flight on the victim: its engine waits
-`batch_wait_ms` before each batch) that turn was retried on the survivor and the run completed every step with nothing
-lost, nothing consumed twice and no infra failure (the audit of `trajflow chaos`), the versions published after the
-kill served by the survivor alone. Not checked: learning (the policy is random)."""
+with its own `replica` label, and that after the kill those turns it cut off were retried on the survivor and the run
+completed every step with nothing lost, nothing consumed twice and no infra failure (the audit of `trajflow chaos`),
+the versions published after the kill served by the survivor alone. Which turns the kill cuts off: the victim is
+frozen (SIGSTOP) once turns are in flight on it (its engine waits `batch_wait_ms` before each batch), and those still
+started on it a moment later, which can no longer finish, are the ones; were none, it is thawed and the test tries
+again (a batch seen in flight can finish all at once just before the freeze). Not checked: learning (the policy is
+random)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -43,13 +48,13 @@ max_turns = 4
 sampling = { temperature = 1.0, max_new_tokens = 16 }
 
 [train]
-steps = 5
+steps = 8
 batch_size = 8
 group_size = 4
 alpha = 1
 eval = { episodes = 0 }
 """
-STEPS = 5
+STEPS = 8
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +94,7 @@ def test_two_replicas_serve_one_pool_and_killing_one_mid_run_loses_nothing(repli
     assert later.get(first.pid) and not later.get(second.pid), later
     assert set(after) <= {first.pid, second.pid}, after
 
-    # the turn in flight on the killed replica was retried on the survivor, and its trajectory completed
+    # the turns cut off on the killed replica were retried on the survivor, and their trajectories completed
     assert result["retried_by"] and all(i.startswith(f"{first.pid}@") for i in result["retried_by"]), result
     counts = result["counts"]
     assert counts["lost"] == 0 and counts["consumed_twice"] == 0 and counts["infra_failures_scored"] == 0, counts
@@ -120,9 +125,7 @@ async def train_and_kill(stack: CliStack, settings: Settings, victim_pid: int, k
         return max(turns_by_pid(stack, handle.id).get(victim_pid, [0])) >= 1
 
     await asyncio.to_thread(wait_for, victim_served_a_new_version, 300, 1.0, "the second replica to serve v1")
-    deadline = time.monotonic() + 120
-    while (interrupted := await turn_in_flight_on(client, handle.id, victim_pid)) is None:
-        assert time.monotonic() < deadline, "no turn in flight on the second replica for 120 s"
+    interrupted = await freeze_with_turns_in_flight(client, handle.id, victim_pid)
     kill_victim()
     killed_at = time.monotonic()
     # read after the kill: every version newer than this was published once the victim was gone
@@ -141,7 +144,7 @@ async def train_and_kill(stack: CliStack, settings: Settings, victim_pid: int, k
     print(f"\nkilled at v{version_at_kill}; run took {time.monotonic() - killed_at:.0f}s more; turns by pid {after}")
     return {
         "interrupted": interrupted,
-        "retried_by": await generate_retries(client, interrupted),
+        "retried_by": [who for wid in interrupted for who in await generate_retries(client, wid)],
         "counts": audit(records).model_dump(),
         "version_at_kill": version_at_kill,
         "before_kill": before_kill,
@@ -149,18 +152,36 @@ async def train_and_kill(stack: CliStack, settings: Settings, victim_pid: int, k
     }
 
 
-async def turn_in_flight_on(client, run_id: str, pid: int) -> str | None:
-    """A running trajectory of the run whose `llm.generate` has started on the worker process `pid` and not finished
-    (Temporal's pending activity, by the worker's identity `pid@host`), or None."""
+async def freeze_with_turns_in_flight(client, run_id: str, pid: int, timeout_s: float = 120) -> list[str]:
+    """Stop the process group of `pid` (SIGSTOP) at a moment when turns of the run are started on it, and return
+    those: frozen, it can finish none of them. A second after the freeze lets a result it sent just before reach
+    the server; if every turn seen had finished by then, it is thawed and tried again."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if seen := await turns_in_flight_on(client, run_id, pid):
+            os.killpg(pid, signal.SIGSTOP)
+            await asyncio.sleep(1.0)
+            frozen = await turns_in_flight_on(client, run_id, pid)
+            print(f"froze the worker {pid} with {len(seen)} turns seen in flight, {len(frozen)} still started")
+            if frozen:
+                return frozen
+            os.killpg(pid, signal.SIGCONT)
+    raise AssertionError(f"no turn in flight on the worker {pid} at a freeze for {timeout_s:.0f} s")
+
+
+async def turns_in_flight_on(client, run_id: str, pid: int) -> list[str]:
+    """The running trajectories of the run whose `llm.generate` has started on the worker process `pid` and not
+    finished (Temporal's pending activity, by the worker's identity `pid@host`)."""
     from temporalio.api.enums.v1 import PendingActivityState
 
     started = PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+    found = []
     async for wf in client.list_workflows(f"TrajflowRun = '{run_id}' AND ExecutionStatus = 'Running'"):
         for act in (await client.get_workflow_handle(wf.id).describe()).raw_description.pending_activities:
             if act.activity_type.name == names.LLM_GENERATE and act.state == started:
                 if act.last_worker_identity.startswith(f"{pid}@"):
-                    return wf.id
-    return None
+                    found.append(wf.id)
+    return found
 
 
 async def generate_retries(client, workflow_id: str) -> list[str]:
