@@ -44,7 +44,8 @@ def test_steps_of_1024_in_shards_lose_nothing_and_say_where_the_time_goes(tmp_pa
         assert step["wall_s"] == pytest.approx(step["load_s"] + step["compute_s"] + step["rest_s"], abs=0.05)
     # every group sent one report up, every shard one end (but those that ended after the run)
     assert s["signals_a_step"]["group_finished"] * 3 == pytest.approx(c["started"] / 8, abs=0.5), s["signals_a_step"]
-    assert 0 < s["signals_a_step"]["shard_finished"] * 3 <= s["shards"]
+    # (a step's average is rounded to a tenth: 17 ends over 3 steps read 5.7, and 5.7 x 3 = 17.1)
+    assert 0 < s["signals_a_step"]["shard_finished"] * 3 <= s["shards"] + 3 * 0.05, (s["signals_a_step"], s["shards"])
     a = s["activities"]
     # one turn: reset, generate, step, close, score, save a trajectory; one manifest a group; the trainer's steps
     assert a["by_type"]["llm.generate"] == a["by_type"]["trajectory.save"] == c["started"]
