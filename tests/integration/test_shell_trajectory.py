@@ -14,6 +14,7 @@ from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
 from trajflow.envs.shell import WORK_DIR
 from trajflow.rl.engines.scripted import ScriptedEngine
+from trajflow.sandbox import labels
 from trajflow.sandbox.images import SHELL_TASKS_DIR, ImageResolver
 
 pytestmark = pytest.mark.integration
@@ -74,7 +75,12 @@ async def test_escape_attempts_are_contained_and_the_episode_ends_scored(
         "submit",
     ]
     engine = scripted(tiny_model, attempts)
-    before = {c.id for c in docker_client.containers.list(all=True)}
+
+    def ours() -> set[str]:  # this stack's sandboxes (another stack on the engine may start its own meanwhile)
+        owned = {"label": f"{labels.OWNER}={sandbox_manager.owner_id}"}
+        return {c.id for c in docker_client.containers.list(all=True, filters=owned)}
+
+    before = ours()
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=images) as st:
         req = st.request(
             env_id=f"shell:{TASK}", seed=0, sampling=LONG, max_turns=10, env_kwargs={"command_timeout_s": 3}
@@ -92,8 +98,7 @@ async def test_escape_attempts_are_contained_and_the_episode_ends_scored(
     assert "roman.py" in obs[5] and "[exit 0]" in obs[5]
     # the host is unharmed: nothing was written outside the container, and its sandbox is gone
     assert not Path("/etc/pwned").exists()
-    after = {c.id for c in docker_client.containers.list(all=True)}
-    assert not (after - before), "the episode's sandbox outlived it"
+    assert not (ours() - before), "the episode's sandbox outlived it"
 
 
 async def test_a_hung_step_kills_its_container_and_past_the_budget_ends_infra_failed(
