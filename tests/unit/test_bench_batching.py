@@ -34,3 +34,21 @@ def test_the_tiny_bench_plays_both_modes(cache_dir: Path, tmp_path: Path, monkey
             assert figures["completion_tokens"] > 0 and figures["p99_latency_s"] >= figures["p50_latency_s"] > 0
         assert set(w["ratios"]) == set(RATIOS) and all(v is not None and v > 0 for v in w["ratios"].values())
         assert w["identical_trajectories"] == w["trajectories"]  # tiny model: float32, seeded
+
+
+def test_random_weights_play_token_prompts_with_no_pretrained_model(tmp_path: Path) -> None:
+    """`--random-weights` (what a lent GPU machine runs: no pretrained model, no GEM), on the tiny architecture:
+    each turn's prompt is the last one, its completion and a fixed user turn."""
+    from trajflow.lab.bench.batching import cli
+
+    out = tmp_path / "random.json"
+    argv = ["--tiny", "--random-weights", "--dtype", "float32", "--threads", "1", "--json", str(out)]
+    assert cli(argv) == 0
+    report: dict[str, Any] = json.loads(out.read_text())
+    assert report["model"] == "quick: 2 blocks, random (smoke test)"
+    assert report["device"] == "cpu" and report["gpu"] is None
+    demo = report["workloads"][0]
+    assert demo["workload"] == "demo" and demo["turns"] == 2
+    for mode in MODES:
+        assert demo[mode]["requests"] == demo["trajectories"] * 2 and demo[mode]["completion_tokens"] > 0
+    assert demo["identical_trajectories"] == demo["trajectories"]  # float32, seeded: both modes sample alike

@@ -202,15 +202,27 @@ def bench_batching(
     ] = None,
     tiny: Annotated[bool, typer.Option("--tiny", help="The tiny model: a smoke test, not a measurement.")] = False,
     dtype: Annotated[
-        str, typer.Option("--dtype", help="auto (the CPU's native choice), float32 or bfloat16.")
+        str, typer.Option("--dtype", help="auto (the device's native choice), float32 or bfloat16.")
     ] = "auto",
+    device: Annotated[str, typer.Option("--device", help="cpu (default), auto, cuda or cuda:N.")] = "cpu",
+    random_weights: Annotated[
+        bool,
+        typer.Option("--random-weights", help="SmolLM2's architecture with random weights and token-id prompts."),
+    ] = False,
+    prefix_cache_mb: Annotated[
+        int | None,
+        typer.Option(
+            "--prefix-cache-mb", min=0, help="The engines' prefix cache in MB (default: the config's; 0: none)."
+        ),
+    ] = None,
 ) -> None:
     """The HF engine's static and continuous batching side by side on the demo's workload and a long-tailed one:
     decode tokens/s, p50/p99 request latency, requests/s and trajectories/s, each as a ratio continuous/static."""
     from infra.settings import load_settings
     from trajflow.lab.bench.batching import main as batching_main
 
-    _exit(batching_main(quick, json_path, load_settings().cache_dir / "models", threads, tiny, dtype))
+    models = load_settings().cache_dir / "models"
+    _exit(batching_main(quick, json_path, models, threads, tiny, dtype, device, random_weights, prefix_cache_mb))
 
 
 @bench_app.command("reward-model")
