@@ -34,6 +34,8 @@ def test_quick_scale_keeps_each_level_in_flight_and_loses_nothing(tmp_path: Path
         n = int(key)
         assert level["lost"] == level["unfinished"] == 0 and level["completed"] == level["started"] >= n, level
         assert level["in_flight"] >= 0.8 * n, level["in_flight_timeline"]
+        # measured once the first N have ended, over at least the 15 s asked and at least that warm-up
+        assert level["warm_up_s"] >= 6 and level["window_s"] >= max(15, level["warm_up_s"]) - 0.5, level
         assert level["trajectories_per_s"] > 0 and level["activities_per_s"] == pytest.approx(
             level["trajectories_per_s"] * 10, rel=0.01
         )

@@ -250,7 +250,7 @@ def bench_scale(
         str | None, typer.Option("--levels", help="Trajectories in flight, comma-separated (default 100,1000,5000).")
     ] = None,
     window_s: Annotated[
-        float | None, typer.Option("--window-s", help="Seconds measured at each level (default 60).")
+        float | None, typer.Option("--window-s", help="Seconds measured at each level, at least (default 90).")
     ] = None,
     turns: Annotated[int | None, typer.Option("--turns", help="Turns per trajectory (default 4).")] = None,
 ) -> None:

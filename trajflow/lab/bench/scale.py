@@ -5,8 +5,9 @@ Temporal dev server, the orchestrator (the real TrajectoryWorkflow), decode (the
 that never batches turns out), env (the synthetic env), reward (the real activities, the real reward service over HTTP,
 a LocalStore in RAM), so the orchestration itself is measured: every activity only sleeps for the workload's time.
 At each level a closed loop keeps N TrajectoryWorkflows in flight: it counts the ended ones in visibility every
-second and starts as many new ones. Once N run, a window of `window_s` is measured; then starting stops and every
-trajectory is waited for (the drain).
+second and starts as many new ones. Once N run and those have ended (the warm-up), a window of `window_s` is
+measured, or of the warm-up's length where that is longer; then starting stops and every trajectory is waited for
+(the drain).
 
 Per level: trajectories/s and activities/s over the window (activities per trajectory are fixed by the workload:
 reset, a generate and a step per turn, close, score, save), the orchestration overhead per activity (p50/p99 of the
@@ -47,8 +48,10 @@ class ScaleWorkload:
     env_s: float = 10.0
     """Mean seconds of one env step (Gaussian, σ 20% of it)."""
     window_s: float = 90.0
-    """Measured after a warm-up of one trajectory's time once N are in flight (so that they no longer end in the
-    lockstep of their common start)."""
+    """Measured after a warm-up once N are in flight: until the N in flight then have ended, and at least one
+    trajectory's time (so that they no longer end in the lockstep of their common start). The window is as long as
+    that warm-up where it is longer: on a machine slower than the workload's times a trajectory outlasts a short
+    window, and one that saw no trajectory end would measure nothing."""
     fill_timeout_s: float = 600.0
     drain_timeout_s: float = 300.0
     """How long the drain waits; trajectories still running then are reported as `unfinished`, not lost (they
@@ -107,6 +110,9 @@ class LevelFigures:
     """What the workload asks at N in flight with zero overhead: N · activities per trajectory / trajectory time."""
     in_flight_timeline: list[tuple[float, int, int]] = field(default_factory=list)
     """(seconds since the level began, in flight, ended), every second."""
+    warm_up_s: float = 0.0
+    window_s: float = 0.0
+    """The window measured: `ScaleWorkload.window_s`, or the warm-up's length where that was longer."""
 
 
 class _Loop:
@@ -219,13 +225,18 @@ async def _level(st: ScaleStack, sw: ScaleWorkload, n: int, say: Say) -> LevelFi
     task = asyncio.create_task(loop.run(t0))
     say(f"level {n}: starting {n} trajectories ({sw.turns} turns of ~{sw.decode_s + sw.env_s:.0f} s each)")
     fill_s = await _wait(lambda: loop.started >= n and loop.timeline[-1][1] >= 0.98 * n, sw.fill_timeout_s, task)
-    say(f"level {n}: {loop.in_flight} in flight after {fill_s:.1f} s; warming up {sw.trajectory_s:.0f} s")
-    await asyncio.sleep(sw.trajectory_s)
-    say(f"level {n}: measuring {sw.window_s:.0f} s")
+    say(f"level {n}: {loop.in_flight} in flight after {fill_s:.1f} s; warming up until they have ended")
+    turned_over = loop.timeline[-1][2] + n
+    warm_up_s = await _wait(lambda: loop.timeline[-1][2] >= turned_over, sw.fill_timeout_s, task)
+    if warm_up_s < sw.trajectory_s:
+        await asyncio.sleep(sw.trajectory_s - warm_up_s)
+        warm_up_s = sw.trajectory_s
+    window_s = max(sw.window_s, warm_up_s)
+    say(f"level {n}: warmed up in {warm_up_s:.0f} s; measuring {window_s:.0f} s")
     cpu0 = {role: cpu_s(pid) for role, pid in st.pids.items()}
     done0, mark = await loop.completed(), len(loop.timeline)
     w0 = time.monotonic()
-    await asyncio.sleep(sw.window_s)
+    await asyncio.sleep(window_s)
     window = time.monotonic() - w0
     cpu = {role: round((cpu_s(pid) - cpu0[role]) / window, 3) for role, pid in st.pids.items()}
     done1, in_window = await loop.completed(), loop.timeline[mark:]
@@ -259,6 +270,8 @@ async def _level(st: ScaleStack, sw: ScaleWorkload, n: int, say: Say) -> LevelFi
         drain_s=round(drain_s, 1),
         demand_activities_per_s=round(n * sw.activities_per_trajectory / sw.trajectory_s, 1),
         in_flight_timeline=loop.timeline,
+        warm_up_s=round(warm_up_s, 1),
+        window_s=round(window, 1),
     )
     figures.saturated = saturation(figures, os.cpu_count() or 1)
     say(
