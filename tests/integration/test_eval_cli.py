@@ -38,7 +38,10 @@ def test_eval_of_the_base_model_and_of_a_pinned_version(cli_stack, tmp_path) -> 
 
     # a short run publishes v1..v3 (the trainer keeps v2 and v3); v2 is evaluated while v3 is the newest
     run_id = f"eval-run-{uuid.uuid4().hex[:6]}"
-    cli_stack.trajflow("train", str(SMOKE), "--run-id", run_id, "--no-eval", timeout=600)
+    trained = cli_stack.trajflow("train", str(SMOKE), "--run-id", run_id, "--no-eval", timeout=600)
+    # without --json, stdout is the verdict line alone (the summary is in the run dir; progress went to stderr)
+    [verdict] = trained.stdout.splitlines()
+    assert verdict.startswith(f"run {run_id}: 3 steps in ") and "(not evaluated)" in verdict, trained.stdout
     out = tmp_path / "v2.json"
     cli_stack.trajflow("eval", str(SMOKE), "--policy", f"{run_id}@2", "--episodes", "2", "--samples", "1",
                        "--json", str(out), timeout=300)  # fmt: skip

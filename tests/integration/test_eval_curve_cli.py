@@ -21,8 +21,11 @@ def test_train_with_an_eval_every_version(cli_stack, tmp_path) -> None:
     every_version = "eval = { episodes = 8, every = 1, during_episodes = 4 }"
     config.write_text(smoke.replace("eval = { episodes = 8 }", every_version))
     out = tmp_path / "summary.json"
-    proc = cli_stack.trajflow("train", str(config), "--run-id", "curve-run", "--json-summary", str(out), timeout=600)
+    proc = cli_stack.trajflow(
+        "train", str(config), "--run-id", "curve-run", "--json-summary", str(out), "--json", timeout=600
+    )
     summary = json.loads(out.read_text())
+    assert json.loads(proc.stdout) == summary  # --json: the whole summary on stdout, and nothing else
     assert summary["steps"] == 3
     curve = summary["eval_curve"]
     assert [p["version"] for p in curve] == [0, 1, 2, 3]  # before, during (1, 2), after: on the same 4 seeds

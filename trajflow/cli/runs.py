@@ -26,6 +26,7 @@ T = TypeVar("T")
 
 if TYPE_CHECKING:
     from trajflow.contracts.config import RunConfig
+    from trajflow.contracts.runs import RunSummary
     from trajflow.contracts.trajectory import TrajectoryRequest
 
 
@@ -106,6 +107,9 @@ def train(
     ],
     run_id: Annotated[str | None, typer.Option(help="Run id = the TrainingWorkflow's id (default: generated).")] = None,
     json_summary: Annotated[Path | None, typer.Option(help="Also write the JSON summary here.")] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the whole summary (summary.json) as JSON instead of the verdict line.")
+    ] = False,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the held-out evaluation before and after.")] = False,
     sync: Annotated[
         bool, typer.Option("--sync", help="The synchronous baseline: alpha = 0 with the batch barrier.")
@@ -118,17 +122,16 @@ def train(
     """Train on the running stack: eval, the TrainingWorkflow with live progress, eval; summary + plots."""
     from infra.settings import load_settings
     from infra.temporal import connect
-    from trajflow.cli.commands.train import RunEnded, verdict
+    from trajflow.cli.commands.train import RunEnded
     from trajflow.cli.commands.train import train as run_training
     from trajflow.client import new_run_id
-    from trajflow.contracts.runs import RunSummary
 
     if run_id and "@" in run_id:
         typer.secho(f"--run-id {run_id!r}: a run id may not contain '@' (RUN@V names a version)", fg="red", err=True)
         raise typer.Exit(2)
     if run_id and _running(run_id):
         _say(f"run {run_id} is already running: attaching to it (trajflow attach {run_id}), not starting it again")
-        _attach(run_id, json_summary, no_eval)
+        _attach(run_id, json_summary, no_eval, as_json)
         return
     config = _config(config_path)
     _check_trainable(config)
@@ -161,12 +164,7 @@ def train(
         typer.secho(str(e), fg="red", err=True)
         _exit(1)
         return
-    if json_summary:
-        json_summary.parent.mkdir(parents=True, exist_ok=True)
-        json_summary.write_text(summary.model_dump_json(indent=2))
-    shown = {"eval_before", "eval_after", "steps", "trajectories_trained", "trajectories_dropped_stale", "wall_seconds"}
-    typer.echo(json.dumps(summary.model_dump(mode="json", include=shown), indent=2))
-    typer.echo(verdict(summary, run_dir / "reward.png"))
+    _report(summary, json_summary, as_json, run_dir)
     _exit(0)
 
 
@@ -193,12 +191,10 @@ def _run_or_exit(main: Callable[[], Coroutine[object, object, T]]) -> T:
         raise  # not reached: _exit leaves the process
 
 
-def _attach(run_id: str, json_summary: Path | None, no_eval: bool) -> None:
+def _attach(run_id: str, json_summary: Path | None, no_eval: bool, as_json: bool) -> None:
     from infra.settings import load_settings
     from infra.temporal import connect
     from trajflow.cli.commands.lifecycle import attach as attach_run
-    from trajflow.cli.commands.train import verdict
-    from trajflow.contracts.runs import RunSummary
 
     settings = load_settings()
     run_dir = settings.state_dir / "runs" / run_id
@@ -207,22 +203,34 @@ def _attach(run_id: str, json_summary: Path | None, no_eval: bool) -> None:
         return await attach_run(await connect(settings), run_id, run_dir, _say, skip_eval=no_eval, settings=settings)
 
     summary = _run_or_exit(main)
+    _report(summary, json_summary, as_json, run_dir)
+    _exit(0)
+
+
+def _report(summary: RunSummary, json_summary: Path | None, as_json: bool, run_dir: Path) -> None:
+    """The end of `train` and `attach` on stdout: the verdict line, or with `--json` the whole summary (nothing
+    else on stdout; progress went to stderr); `--json-summary` also writes it to a file."""
+    from trajflow.cli.commands.train import verdict
+
+    text = summary.model_dump_json(indent=2)
     if json_summary:
         json_summary.parent.mkdir(parents=True, exist_ok=True)
-        json_summary.write_text(summary.model_dump_json(indent=2))
-    typer.echo(verdict(summary, run_dir / "reward.png"))
-    _exit(0)
+        json_summary.write_text(text)
+    typer.echo(text if as_json else verdict(summary, run_dir / "reward.png"))
 
 
 @app.command()
 def attach(
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="The training run's id (its workflow id).")],
     json_summary: Annotated[Path | None, typer.Option(help="Also write the JSON summary here.")] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the whole summary (summary.json) as JSON instead of the verdict line.")
+    ] = False,
     no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the held-out evaluation after the run.")] = False,
 ) -> None:
     """Follow a training run started elsewhere (a `trajflow train` that died, a client, the Temporal UI): its live
     view until it ends, then the evaluation after it, summary.json and the plots in its run directory."""
-    _attach(run_id, json_summary, no_eval)
+    _attach(run_id, json_summary, no_eval, as_json)
 
 
 @app.command()
