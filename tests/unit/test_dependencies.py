@@ -86,3 +86,9 @@ def test_the_base_lock_is_light_and_torch_is_the_local_cpu_wheel() -> None:
     assert not HEAVY & locked("base").keys()
     for name in ("all", "dev"):
         assert locked(name)["torch"] == Version("2.13.0+cpu")
+
+
+def test_the_demos_lock_holds_what_the_analysis_imports_on_the_host() -> None:
+    """`trajflow analyze guess-the-number` draws targets with GEM on the host; `make demo` installs all.txt."""
+    assert "gem-llm" in {canonicalize_name(r.name) for r in requirements(EXTRAS_OF_LOCK["all"])}
+    assert "gem-llm" in locked("all")

@@ -3,6 +3,8 @@ targets drawn by the host's GEM, and the store layout `trajflow train`'s evals l
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from infra.layout import trajectory_record_key
@@ -97,6 +99,12 @@ def test_targets_come_from_gem_and_must_agree_with_a_win() -> None:
         gtn.game_of(_record(1_000_000, wrong, [f"\\boxed{{{wrong}}}"]), target)
     with pytest.raises(gtn.AnalysisError, match="not a Guess The Number env"):
         gtn.target_of("game:Minesweeper-v0-easy", 0)
+
+
+def test_without_gem_on_the_host_the_analysis_says_what_to_install(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "gem", None)  # `import gem` raises ImportError, as where it is not installed
+    with pytest.raises(gtn.AnalysisError, match=r"pip install 'trajflow\[analysis\]'"):
+        gtn.target_of(ENV, 1_000_000)
 
 
 def test_eval_records_reads_greedy_trajectories_of_one_eval(tmp_path) -> None:

@@ -83,8 +83,14 @@ def game_of(record: TrajectoryRecord, target: int) -> Game:
 
 
 def target_of(env_id: str, seed: int) -> int:
-    """The target GEM's env draws for `seed` (GEM imported here, on the host)."""
-    import gem
+    """The target GEM's env draws for `seed` (GEM imported here, on the host: the `analysis` extra, in `all`)."""
+    try:
+        import gem
+    except ImportError:
+        raise AnalysisError(
+            "GEM is not installed on this host, and it draws each seed's target: pip install 'trajflow[analysis]' "
+            "(`make demo` and `make setup` install it)"
+        ) from None
 
     env = gem.make(env_id)
     env.reset(seed=seed)
