@@ -7,9 +7,11 @@ running trajectories (and a sharded run's shard workflows, `workflows/shard.py`)
 ended early: terminated, cancelled, failed or timed out. Trajectories of a running or completed run are left alone,
 and so are those whose run id names no training workflow (rollouts a user grouped under an id).
 
-Idempotent, so several orchestrator workers may sweep at once. Limits: at most `page` trajectories a round (the
-rest in the next rounds); visibility is eventually consistent, so a trajectory started as the run ended may need
-a second round.
+Each round pages through every running trajectory whose run is not running (`page` a request), so the trajectories of
+a live run, however many, never hide those of one that ended (the sweep once read the first 1,000 running
+trajectories of every run, and a run with more in flight filled them). Idempotent, so several orchestrator workers
+may sweep at once. Visibility is eventually consistent, so a trajectory started as the run ended may need a second
+round.
 """
 
 from __future__ import annotations
@@ -48,12 +50,31 @@ RUNNING_TRAJECTORIES = (
 """Trajectories, and the shard workflows of sharded runs (their parents), that carry a run id."""
 
 
+RUNNING_RUNS = f"WorkflowType = '{names.TRAINING_WORKFLOW}' AND ExecutionStatus = 'Running'"
+
+
+async def running_runs(client: Client, page: int = 1000) -> set[str]:
+    """The ids of the training runs that are running (every page)."""
+    return {wf.id async for wf in client.list_workflows(RUNNING_RUNS, page_size=page)}
+
+
+def orphans_query(running: set[str]) -> str:
+    """`RUNNING_TRAJECTORIES` less those of the `running` runs (all of them when an id cannot be quoted)."""
+    quotable = sorted(r for r in running if "'" not in r and "\\" not in r)
+    if not quotable or len(quotable) < len(running):
+        return RUNNING_TRAJECTORIES
+    listed = ", ".join(f"'{r}'" for r in quotable)
+    return f"{RUNNING_TRAJECTORIES} AND {names.SA_RUN} NOT IN ({listed})"
+
+
 async def running_by_run(client: Client, page: int = 1000) -> dict[str, list[str]]:
-    """Run id -> workflow ids of its running trajectories (at most `page` in all)."""
+    """Run id -> workflow ids of its running trajectories, for every run id that names no running training run:
+    all of them, `page` a request."""
     out: dict[str, list[str]] = defaultdict(list)
-    async for wf in client.list_workflows(RUNNING_TRAJECTORIES, limit=page):
+    running = await running_runs(client, page)
+    async for wf in client.list_workflows(orphans_query(running), page_size=page):
         run = wf.typed_search_attributes.get(_RUN)
-        if run:
+        if run and run not in running:
             out[run].append(wf.id)
     return dict(out)
 

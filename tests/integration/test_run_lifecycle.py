@@ -116,20 +116,21 @@ async def test_the_sweep_ends_the_trajectories_of_a_terminated_run_and_only_thos
     temporal_env, reward_service, store, sandbox_manager, gated: GatedEngine, groups_per_shard: int
 ) -> None:
     """A terminated run runs no code: the orchestrator's sweep (workers/run_sweep.py) cancels its trajectories (and
-    a sharded run's shards), and leaves those of a run that is still running alone."""
+    a sharded run's shards), and leaves those of a run that is still running alone. The live run's trajectories
+    are the newest, so they come first in visibility's listing, and they fill a page: the sweep still finds the
+    others (it once read one page, and a run with more in flight than a page hid the ended ones)."""
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, gated) as st:
         cfg = run_config(st.pools, steps=5, batch_size=2, group_size=2, alpha=0, groups_per_shard=groups_per_shard)
         doomed, alive = (f"run-{uuid.uuid4().hex[:8]}" for _ in range(2))
-        handles = {
-            r: await start_training(cfg, run_id=r, client=st.client, task_queue=st.queue) for r in (doomed, alive)
-        }
-        for r in (doomed, alive):
+        handles = {}
+        for r in (doomed, alive):  # one after the other: the live run's trajectories started last
+            handles[r] = await start_training(cfg, run_id=r, client=st.client, task_queue=st.queue)
             await wait_running(st.client, r, 2)
         await handles[doomed].terminate("test: what `temporal workflow terminate` does")
         assert await running_count(st.client, doomed) == 2  # nothing of the run itself ends them
 
         async def swept() -> bool:
-            await sweep_once(st.client)
+            await sweep_once(st.client, page=1)
             return await running_count(st.client, doomed) == 0
 
         await async_wait_for(
