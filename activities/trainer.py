@@ -110,7 +110,11 @@ class TrainerActivities:
 
         try:
             result = await asyncio.get_running_loop().run_in_executor(self._executor, self._train, inp)
-            record(activity.metric_meter(), metrics.TRAIN_STEP_SECONDS, result.seconds, run=inp.run_id)
+            meter = activity.metric_meter()
+            record(meter, metrics.TRAIN_STEP_SECONDS, result.seconds, run=inp.run_id)
+            for lag, count in (result.batch.staleness if result.batch else {}).items():
+                for _ in range(count):  # one observation per sample trained on, as the histogram counts them
+                    record(meter, metrics.SAMPLE_STALENESS, lag, run=inp.run_id)
             return result
         except RankGroupBroken as e:
             if self._on_broken is not None:

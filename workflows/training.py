@@ -39,7 +39,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from trajflow.contracts import metrics, names
+    from trajflow.contracts import names
     from trajflow.contracts.rollouts import BranchPlan
     from trajflow.contracts.shards import GroupReport, ShardDone
     from trajflow.contracts.training import (
@@ -54,7 +54,6 @@ with workflow.unsafe.imports_passed_through():
         WatchChildrenInput,
     )
     from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult
-    from trajflow.observability.metrics import record
     from workflows import queries
     from workflows.bookkeeping import Book, ReportOutcome
     from workflows.fanin import ShardBook
@@ -245,10 +244,8 @@ class TrainingWorkflow:
         await workflow.wait_condition(lambda: call.done() or self._should_continue())
         if not call.done():
             return False
-        done = self.rules.finish_step(step, call.result(), workflow.time() - self.s.started_at)
-        for lag, count in done.staleness.items():
-            for _ in range(count):  # one observation per sample trained on, as the histogram metric counts them
-                record(workflow.metric_meter(), metrics.SAMPLE_STALENESS, lag, run=self.s.run_id)
+        # the samples' staleness is observed by the trainer (`activities/trainer.py`): no per-sample call here
+        self.rules.finish_step(step, call.result(), workflow.time() - self.s.started_at)
         workflow.upsert_search_attributes([keys.SA_VERSION.value_set(self.s.version)])
         return True
 

@@ -64,7 +64,7 @@ SAMPLE_STALENESS = Metric(
     "on-policy; alpha bounds it), one observation per sample trained on.",
     ("run",),
     buckets=(0, 1, 2, 3, 4, 5, 6, 8, 16),
-    emitted_by="orchestrator",
+    emitted_by="trainer",
 )
 SANDBOX_RESET_SECONDS = Metric(
     "trajflow_sandbox_reset_seconds",
