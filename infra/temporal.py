@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from temporalio.client import Client, Plugin, WorkflowExecutionStatus
+from temporalio.client import Client, Plugin, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -221,17 +221,24 @@ async def wait_until_reachable(
             await asyncio.sleep(0.25)
 
 
+async def describe(client: Client, workflow_id: str, run_id: str | None = None) -> WorkflowExecutionDescription | None:
+    """A workflow execution's description (`run_id` None: its newest); None when Temporal knows no such workflow.
+    Other RPC errors are raised."""
+    try:
+        return await client.get_workflow_handle(workflow_id, run_id=run_id).describe()
+    except RPCError as e:
+        if e.status is RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+
+
 async def execution_status(
     client: Client, workflow_id: str, run_id: str | None = None
 ) -> WorkflowExecutionStatus | None:
     """The status of a workflow's execution (`run_id` None: its newest); None when Temporal knows no such
     workflow. Other RPC errors are raised."""
-    try:
-        return (await client.get_workflow_handle(workflow_id, run_id=run_id).describe()).status
-    except RPCError as e:
-        if e.status is RPCStatusCode.NOT_FOUND:
-            return None
-        raise
+    described = await describe(client, workflow_id, run_id)
+    return None if described is None else described.status
 
 
 async def pollers(client: Client, task_queue: str, *, activity: bool) -> int:

@@ -22,8 +22,10 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import MetricMeter
 from temporalio.service import RPCError
 
-from infra.temporal import execution_status
+from infra.temporal import describe
+from trajflow.contracts import names
 from trajflow.contracts.metrics import SANDBOXES_SWEPT
+from trajflow.contracts.trajectory import TrajectoryProgress
 from trajflow.observability.metrics import meter_of, record
 from trajflow.sandbox.leases import Holder, Lease, RunState, Verdict, cap_for, lease_verdict, needs_run_state
 from trajflow.sandbox.manager import SandboxManager
@@ -41,6 +43,8 @@ class SweepStats:
 
     expired: int = 0
     idle_cap: int = 0
+    renewed: int = 0
+    """Leases renewed because their trajectory waited for decode."""
     orphans: int = 0
     failed_rounds: int = 0
 
@@ -87,11 +91,14 @@ class Sweeper:
         waiting = self.warm.waiting_ids() if self.warm is not None else set()
         leases = self.manager.leases.snapshot()
         holders = {lease.sandbox_id: _holder(lease, waiting) for lease in leases}
-        asked = [x for x in leases if needs_run_state(x, holders[x.sandbox_id], self.lease_s, self.cap_s)]
-        states = await asyncio.gather(*(self.run_state(x.workflow_id, x.run_id) for x in asked))
+        asked = [x for x in leases if needs_run_state(x, holders[x.sandbox_id], self.lease_s)]
+        states = await asyncio.gather(*(self.run_state(x.workflow_id, x.run_id, x.sandbox_id) for x in asked))
         runs = {x.sandbox_id: state for x, state in zip(asked, states, strict=True)}
         for lease in leases:
             run = runs.get(lease.sandbox_id, RunState.UNKNOWN)
+            if run is RunState.WAITING and self.manager.leases.renew(lease.sandbox_id, lease.workflow_id):
+                self.stats.renewed += 1
+                continue
             verdict = lease_verdict(lease, holders[lease.sandbox_id], run, self.lease_s, self.cap_s)
             if verdict is not Verdict.KEEP:
                 await self._remove(lease, verdict)
@@ -120,23 +127,34 @@ class Sweeper:
         owner = f"workflow {lease.workflow_id} run {lease.run_id}" if lease.workflow_id else "no trajectory"
         log.info("removed sandbox %s (%s, idle %.0fs, %s)", lease.sandbox_id, owner, lease.idle_s, verdict.value)
 
-    async def run_state(self, workflow_id: str, run_id: str) -> RunState:
-        """The owning run's state; UNKNOWN without a client or when Temporal cannot answer."""
+    async def run_state(self, workflow_id: str, run_id: str, sandbox_id: str = "") -> RunState:
+        """The owning run's state; UNKNOWN without a client or when Temporal cannot answer. WAITING: running with a
+        model call pending, and (its `progress` query says) `sandbox_id` is the sandbox it will step next, not one it
+        left after a failure."""
         if self.client is None:
             return RunState.UNKNOWN
         try:
-            status = await asyncio.wait_for(
-                execution_status(self.client, workflow_id, run_id or None), DESCRIBE_TIMEOUT_S
-            )
+            described = await asyncio.wait_for(describe(self.client, workflow_id, run_id or None), DESCRIBE_TIMEOUT_S)
         except RPCError as e:
             log.warning("cannot describe workflow %s run %s: %s", workflow_id, run_id, e)
             return RunState.UNKNOWN
         except TimeoutError:
             log.warning("describing workflow %s run %s timed out", workflow_id, run_id)
             return RunState.UNKNOWN
-        if status is None:  # Temporal knows no such run: gone
+        if described is None or described.status != WorkflowExecutionStatus.RUNNING:  # None: Temporal knows no such run
             return RunState.CLOSED
-        return RunState.RUNNING if status == WorkflowExecutionStatus.RUNNING else RunState.CLOSED
+        pending = {a.activity_type.name for a in described.raw_description.pending_activities}
+        if names.LLM_GENERATE not in pending or not sandbox_id:
+            return RunState.RUNNING
+        handle = self.client.get_workflow_handle(workflow_id, run_id=run_id or None)
+        try:
+            progress = await asyncio.wait_for(
+                handle.query(names.QUERY_PROGRESS, result_type=TrajectoryProgress), DESCRIBE_TIMEOUT_S
+            )
+        except Exception as e:  # no workflow worker to answer, a timeout: judged as running (the cap applies)
+            log.warning("cannot query workflow %s run %s: %r", workflow_id, run_id, e)
+            return RunState.RUNNING
+        return RunState.WAITING if progress.sandbox == sandbox_id else RunState.RUNNING
 
 
 def _holder(lease: Lease, waiting: set[str]) -> Holder:

@@ -1,7 +1,8 @@
-"""Sandbox leases end to end: a trajectory terminated mid-episode with the `temporal` CLI loses its sandbox to the
-env worker's sweep within twice the lease, while that env worker (a real `trajflow worker env` process, on the real
-dev server and Docker) keeps running and serves the next trajectory. Decode, reward and the workflows run in this
-process (a gated scripted policy holds the episode between two turns)."""
+"""Sandbox leases end to end: a trajectory whose decode is held keeps its idle sandbox past the sweep's hard cap (its
+run waits for a model call, so the sweep renews the lease); terminated mid-episode with the `temporal` CLI, it loses
+the sandbox to the env worker's sweep within twice the lease, while that env worker (a real `trajflow worker env`
+process, on the real dev server and Docker) keeps running and serves the next trajectory. Decode, reward and the
+workflows run in this process (a gated scripted policy holds the episode between two turns)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,16 @@ from tests.integration.test_trajectory import OUT_OF_RANGE, GatedEngine
 from trajflow.contracts import names
 from trajflow.contracts.trajectory import StagePools, TrajectoryRequest, TrajectoryStatus
 from trajflow.sandbox import labels
+from trajflow.sandbox.leases import cap_for
 
 if TYPE_CHECKING:
     from trajflow.rl.engines.base import Engine
 
 pytestmark = pytest.mark.integration
 
-LEASE_S = 5.0
+LEASE_S = 4.0
+CAP_S = cap_for(LEASE_S)
+"""Past it an idle sandbox of a running trajectory is removed, unless its trajectory waits for decode."""
 
 
 @pytest.fixture()
@@ -107,6 +111,13 @@ async def test_a_terminated_trajectory_loses_its_sandbox_within_two_leases_and_t
         (container,) = sandbox_containers(docker_client, **{labels.SANDBOX_ID: sandbox_id})
         assert container.status == "running"
         assert container.labels[labels.OWNER_PID] == str(worker.pid)
+        # decode held past the cap: the sandbox stays, its lease renewed while the run waits for the model call
+        await asyncio.sleep(CAP_S + 3)
+        try:
+            container.reload()
+        except docker.errors.NotFound:
+            pytest.fail(f"sandbox {sandbox_id} was removed while its trajectory waited for decode")
+        assert container.status == "running" and f"removed sandbox {sandbox_id}" not in log_path.read_text()
 
         terminate = [temporal_binary(), "workflow", "terminate", "--workflow-id", workflow_id, "--address", address]
         done = subprocess.run([*terminate, "--reason", "test"], capture_output=True, text=True, timeout=60)

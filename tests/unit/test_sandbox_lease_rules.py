@@ -39,6 +39,9 @@ def lease(idle_s: float, busy: bool = False, workflow_id: str = "traj-1") -> Lea
         # idle past the cap: removed even though the run goes on (it moved to a fresh sandbox, or restores by replay)
         (lease(CAP_S + 1), Holder.TRAJECTORY, RunState.RUNNING, Verdict.IDLE_CAP),
         (lease(CAP_S + 1), Holder.TRAJECTORY, RunState.UNKNOWN, Verdict.IDLE_CAP),
+        # ... but never while its run waits for decode with this sandbox as its own, however long
+        (lease(61), Holder.TRAJECTORY, RunState.WAITING, Verdict.KEEP),
+        (lease(CAP_S * 5), Holder.TRAJECTORY, RunState.WAITING, Verdict.KEEP),
         # a step in flight is never judged, however long it runs
         (lease(0, busy=True), Holder.TRAJECTORY, RunState.CLOSED, Verdict.KEEP),
         (Lease("abc123", "traj-1", "run-1", CAP_S * 2, True), Holder.TRAJECTORY, RunState.CLOSED, Verdict.KEEP),
@@ -54,11 +57,13 @@ def test_lease_verdicts(case: Lease, holder: Holder, run: RunState, verdict: Ver
 
 
 def test_temporal_is_asked_only_when_its_answer_decides() -> None:
-    assert needs_run_state(lease(61), Holder.TRAJECTORY, LEASE_S, CAP_S)
-    assert not needs_run_state(lease(59), Holder.TRAJECTORY, LEASE_S, CAP_S)  # fresh: kept anyway
-    assert not needs_run_state(lease(CAP_S + 1), Holder.TRAJECTORY, LEASE_S, CAP_S)  # past the cap: removed anyway
-    assert not needs_run_state(lease(61, busy=True), Holder.TRAJECTORY, LEASE_S, CAP_S)
-    assert not needs_run_state(lease(61, workflow_id=""), Holder.NONE, LEASE_S, CAP_S)
+    assert needs_run_state(lease(61), Holder.TRAJECTORY, LEASE_S)
+    assert not needs_run_state(lease(59), Holder.TRAJECTORY, LEASE_S)  # fresh: kept anyway
+    assert needs_run_state(
+        lease(CAP_S + 1), Holder.TRAJECTORY, LEASE_S
+    )  # past the cap: kept only if it waits for decode
+    assert not needs_run_state(lease(61, busy=True), Holder.TRAJECTORY, LEASE_S)
+    assert not needs_run_state(lease(61, workflow_id=""), Holder.NONE, LEASE_S)
     assert cap_for(LEASE_S) == LEASE_S * IDLE_CAP_LEASES
 
 
@@ -163,3 +168,18 @@ def test_labels_name_the_owner_container_only_when_there_is_one() -> None:
     placed = labels.owner_labels("w", "s", "host", labels.OwnerContainer("c" * 64, "2026-01-01T00:00:00Z"))
     assert placed[labels.OWNER_CONTAINER] == "c" * 64
     assert placed[labels.OWNER_CONTAINER_STARTED] == "2026-01-01T00:00:00Z"
+
+
+def test_a_renewal_counts_only_for_the_sandboxs_holder() -> None:
+    clock = Clock()
+    book = LeaseBook(clock)
+    book.add("s1")
+    book.grant("s1", "wf-a", "run-1")
+    clock.now += 300
+    assert not book.renew("s1", "wf-b") and not book.renew("s1", "") and not book.renew("gone", "wf-a")
+    assert book.snapshot()[0].idle_s == 300
+    assert book.renew("s1", "wf-a")  # its trajectory waits for decode: idle from now
+    assert book.snapshot()[0].idle_s == 0
+    book.release("s1")
+    clock.now += 10
+    assert not book.renew("s1", "wf-a")  # released: nobody holds it

@@ -5,10 +5,12 @@ workflow run and the last use. An env worker's sweep (`workers/sandbox_sweep.py`
 of its own sandboxes, with the state of the owning run as Temporal reports it:
 
 - in use right now (a step in flight), or idle for at most `lease_s`: kept;
-- idle past `cap_s` (`IDLE_CAP_LEASES` leases): removed whatever Temporal says. A trajectory that moved to a fresh
-  sandbox after a failure leaves its old one idle for ever, and a trajectory whose sandbox is removed while it
-  still runs only pays a restore (its next step fails as `SandboxLost` and the workflow replays the recorded
-  actions into a fresh sandbox);
+- idle past the lease while its run waits for a model call (a pending `llm.generate`: queued on a busy decode pool,
+  or generating a long answer): kept, and the sweep renews the lease, however long the wait;
+- idle past `cap_s` (`IDLE_CAP_LEASES` leases) otherwise: removed whatever Temporal says. A trajectory that moved
+  to a fresh sandbox after a failure leaves its old one idle for ever (the sweep renews only the sandbox the run's
+  `progress` query names), and a trajectory whose sandbox is removed while it still runs only pays a restore (its
+  next step fails as `SandboxLost` and the workflow replays the recorded actions into a fresh sandbox);
 - idle past `lease_s` and its run no longer running (terminated, cancelled, reset into a new run, timed out,
   unknown to Temporal): removed; still running, or Temporal cannot be asked: kept until the cap;
 - a warm-pool sandbox waiting for a trajectory: kept (the pool is bounded by its size);
@@ -41,6 +43,9 @@ class RunState(enum.Enum):
     """Completed, failed, cancelled, terminated, timed out, continued as new, or not found."""
     UNKNOWN = "unknown"
     """Temporal could not be asked (unreachable, an error): the lease is not judged by it this round."""
+    WAITING = "waiting"
+    """Running, with a model call pending (`llm.generate`): the trajectory waits for decode and comes back to its
+    sandbox, so the sweep keeps it and renews its lease."""
 
 
 class Holder(enum.Enum):
@@ -79,6 +84,8 @@ def lease_verdict(lease: Lease, holder: Holder, run: RunState, lease_s: float, c
     """Whether the sweep removes this sandbox (see the module docstring for the rules)."""
     if lease.busy or holder is Holder.POOL or lease.idle_s <= lease_s:
         return Verdict.KEEP
+    if holder is Holder.TRAJECTORY and run is RunState.WAITING:
+        return Verdict.KEEP
     if lease.idle_s > cap_s:
         return Verdict.IDLE_CAP
     if holder is Holder.TRAJECTORY and run is RunState.CLOSED:
@@ -86,9 +93,10 @@ def lease_verdict(lease: Lease, holder: Holder, run: RunState, lease_s: float, c
     return Verdict.KEEP
 
 
-def needs_run_state(lease: Lease, holder: Holder, lease_s: float, cap_s: float) -> bool:
-    """Whether the verdict depends on the owning run's state (so the sweep asks Temporal only about these)."""
-    return holder is Holder.TRAJECTORY and not lease.busy and lease_s < lease.idle_s <= cap_s
+def needs_run_state(lease: Lease, holder: Holder, lease_s: float) -> bool:
+    """Whether the verdict depends on the owning run's state (so the sweep asks Temporal only about these): a
+    trajectory's sandbox idle past the lease, past the cap too (a run waiting for decode keeps it)."""
+    return holder is Holder.TRAJECTORY and not lease.busy and lease.idle_s > lease_s
 
 
 def cap_for(lease_s: float) -> float:
@@ -136,6 +144,16 @@ class LeaseBook:
             if entry is None or entry.busy:
                 return False
             entry.workflow_id, entry.run_id, entry.last_used = "", "", self._clock()
+            return True
+
+    def renew(self, sandbox_id: str, workflow_id: str) -> bool:
+        """Renew the lease of a sandbox that `workflow_id` still holds (idle from now); False when another holds it,
+        nobody does, or it is unknown."""
+        with self._lock:
+            entry = self._entries.get(sandbox_id)
+            if entry is None or not workflow_id or entry.workflow_id != workflow_id:
+                return False
+            entry.last_used = self._clock()
             return True
 
     def holder(self, sandbox_id: str) -> str | None:
