@@ -1,5 +1,6 @@
 """Starting one member of a group as a child `TrajectoryWorkflow`: what the training workflow (a direct run) and a
-shard workflow (a sharded run) both do, with the bookkeeping of `workflows.bookkeeping.Book` around the start."""
+shard workflow (a sharded run) both do, with the bookkeeping of `workflows.bookkeeping.Book` around the start; and
+sending the cancellations the book queued."""
 
 from __future__ import annotations
 
@@ -58,3 +59,15 @@ async def start_member(
         raise
     book.member_started()
     return wid, handle
+
+
+async def send_cancels(book: Book) -> None:
+    """Cancel the members `book` queued for cancellation (redundant samples, leftovers), each removed from the queue
+    only once its cancel was sent: the state never loses a queued cancellation."""
+    while book.to_cancel:
+        wid = book.to_cancel[-1]
+        try:
+            await workflow.get_external_workflow_handle(wid).cancel()
+        except Exception as e:  # already ended: nothing to cancel
+            workflow.logger.info("cancel %s: %s", wid, e)
+        book.to_cancel.remove(wid)

@@ -80,7 +80,7 @@ class ShardWorkflow:
             while self.s.groups or self.watchers or self.abandoned:
                 await workflow.wait_condition(lambda: self._has_work() or not (self.s.groups or self.watchers))
                 if True:
-                    await self._send_cancels()
+                    await members.send_cancels(self.book)
                     while (replacement := book.next_replacement()) is not None:
                         group, missing = replacement
                         await asyncio.gather(*(self._start_member(group) for _ in range(missing)))
@@ -90,12 +90,12 @@ class ShardWorkflow:
                         k = self.abandoned[0]
                         await self._report_group(GroupReport(shard=workflow.info().workflow_id, k=k, ready=False))
                         self.abandoned.pop(0)
-                    await self._send_cancels()
+                    await members.send_cancels(self.book)
             await workflow.wait_condition(workflow.all_handlers_finished)
             await self._done()
         except asyncio.CancelledError:
             book.cancel_leftovers()
-            await self._send_cancels()
+            await members.send_cancels(self.book)
             if workflow.patched(PATCH_DONE_ON_CANCEL):
                 # its last message carries the members it cancelled (the run's counters would miss them otherwise)
                 await self._done()
@@ -186,12 +186,3 @@ class ShardWorkflow:
             await workflow.get_external_workflow_handle(self.start.run_id).signal(signal, message)
         except Exception as e:  # the training run is gone: nothing will train on this shard's groups
             workflow.logger.warning("could not report to %s: %s", self.start.run_id, e)
-
-    async def _send_cancels(self) -> None:
-        while self.book.to_cancel:
-            wid = self.book.to_cancel[-1]
-            try:
-                await workflow.get_external_workflow_handle(wid).cancel()
-            except Exception as e:  # already ended: nothing to cancel
-                workflow.logger.info("cancel %s: %s", wid, e)
-            self.book.to_cancel.remove(wid)

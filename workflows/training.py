@@ -164,7 +164,7 @@ class TrainingWorkflow:
             await workflow.wait_condition(lambda: self.rules.has_work(self.pause_admission))
             self.admitting = True
             try:
-                await self._send_cancels()
+                await members.send_cancels(self.book)
                 if self.shards is not None:
                     while (start := self.shards.next_shard(self.pause_admission)) is not None:
                         await sharding.start_shard(self.shards, start)
@@ -207,18 +207,6 @@ class TrainingWorkflow:
         if report is not None:
             workflow.logger.warning("trajectory %s closed (%s) without its report arriving", wid, how)
             self.trajectory_finished(report)
-
-    async def _send_cancels(self) -> None:
-        while self.book.to_cancel:
-            wid = self.book.to_cancel[-1]
-            await self._cancel(wid)
-            self.book.to_cancel.remove(wid)  # only once sent: the state never loses a queued cancellation
-
-    async def _cancel(self, wid: str) -> None:
-        try:
-            await workflow.get_external_workflow_handle(wid).cancel()
-        except Exception as e:  # already ended: nothing to cancel
-            workflow.logger.info("cancel %s: %s", wid, e)
 
     async def _wait_for_batch(self) -> TrainStepInput | None:
         """Wait until B/n complete, fresh groups are ready; drop stale ones on the way (hard bound). None when
@@ -380,7 +368,7 @@ class TrainingWorkflow:
 
     async def _cancel_leftovers(self) -> None:
         self.rules.cancel_leftovers()
-        await self._send_cancels()
+        await members.send_cancels(self.book)
         if (shards := self.shards) is not None and shards.sh.shards and workflow.patched(PATCH_WAIT_FOR_SHARDS):
             # the shards' last messages count the members they cancel; a shard that never answers (terminated, its
             # worker gone) is waited for no longer than SHARDS_CLOSE_S, and its members are counted by none
