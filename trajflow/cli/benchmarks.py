@@ -290,7 +290,7 @@ def bench_soak(
         ),
     ] = False,
     batch: Annotated[
-        int | None, typer.Option("--batch", help="With --scale: B, trajectories a step (default 8192; CI 1024).")
+        int | None, typer.Option("--batch", help="With --scale: B, trajectories a step (default 8192; CI 512).")
     ] = None,
 ) -> None:
     """One training run on the embedded bench stack (dev server, simulated engine, env and trainer), audited at the
