@@ -39,7 +39,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from trajflow.contracts import names
+    from trajflow.contracts import capacity, names
     from trajflow.contracts.rollouts import BranchPlan
     from trajflow.contracts.shards import GroupReport, ShardDone
     from trajflow.contracts.training import (
@@ -66,6 +66,9 @@ SHARDS_CLOSE_S = 60.0
 """How long a sharded run's end waits for the last messages of the shards it cancelled."""
 PATCH_WAIT_FOR_SHARDS = "sharded-end-waits-for-shards"
 """That wait, behind `workflow.patched`: a run that ended before it replays as it ran (e.g. for a query)."""
+PATCH_REPORT_BUDGET = "continue-as-new-at-report-budget"
+"""Continuing as new at `capacity.REPORTS_BEFORE_CONTINUE` reports, behind `workflow.patched`: a run recorded before
+that rule replays as it ran."""
 
 
 @workflow.defn(name=names.TRAINING_WORKFLOW)
@@ -100,7 +103,9 @@ class TrainingWorkflow:
         self.admitting = False
         """True while the admission loop starts or cancels children (continue-as-new waits for it to finish)."""
         self.continue_requested = False
-        """Set by the `continue_as_new` signal."""
+        """Set by the `continue_as_new` signal, and at `capacity.REPORTS_BEFORE_CONTINUE` reports (`_reported`)."""
+        self.reports = 0
+        """Reports this run of the workflow received (Temporal limits a run's signals, `_reported`)."""
         self.prober: asyncio.Task[None] | None = None
 
     # --- the loop ------------------------------------------------------------------------------------------
@@ -241,11 +246,20 @@ class TrainingWorkflow:
 
     @workflow.signal(name=names.SIGNAL_TRAJECTORY_FINISHED)
     def trajectory_finished(self, report: TrajectoryReport) -> None:
+        self._reported()
         self._after(report, self.book.report(report))
+
+    def _reported(self) -> None:
+        """Count a report; at the budget, continue as new before Temporal refuses this run's signals."""
+        self.reports += 1
+        if self.reports == capacity.REPORTS_BEFORE_CONTINUE and workflow.patched(PATCH_REPORT_BUDGET):
+            workflow.logger.info("run %s: %d reports in this run, continuing as new", self.s.run_id, self.reports)
+            self.continue_requested = True
 
     @workflow.signal(name=names.SIGNAL_GROUP_FINISHED)
     def group_finished(self, report: GroupReport) -> None:
         """A shard's report of one of its groups (a sharded run)."""
+        self._reported()
         if self.shards is None:
             workflow.logger.warning("group report from %s ignored: run %s is not sharded", report.shard, self.s.run_id)
             return
@@ -257,6 +271,7 @@ class TrainingWorkflow:
     @workflow.signal(name=names.SIGNAL_SHARD_FINISHED)
     def shard_finished(self, done: ShardDone) -> None:
         """A shard's last message: every group of it reported."""
+        self._reported()
         if self.shards is not None:
             self.shards.shard_done(done)
 

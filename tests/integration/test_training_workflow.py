@@ -215,6 +215,29 @@ async def test_continue_as_new_and_worker_restart_keep_the_run(
     assert [s.step for s in result.history] == [1, 2, 3, 4, 5, 6]
 
 
+async def test_a_run_continues_as_new_at_its_report_budget_whatever_its_history_length(
+    temporal_env, reward_service, store, sandbox_manager, engine, monkeypatch
+) -> None:
+    """Temporal refuses a run's signals past 10,000, which a long history threshold would not prevent: the run
+    continues as new once it has received `REPORTS_BEFORE_CONTINUE` reports (5,000; 3 here)."""
+    from trajflow.contracts import capacity
+
+    monkeypatch.setattr(capacity, "REPORTS_BEFORE_CONTINUE", 3)
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as st:
+        cfg = run_config(st.pools, steps=3, batch_size=2, group_size=2, alpha=1)
+        assert cfg.history_events_before_continue == 10_000  # never reached by 3 steps of 2
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        handle = await start_training(cfg, run_id=run_id, client=st.client, task_queue=st.queue)
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=300)
+        except TimeoutError:
+            raise AssertionError(f"the run did not finish:\n{await pending_work(st.client, run_id)}") from None
+        state = await handle.query(names.QUERY_STATE, result_type=TrainingState)
+    assert result.version == 3 and result.counters.consumed == 6
+    assert [s.step for s in result.history] == [1, 2, 3]
+    assert state.continued >= 1, "3 reports should have made the run continue as new"
+
+
 async def test_a_dead_docker_engine_pauses_admission_and_a_live_one_resumes_it(
     temporal_env, reward_service, store, sandbox_manager, engine, docker_client, tmp_path
 ) -> None:

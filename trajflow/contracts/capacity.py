@@ -13,6 +13,12 @@ direct run every trajectory is a child of its training workflow, in a sharded ru
 children in flight could pass it is refused (docs/capacity.md)."""
 MAX_SIGNALS_PER_RUN = 10_000
 """Temporal's limit on the signals one workflow run receives (`limit.maxSignalsPerExecution`)."""
+REPORTS_BEFORE_CONTINUE = MAX_SIGNALS_PER_RUN // 2
+"""The training workflow continues as new once one run of it has received this many reports (trajectory, group and
+shard reports: all its signals but an operator's few). Its history length alone does not bound them: every report
+is an event, but with `history_events_before_continue` up to 40,000 the reports of a sharded run, batched into few
+workflow tasks, could pass Temporal's limit on a run's signals first. Half the limit: reports still arrive while the
+run prepares to continue."""
 SHARD_EVENTS_PER_MEMBER = 6
 """History events a shard spends on one trajectory: its start (initiated, started), its close, its report signal, and
 the workflow tasks around them (an upper bound used to refuse shards too large for one history)."""
