@@ -137,6 +137,11 @@ class Settings(BaseSettings):
     sandbox_step_timeout_s: float = 60.0
     sandbox_warm_pool: int = 4
     """Started sandboxes kept waiting per env (per env hint) on each env worker; 0 turns the warm pool off."""
+    sandbox_warm_unused_s: float = Field(default=600.0, gt=0)
+    """An env nobody asked for in this long loses its waiting sandboxes and is refilled no more until asked again
+    (`trajflow.sandbox.pool.WarmPool.forget_unused`, run by the env worker's sweep)."""
+    sandbox_warm_max: int = Field(default=32, ge=0)
+    """The most sandboxes one env worker keeps waiting or starting for all envs together."""
     sandbox_reuse: int = Field(default=16, ge=1)
     """How many trajectories one sandbox may serve, one after another, when its env's actions are text the env
     parses and never code it runs (GEM's games, puzzles, math and QA, `gym:`, `data:`; `trajflow.sandbox.pool`):

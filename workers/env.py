@@ -90,7 +90,13 @@ async def serve(settings: Settings, pools: Sequence[str]) -> None:
     manager = await asyncio.to_thread(build_manager, settings, worker_id)
     client = await connect_worker(settings, "env")
 
-    warm = WarmPool(manager, settings.sandbox_warm_pool, reuse=settings.sandbox_reuse)  # fills per env on first use
+    warm = WarmPool(  # fills per env on first use; the sweep forgets envs unused for a while
+        manager,
+        settings.sandbox_warm_pool,
+        reuse=settings.sandbox_reuse,
+        unused_s=settings.sandbox_warm_unused_s,
+        max_waiting=settings.sandbox_warm_max,
+    )
     sweeper = Sweeper(manager, client, settings.sandbox_lease_s, warm)
     await sweeper.sweep_logged()  # dead workers' orphans go before this worker starts sandboxes of its own
     sweeping = asyncio.create_task(sweeper.run_forever())

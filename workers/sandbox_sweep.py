@@ -107,6 +107,10 @@ class Sweeper:
             if trimmed:
                 record(self.meter, SANDBOXES_SWEPT, trimmed, reason="pool_surplus")
                 log.info("closed %d sandboxes waiting past the warm pool's size for a lease", trimmed)
+            forgotten = await asyncio.to_thread(self.warm.forget_unused)
+            if forgotten:
+                record(self.meter, SANDBOXES_SWEPT, forgotten, reason="pool_unused")
+                log.info("closed %d waiting sandboxes of envs unused for %.0fs", forgotten, self.warm.unused_s)
         reaped = await asyncio.to_thread(
             reap_orphans, self.manager.client, self.manager.runtime_dir, self.manager.host_name
         )

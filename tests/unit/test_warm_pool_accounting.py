@@ -138,3 +138,54 @@ def test_a_dead_waiting_sandbox_is_discarded_and_replaced() -> None:
         assert manager.started == 2 and pool.idle_count(GAME) == 1
     finally:
         pool.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_key_nobody_asks_for_is_forgotten_and_a_take_asks_for_it_again() -> None:
+    manager, clock = Manager(), Clock()
+    pool = WarmPool(cast(SandboxManager, manager), size=1, reuse=3, unused_s=60, clock=clock)
+    try:
+        assert pool.wait_full(GAME, timeout_s=5) and pool.wait_full(OTHER, timeout_s=5) and manager.started == 2
+        clock.now += 30
+        out = pool.take(OTHER)  # OTHER is asked for again; its sandbox is out and will come back
+        clock.now += 45  # GAME unused for 75 s, OTHER for 45 s
+        assert pool.forget_unused() == 1 and pool.stats.forgotten == 1
+        _settle(pool, manager)
+        assert pool.idle_count(GAME) == 0 and manager.started == 2  # GAME's sandbox closed and not started again
+        assert list(manager.boxes) == [out.id]  # OTHER's, out (no replacement: it comes back)
+        clock.now += 100
+        assert pool.forget_unused() == 0  # OTHER has a sandbox out: kept, whatever its age
+        assert pool.give_back(out.id)
+        clock.now += 100
+        assert pool.idle_count(OTHER) == 1
+        assert pool.forget_unused() == 1 and not manager.boxes  # now nothing of it is out
+        cold = pool.stats.cold_starts
+        again = pool.take(GAME)  # asked for again: a cold start, and its sandbox waits for the next take once more
+        assert pool.stats.cold_starts == cold + 1
+        assert pool.give_back(again.id) and pool.idle_count(GAME) == 1
+    finally:
+        pool.close()
+
+
+def test_all_keys_together_keep_at_most_max_waiting() -> None:
+    manager = Manager()
+    pool = WarmPool(cast(SandboxManager, manager), size=2, reuse=3, max_waiting=3)
+    try:
+        assert pool.wait_full(GAME, timeout_s=5)
+        assert not pool.wait_full(OTHER, timeout_s=1)  # room for one more only
+        assert pool.idle_count(GAME) + pool.idle_count(OTHER) == 3 == manager.started
+        box = pool.take(OTHER)  # a waiting one: the refill may start one in its place, no more
+        _settle(pool, manager)
+        assert pool.idle_count(GAME) + pool.idle_count(OTHER) == 3
+        assert not pool.give_back(box.id)  # three wait already: the returned one is closed
+        _settle(pool, manager)
+        assert pool.idle_count(GAME) + pool.idle_count(OTHER) == 3 and len(manager.boxes) == 3
+    finally:
+        pool.close()

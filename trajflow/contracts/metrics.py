@@ -140,7 +140,8 @@ SANDBOXES_SWEPT = Metric(
     "counter",
     "Sandboxes the env worker's sweep removed, by reason: expired (its lease ran out: its trajectory ended or is "
     "gone), idle_cap (unused past the idle cap), orphan (left by a dead env worker), pool_surplus (given back "
-    "after a burst, waiting past the warm pool's size for a lease).",
+    "after a burst, waiting past the warm pool's size for a lease), pool_unused (waiting for an env nobody asked "
+    "for in a while).",
     ("reason",),
     emitted_by="env",
 )

@@ -15,11 +15,16 @@ The refill counts sandboxes out on a reusable env (and takes and returns under w
 fill the pool past `size` by the most sandboxes this pool has had out at once for the key; `trim` (the sweep) closes
 those extra ones once they have waited a lease.
 
+Shrinking: a key nobody has asked for in `unused_s` (an eval's env, a task that left the run) is forgotten by
+`forget_unused` (the sweep): its waiting sandboxes are closed and the refill stops topping it up, until a take asks
+for it again. A key with a sandbox out or a take or start under way is kept. All keys together never hold more than
+`max_waiting` sandboxes waiting or starting: past it the refill starts none and a sandbox given back is closed.
+
 Errors: `take` raises what `SandboxManager.start` raises (a cold start); a refill failure is logged and retried
 after a back-off, never raised to a caller. Thread-safety: `take` and `give_back` may be called from many threads.
 Limits: one refill thread (containers start one at a time, which suits a small host); waiting sandboxes count
-against the host's memory like running ones; `size = 0` disables the pool (every take is a cold start, and
-nothing is given back).
+against the host's memory like running ones (`max_waiting` bounds them); `size = 0` disables the pool (every take
+is a cold start, and nothing is given back).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import docker.errors
@@ -44,6 +50,11 @@ REUSABLE_PREFIXES = ("game:", "rg:", "math:", "logic:", "qa:", "gym:", "data:")
 """Env ids whose sandbox may serve another trajectory (see the module docstring): not `shell:`, `agent:`,
 `agent-cmd:`, `py:`, `code:` (runs the model's code) or `eval:` (some run code)."""
 
+UNUSED_S = 600.0
+"""A key not asked for in this long is forgotten (`WarmPool.forget_unused`)."""
+MAX_WAITING = 32
+"""The most sandboxes all keys of one pool keep waiting or starting together."""
+
 REFILL_BACKOFF_S = (0.5, 30.0)
 """First and longest wait between refill attempts after a start failure (doubling in between)."""
 
@@ -59,6 +70,8 @@ class PoolStats:
     given_back: int = 0
     """Sandboxes that came back from a trajectory to wait for the next one."""
     closed_on_return: int = 0
+    forgotten: int = 0
+    """Waiting sandboxes closed because their key went unused (`forget_unused`)."""
 
 
 def reusable(env_id: str) -> bool:
@@ -67,17 +80,34 @@ def reusable(env_id: str) -> bool:
 
 
 class WarmPool:
-    """Keeps `size` started sandboxes waiting for each (image, env hint) it has been asked for (or pre-warmed);
-    `reuse`: how many trajectories one sandbox of a `reusable` env may serve (1: a fresh container each)."""
+    """Keeps `size` started sandboxes waiting for each (image, env hint) it has been asked for (or pre-warmed) in the
+    last `unused_s`, at most `max_waiting` in all; `reuse`: how many trajectories one sandbox of a `reusable` env may
+    serve (1: a fresh container each). `clock`: seconds, monotonic (a test passes its own)."""
 
-    def __init__(self, manager: SandboxManager, size: int, warm: tuple[Key, ...] = (), reuse: int = 1) -> None:
+    def __init__(
+        self,
+        manager: SandboxManager,
+        size: int,
+        warm: tuple[Key, ...] = (),
+        reuse: int = 1,
+        unused_s: float = UNUSED_S,
+        max_waiting: int = MAX_WAITING,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if size < 0:
             raise ValueError(f"warm pool size must be >= 0, got {size}")
         if reuse < 1:
             raise ValueError(f"sandbox reuse must be >= 1 trajectory, got {reuse}")
+        if unused_s <= 0 or max_waiting < 0:
+            raise ValueError(f"need unused_s > 0 and max_waiting >= 0, got {unused_s} and {max_waiting}")
         self.manager = manager
         self.size = size
         self.reuse = reuse
+        self.unused_s = unused_s
+        self.max_waiting = max_waiting
+        self._clock = clock
+        self._asked: dict[Key, float] = {}
+        """When each key was last asked for (a take, `wait_full`, pre-warming)."""
         self.stats = PoolStats()
         self._idle: dict[Key, collections.deque[Sandbox]] = {}
         self._starting: dict[Key, int] = {}
@@ -173,15 +203,17 @@ class WarmPool:
         """Put a returned `box` to wait for the next take of `key` if the pool has room for it (under the lock)."""
         if self._closed or len(self._idle[key]) >= self.size + self._peak.get(key, 0):
             return False
+        if self._waiting_total() >= self.max_waiting:
+            return False
         self._idle[key].append(box)
-        self._waiting_since[box.id] = time.monotonic()
+        self._waiting_since[box.id] = self._clock()
         self.stats.given_back += 1
         return True
 
     def trim(self, idle_over_s: float) -> int:
         """Close the sandboxes that wait past `size` for a key and have waited over `idle_over_s` (returns after a
         burst), and let that key's peak fall back; how many were closed."""
-        now = time.monotonic()
+        now = self._clock()
         extra: list[Sandbox] = []
         with self._cond:
             for key, idle in self._idle.items():
@@ -190,9 +222,36 @@ class WarmPool:
                     self._waiting_since.pop(box.id, None)
                     extra.append(box)
                 self._peak[key] = max(self._out_count(key), len(idle))
+            self._cond.notify_all()  # room under `max_waiting` for other keys
         for box in extra:
             self.manager.close(box.id)
         return len(extra)
+
+    def forget_unused(self) -> int:
+        """Forget the keys nobody asked for in `unused_s` and that have nothing out, taken or starting: close their
+        waiting sandboxes, and the refill tops them up no more (a later take asks for the key anew); how many
+        sandboxes were closed."""
+        now = self._clock()
+        closed: list[Sandbox] = []
+        with self._cond:
+            busy = {*self._out.values(), *self._returning.values()}
+            for key in [k for k, at in self._asked.items() if now - at > self.unused_s]:
+                if key in busy or self._taking[key] or self._starting.get(key, 0):
+                    continue
+                for box in self._idle.pop(key, ()):
+                    self._waiting_since.pop(box.id, None)
+                    closed.append(box)
+                for table in (self._starting, self._peak, self._asked, self._taking):
+                    table.pop(key, None)
+            self._cond.notify_all()  # room under `max_waiting` for the keys still asked for
+        for box in closed:
+            self.manager.close(box.id)
+        self.stats.forgotten += len(closed)
+        return len(closed)
+
+    def _waiting_total(self) -> int:
+        """Sandboxes waiting or starting, all keys together (under the lock)."""
+        return sum(len(q) for q in self._idle.values()) + sum(self._starting.values())
 
     def _handed_out(self, key: Key, box: Sandbox) -> Sandbox:
         """End the take of `box`: out and coming back (a reusable env, not used up), or gone for the refill."""
@@ -230,7 +289,7 @@ class WarmPool:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             self._want(key)
-            while len(self._idle[key]) < self.size:
+            while len(self._idle.get(key, ())) < self.size:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed:
                     return False
@@ -252,9 +311,12 @@ class WarmPool:
             self._thread.join(timeout=self.manager.start_timeout_s + 5)
 
     def _want(self, key: Key) -> None:
-        """Register `key` (under the condition's lock) and make sure the refill thread runs."""
-        self._idle.setdefault(key, collections.deque())
-        self._starting.setdefault(key, 0)
+        """Register `key` as asked for now (under the condition's lock) and make sure the refill thread runs."""
+        if key not in self._idle:
+            self._idle[key] = collections.deque()
+            self._starting[key] = 0
+            self._cond.notify_all()  # a new key to fill: wake the refill thread if it waits
+        self._asked[key] = self._clock()
         if self.size > 0 and self._thread is None and not self._closed:
             self._thread = threading.Thread(target=self._refill_loop, name="warm-pool-refill", daemon=True)
             self._thread.start()
@@ -269,6 +331,8 @@ class WarmPool:
         back.update(self._returning.values())
         if self.reuse > 1:
             back.update({k: n for k, n in self._taking.items() if reusable(k[1])})
+        if self._waiting_total() >= self.max_waiting:
+            return None
         short = {k: self.size - len(q) - self._starting[k] - back[k] for k, q in self._idle.items()}
         key = max(short, key=lambda k: short[k], default=None)
         return key if key is not None and short[key] > 0 else None
