@@ -4,7 +4,7 @@ the benchmarks' simulated trainer (`trajflow.lab.bench.sim_trainer`), so both tr
 
 A step's refs (`step_refs`) are those its input carries, then those of a sharded run's groups: each group index in
 `TrainStepInput.groups`, in ascending order, names a `GroupManifest` the shard wrote
-(`infra.layout.group_manifest_key`). A missing, unreadable or mismatched manifest fails the step without retry
+(`trajflow.infra.layout.group_manifest_key`). A missing, unreadable or mismatched manifest fails the step without retry
 (`ERR_BAD_REQUEST`, naming the group and its key): the shard writes it before it reports the group, so its absence is
 lost data, not a delay. Any other store error (an unreachable S3) propagates and is retried.
 """
@@ -18,13 +18,13 @@ from typing import TypeVar
 from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 
-from infra.layout import group_manifest_key
-from infra.store import ObjectNotFound, ObjectStore
 from trajflow.contracts import names
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.shards import GroupManifest, group_name
 from trajflow.contracts.steps import TrainRef
 from trajflow.contracts.training import TrainStepInput
+from trajflow.infra.layout import group_manifest_key
+from trajflow.infra.store import ObjectNotFound, ObjectStore
 
 RECORD_READS = 8
 """Objects a step reads from the store at once (below boto3's default pool of 10 connections)."""

@@ -18,8 +18,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from infra.store import ObjectStore
 from trajflow.contracts.records import TurnContext, TurnDelta
+from trajflow.infra.store import ObjectStore
 
 DEFAULT_CACHED_TOKENS = 2_000_000
 """About 200 MB of Python lists: e.g. 250 trajectories of 8k tokens in flight on one decode worker."""

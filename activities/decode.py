@@ -9,8 +9,8 @@ observation (chat formatting on our side; an agent's turn brings its whole conve
 context, else `AgentContextMismatch`, not retried; its tools are rendered by the model's chat template, one without
 tools fails the trajectory, `BadRequest`), generates (with tools: the completion's tool calls parsed out of its
 text; with stop sequences: the answer ended before the first, `trajflow.rl.stops`), stores what this turn added to
-the context (a delta linked to the previous turn's: `activities.contexts`) and returns the text, the delta's URI and
-the policy version.
+the context (a delta linked to the previous turn's: `trajflow.activities.contexts`) and returns the text, the delta's
+URI and the policy version.
 
 An engine that talks to a server raises `EngineError`s, mapped here once: unavailable is retried (past the retry
 budget the trajectory is infra-failed), a rejected request fails the trajectory (`BadRequest`), a misconfigured
@@ -31,14 +31,14 @@ import asyncio
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.contexts import ContextStore
-from activities.heartbeats import with_heartbeats
-from infra.layout import context_key
-from infra.store import ObjectStore
+from trajflow.activities.contexts import ContextStore
+from trajflow.activities.heartbeats import with_heartbeats
 from trajflow.contracts import metrics, names
 from trajflow.contracts.engines import CONTEXT_FULL, EngineInfo
 from trajflow.contracts.records import TurnContext
 from trajflow.contracts.trajectory import GenerateInput, GenerateResult
+from trajflow.infra.layout import context_key
+from trajflow.infra.store import ObjectStore
 from trajflow.observability.metrics import record
 from trajflow.rl.chat import ContextMismatch, append_completion, append_messages, append_user
 from trajflow.rl.engines.base import Completion, Engine, EngineMisconfigured, EngineRequestRejected, EngineUnavailable

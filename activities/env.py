@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
+from trajflow.activities.heartbeats import QUICK_EVERY_S, with_heartbeats
 from trajflow.contracts import metrics, names
 from trajflow.contracts.agent import is_agent
 from trajflow.contracts.limits import ENV_ID_HELP, MAX_OBSERVATION_CHARS

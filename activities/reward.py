@@ -4,9 +4,9 @@ a sharded run's complete groups (the `GroupManifest` a shard writes before it re
 Scoring is an HTTP call to the (serverless) reward service; its errors are classified once here: a rejected or
 garbled answer is final, and so is a verifier that timed out on this answer (`VerifierTimedOut`: the trajectory ends
 `failed`, never scored); an unreachable service is retried by Temporal. Saving assembles the trajectory record
-from the turns' context deltas (`activities.contexts`) and the workflow's summary and writes it to the store.
-A group's manifest goes to the key its run and index name (`infra.layout.group_manifest_key`), whole: a retry writes
-the same bytes.
+from the turns' context deltas (`trajflow.activities.contexts`) and the workflow's summary and writes it to the store.
+A group's manifest goes to the key its run and index name (`trajflow.infra.layout.group_manifest_key`), whole: a retry
+writes the same bytes.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import time
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.contexts import ContextStore
-from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
-from infra.layout import TRAJECTORIES, group_manifest_key, trajectory_key, trajectory_record_key
-from infra.store import ObjectStore, check_key
+from trajflow.activities.contexts import ContextStore
+from trajflow.activities.heartbeats import QUICK_EVERY_S, with_heartbeats
 from trajflow.contracts import metrics, names
 from trajflow.contracts.branches import BranchInput, BranchPrefix, BranchRefused, prefix_of
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.shards import GroupManifest
 from trajflow.contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult, ScoreInput, ScoreResult
+from trajflow.infra.layout import TRAJECTORIES, group_manifest_key, trajectory_key, trajectory_record_key
+from trajflow.infra.store import ObjectStore, check_key
 from trajflow.observability.metrics import record
 from trajflow.rewards.client import (
     RewardClient,

@@ -7,8 +7,8 @@ this worker still trains it (its workflow continued as new mid-step and issued i
 writes, in this order: the trainer checkpoint (model + optimizer + version) of version v+1, the step record, then the
 policy weights of v+1 and the `latest` pointer decode workers follow. Old checkpoints and versions are pruned.
 
-The step trains on its refs (`activities.batches.step_refs`: those of the input, then those of a sharded run's group
-manifests in the store, a missing one failing the step without retry), loads their trajectory records
+The step trains on its refs (`trajflow.activities.batches.step_refs`: those of the input, then those of a sharded run's
+group manifests in the store, a missing one failing the step without retry), loads their trajectory records
 (`RECORD_READS` at a time) and turns them into training samples with `trajflow.rl.samples.samples_from_records`
 (advantages from the groups and rewards the workflow recorded in the refs); a batch holding an unscored or token-less
 trajectory fails without retry (`ERR_BAD_REQUEST`). Its result carries the batch's figures (`BatchStats.of`), and so
@@ -34,15 +34,15 @@ from typing import TYPE_CHECKING
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.batches import load_records, step_refs
-from activities.heartbeats import with_heartbeats
-from infra.layout import checkpoint_prefix, manifest_key, policy_version_prefix, step_key
-from infra.policies import PolicyStore, delete_prefix, get_dir, put_dir
-from infra.policies import safe_name as _safe
-from infra.store import ObjectNotFound, ObjectStore
+from trajflow.activities.batches import load_records, step_refs
+from trajflow.activities.heartbeats import with_heartbeats
 from trajflow.contracts import metrics, names
 from trajflow.contracts.shards import BatchStats
 from trajflow.contracts.training import TrainStepInput, TrainStepResult
+from trajflow.infra.layout import checkpoint_prefix, manifest_key, policy_version_prefix, step_key
+from trajflow.infra.policies import PolicyStore, delete_prefix, get_dir, put_dir
+from trajflow.infra.policies import safe_name as _safe
+from trajflow.infra.store import ObjectNotFound, ObjectStore
 from trajflow.observability.metrics import record
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ naming the file and its `TRAJFLOW_*` variable. `explain_failure` turns the SDK's
 certificate that the configured CA did not sign, a server that does not speak TLS while TLS is on (or the reverse),
 a client certificate the server rejected, a TLS endpoint that does not offer HTTP/2 (ALPN `h2`, which gRPC needs),
 refused credentials. Nothing listening, a reset while the server restarts, and whatever it cannot classify are not
-permanent: `infra.temporal.wait_until_reachable` retries those until its deadline.
+permanent: `trajflow.infra.temporal.wait_until_reachable` retries those until its deadline.
 
 Limits: the files are read when a client connects, so a rotated certificate takes effect on the next connection,
 not on a live client. The two probes (`_speaks_tls`, `_rejected_client_cert`) use Python's `ssl` on a second
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
-from infra.settings import Settings
+from trajflow.infra.settings import Settings
 
 PROBE_TIMEOUT_S = 3.0
 

@@ -1,11 +1,11 @@
-"""What `trajflow status` and `trajflow down` do to the hosts `trajflow up --hosts` started (`infra.hosts`): a line
-per host container, and stopping exactly those containers, their sandboxes and their network."""
+"""What `trajflow status` and `trajflow down` do to the hosts `trajflow up --hosts` started (`trajflow.infra.hosts`): a
+line per host container, and stopping exactly those containers, their sandboxes and their network."""
 
 from __future__ import annotations
 
-from infra.hosts import LABEL_HOST, labelled_containers, layout_file, load_layout
-from infra.settings import Settings
-from infra.stack import Progress
+from trajflow.infra.hosts import LABEL_HOST, labelled_containers, layout_file, load_layout
+from trajflow.infra.settings import Settings
+from trajflow.infra.stack import Progress
 
 
 def report(settings: Settings) -> list[str]:

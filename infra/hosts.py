@@ -19,12 +19,13 @@ shared but TCP:
   disk, what a cluster's env machine has beside its engine, not a shared store.
 - Decode replicas: a decode pool named on several hosts runs on each of them, all polling its one queue; `up` waits
   until every one polls.
-- Observability: each host's workers serve `/metrics` on fixed ports of their container (`infra.monitoring`), which
+- Observability: each host's workers serve `/metrics` on fixed ports of their container (`trajflow.infra.monitoring`),
+which
   the Prometheus started on this machine scrapes at the container's address (labelled `host`, and a decode worker's
   `replica` with it); every container
   mounts this machine's traces directory, so `trajflow trace` reads the spans of every host.
 The containers are labelled (`trajflow.hosts=<prefix>`, `trajflow.host=<name>`), found by label, and listed and
-stopped exactly by `status` and `down` (`infra.host_admin`); the processes on this machine (dev server, moto,
+stopped exactly by `status` and `down` (`trajflow.infra.host_admin`); the processes on this machine (dev server, moto,
 Prometheus) are recorded like the embedded stack's.
 Limits: one layout per prefix per Docker engine; containers run as root (env hosts hold the Docker socket).
 """
@@ -43,14 +44,14 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from infra import monitoring
-from infra.processes import ProcessTable, is_alive, start_detached
-from infra.settings import Settings
-from infra.stack import Progress, wait_for_pollers
-from infra.store import ObjectStore, open_store
-from infra.temporal import dev_server_command, wait_until_reachable
 from trajflow.contracts.config import RunConfig
 from trajflow.contracts.hardware import POOL_KINDS, HostConfig
+from trajflow.infra import monitoring
+from trajflow.infra.processes import ProcessTable, is_alive, start_detached
+from trajflow.infra.settings import Settings
+from trajflow.infra.stack import Progress, wait_for_pollers
+from trajflow.infra.store import ObjectStore, open_store
+from trajflow.infra.temporal import dev_server_command, wait_until_reachable
 
 if TYPE_CHECKING:
     import docker  # imported where used: the store of an `up --hosts` stack (hosts_store) is read without the SDK
@@ -310,7 +311,8 @@ def up(
 
 
 def scraped_kinds(config: RunConfig, host: HostConfig) -> list[str]:
-    """The workers `host` runs (as `workers.host.host_plan` starts them: a pool kind only with pools placed)."""
+    """The workers `host` runs (as `trajflow.workers.host.host_plan` starts them: a pool kind only with pools
+    placed)."""
     declared = {kind: list(getattr(config.pools, kind)) for kind in POOL_KINDS}
     hardware = config.hardware.with_defaults(declared)
     return [

@@ -9,11 +9,11 @@
     runs/<run>/policy/latest.json                                 the pointer decode workers follow
 
 A directory (checkpoint, weights) is uploaded file by file and then its `manifest.json`, so a directory is
-complete once its manifest exists (`infra.policies.put_dir`).
+complete once its manifest exists (`trajflow.infra.policies.put_dir`).
 
 These keys are a storage format: runs, replays and tests read what earlier code wrote, so a change here strands
 existing data (tests/unit/test_store_layout.py pins them). Keys are relative to the store's root (a local
-directory or an S3 bucket and prefix, `infra.store`). Limits: run ids are used as they are
+directory or an S3 bucket and prefix, `trajflow.infra.store`). Limits: run ids are used as they are
 (keys are validated by the store); trajectory ids are made safe (characters outside [A-Za-z0-9._/-] replaced).
 """
 

@@ -11,9 +11,9 @@ import re
 import time
 from collections.abc import Callable
 
-from infra.ports import free_port, port_free
-from infra.processes import ProcessRecord, ProcessTable, is_alive, log_tail, start_detached
-from infra.settings import Settings
+from trajflow.infra.ports import free_port, port_free
+from trajflow.infra.processes import ProcessRecord, ProcessTable, is_alive, log_tail, start_detached
+from trajflow.infra.settings import Settings
 from trajflow.observability import prometheus
 from trajflow.observability.prometheus import Target
 

@@ -2,11 +2,12 @@
 is pinned to, from the run config's hardware-affinity section (`trajflow.contracts.hardware`).
 
 Whoever starts a worker (the embedded stack, `trajflow up --hosts`, a user's own container platform) sets these
-variables; the worker reads them through `infra.settings` (`device`, `threads`) and never looks at where it runs.
-`OMP_NUM_THREADS` is set as well because OpenMP sizes its pool when torch is imported, before the worker could
+variables; the worker reads them through `trajflow.infra.settings` (`device`, `threads`) and never looks at where it
+runs. `OMP_NUM_THREADS` is set as well because OpenMP sizes its pool when torch is imported, before the worker could
 call `torch.set_num_threads`: a pool of one thread per core in every busy torch process is what oversubscribes a
 small machine (threads spin at barriers). `placement` adds the host's cpuset, checked against the CPUs this
-process may use, for a launcher that pins processes itself (the embedded stack: `infra.processes.start_detached`).
+process may use, for a launcher that pins processes itself (the embedded stack:
+`trajflow.infra.processes.start_detached`).
 
 GPUs: a host's `gpus` are the machine's ids, and become `CUDA_VISIBLE_DEVICES` (`""`: every GPU hidden) of a
 worker that runs on that machine (the embedded stack). Inside a container that was given them (`trajflow up --hosts`:

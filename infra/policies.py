@@ -1,6 +1,6 @@
 """Published policy weights in the object store: the trainer publishes, decode workers follow.
 
-Layout under `runs/<run>/policy/` (keys from `infra.layout`):
+Layout under `runs/<run>/policy/` (keys from `trajflow.infra.layout`):
     v000003/<files of a Hugging Face checkpoint directory>
     v000003/manifest.json          written after the files: a version directory is complete once it exists
     latest.json                    {"version": 3, "weights": true} written last: the pointer decode workers read
@@ -14,7 +14,7 @@ weights are V's (a missing V raises `ObjectNotFound` rather than serving other w
 (benchmarks) publish pointers without weights (`weights: false`).
 
 Each worker process downloads into its own cache directory, `<cache>/policies/<worker id>` (`host-pid-random`,
-`workers.common.new_worker_id`); `sweep_dead_worker_caches` removes those of this host's workers that no longer
+`trajflow.workers.common.new_worker_id`); `sweep_dead_worker_caches` removes those of this host's workers that no longer
 run (a restarted stack would otherwise keep every old worker's weights: ~0.5 GB a version for SmolLM2 in float32).
 
 A client that will still need an older version (`trajflow train`'s evals during training) holds it (`hold`, a small
@@ -36,7 +36,8 @@ import time
 import uuid
 from pathlib import Path
 
-from infra.layout import (
+from trajflow.contracts.trajectory import split_policy
+from trajflow.infra.layout import (
     dir_file_key,
     manifest_key,
     policy_hold_key,
@@ -44,8 +45,7 @@ from infra.layout import (
     policy_prefix,
     policy_version_prefix,
 )
-from infra.store import ObjectNotFound, ObjectStore
-from trajflow.contracts.trajectory import split_policy
+from trajflow.infra.store import ObjectNotFound, ObjectStore
 from trajflow.rl.engines.base import PolicyWeights
 
 

@@ -8,7 +8,7 @@ Temporal: embedded or a cluster. With no `TRAJFLOW_TEMPORAL_*` variable set, `tr
 when the settings describe a cluster: TLS is on (`TEMPORAL_TLS`, any `TEMPORAL_TLS_*_FILE`, or an API key, which
 implies TLS), or the address's host is not a loopback one (not `localhost`, 127.0.0.0/8 or ::1).
 `TRAJFLOW_TEMPORAL_DEV_SERVER=true|false` overrides the rule (e.g. a plaintext cluster on this machine: false).
-How these settings become a client and what a failed connection says: `infra.connection`.
+How these settings become a client and what a failed connection says: `trajflow.infra.connection`.
 """
 
 from __future__ import annotations
@@ -64,19 +64,19 @@ class Settings(BaseSettings):
     (`trajflow.rewards.bounded`). Keep it below `reward_timeout_s`, so a timeout comes back as itself."""
     device: str = "auto"
     """Where this process's decode engine or trainer computes: `auto` (a GPU when one is visible), `cpu`, `cuda`,
-    `cuda:N`. Launchers set it from the run config's hardware section (`infra.placement`)."""
+    `cuda:N`. Launchers set it from the run config's hardware section (`trajflow.infra.placement`)."""
     threads: int | None = None
     """torch intra-op threads of this process; None: torch's own default. Launchers set it from the hardware
     section, so that busy workers sharing cores never oversubscribe them."""
     expect_gpus: int | None = None
     """How many GPUs the host this worker was placed on was given (its `gpus`); the decode and trainer workers fail
     at start when they see fewer (`trajflow.rl.devices.require_gpus`), rather than compute on the CPU. Launchers set
-    it with the placement (`infra.placement`); None: nothing is expected."""
+    it with the placement (`trajflow.infra.placement`); None: nothing is expected."""
     gpus_given: bool = False
     """This process runs in a container that its launcher already gave its host's GPUs (a Docker device request, a
     pod's GPU limit), which shows them renumbered from 0: `trajflow worker host` then gives its workers the
-    container's own GPU ids, not the config's `gpus`, which name the machine's (`infra.placement.worker_env_on`).
-    `trajflow up --hosts` sets it in every host container."""
+    container's own GPU ids, not the config's `gpus`, which name the machine's
+    (`trajflow.infra.placement.worker_env_on`). `trajflow up --hosts` sets it in every host container."""
     hardware_host: str | None = None
     """The name of the run config's `[[hardware.hosts]]` entry this worker was placed on, for errors about it."""
     host_name: str | None = None

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from infra.settings import Settings
 from trajflow.contracts.config import RunConfig
+from trajflow.infra.settings import Settings
 
 
 def docker_client():

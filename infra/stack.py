@@ -1,8 +1,8 @@
 """The embedded stack on one machine: Temporal dev server + Web UI, reward service, one worker per pool kind
-(and per decode replica: `[pools] decode_replicas`), and a Prometheus scraping them (`infra.monitoring`).
+(and per decode replica: `[pools] decode_replicas`), and a Prometheus scraping them (`trajflow.infra.monitoring`).
 
 `up` starts each as a detached process (logs and a process table under the state dir), placed by the run
-config's hardware section (device, torch threads, GPUs and CPUs: `infra.placement`), and waits until each is
+config's hardware section (device, torch threads, GPUs and CPUs: `trajflow.infra.placement`), and waits until each is
 really ready (the server answers, the reward service is healthy, every queue has a poller); `down` stops
 exactly the processes `up` recorded; `status` reports them. When the settings point at a Temporal cluster
 (`Settings.temporal_embedded` is false: TLS, an API key or a non-loopback address) no dev server is started: `up`
@@ -20,10 +20,12 @@ from pathlib import Path
 import httpx
 from temporalio.client import Client
 
-from infra import monitoring
-from infra.placement import Placement, placement
-from infra.ports import port_free
-from infra.processes import (
+from trajflow.contracts import names
+from trajflow.contracts.config import RunConfig
+from trajflow.infra import monitoring
+from trajflow.infra.placement import Placement, placement
+from trajflow.infra.ports import port_free
+from trajflow.infra.processes import (
     ProcessRecord,
     ProcessTable,
     is_alive,
@@ -34,10 +36,8 @@ from infra.processes import (
     start_detached,
     stop,
 )
-from infra.settings import Settings
-from infra.temporal import dev_server_command, ensure_search_attributes, pollers, wait_until_reachable
-from trajflow.contracts import names
-from trajflow.contracts.config import RunConfig
+from trajflow.infra.settings import Settings
+from trajflow.infra.temporal import dev_server_command, ensure_search_attributes, pollers, wait_until_reachable
 
 Progress = Callable[[str], None]
 
@@ -47,7 +47,8 @@ class Component:
     name: str
     argv: list[str]
     placement: Placement = Placement()
-    """Its environment (device, threads, GPUs) and CPUs from the config's hardware section (`infra.placement`)."""
+    """Its environment (device, threads, GPUs) and CPUs from the config's hardware section
+    (`trajflow.infra.placement`)."""
 
 
 def _trajflow(*args: str) -> list[str]:

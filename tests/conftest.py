@@ -25,7 +25,7 @@ import pytest
 if TYPE_CHECKING:
     from temporalio.client import Client
 
-    from infra.store import ObjectStore
+    from trajflow.infra.store import ObjectStore
     from trajflow.rl.engines.base import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,8 +74,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def free_port() -> int:
-    """A port for a server a test starts later (below the ephemeral range: `infra.ports.free_port`)."""
-    from infra.ports import free_port as pick
+    """A port for a server a test starts later (below the ephemeral range: `trajflow.infra.ports.free_port`)."""
+    from trajflow.infra.ports import free_port as pick
 
     return pick()
 
@@ -179,7 +179,7 @@ async def temporal_env():
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
-    from infra.temporal import dev_server_args, temporal_binary
+    from trajflow.infra.temporal import dev_server_args, temporal_binary
 
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
@@ -257,7 +257,7 @@ def sandbox_manager(docker_client, runtime_image: str, tmp_path_factory):
 
 @pytest.fixture()
 def store(tmp_path: Path):
-    from infra.store import LocalStore
+    from trajflow.infra.store import LocalStore
 
     return LocalStore(tmp_path / "store")
 
@@ -327,11 +327,11 @@ async def running_stack(
 
     from trajflow.lab.bench.sim_trainer import simulated_trainer_workers
     from trajflow.rewards.client import RewardClient
-    from workers.decode import decode_workers
-    from workers.env import env_workers
-    from workers.orchestrator import orchestrator_workers
-    from workers.reward import reward_workers
-    from workers.trainer import trainer_workers
+    from trajflow.workers.decode import decode_workers
+    from trajflow.workers.env import env_workers
+    from trajflow.workers.orchestrator import orchestrator_workers
+    from trajflow.workers.reward import reward_workers
+    from trajflow.workers.trainer import trainer_workers
 
     client = temporal_env.client
     tag = tag or uuid.uuid4().hex[:8]
@@ -383,9 +383,10 @@ class CliStack:
     config: Path
 
     async def connect(self) -> Client:
-        """A client made as the stack's own processes make one: `infra.temporal.connect` with the stack's settings."""
-        from infra.settings import Settings
-        from infra.temporal import connect
+        """A client made as the stack's own processes make one: `trajflow.infra.temporal.connect` with the stack's
+        settings."""
+        from trajflow.infra.settings import Settings
+        from trajflow.infra.temporal import connect
 
         return await connect(Settings(state_dir=self.state_dir, temporal_address=self.env["TRAJFLOW_TEMPORAL_ADDRESS"]))
 
@@ -403,8 +404,9 @@ class CliStack:
         return proc
 
 
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "trajflow", "workflows", "activities", "workers", "infra")
-"""What setuptools packs into the wheel (pyproject.toml's packages), copied so the build leaves nothing in ROOT."""
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "trajflow")
+"""What setuptools packs into the wheel (pyproject.toml's packages), copied so the build leaves nothing in ROOT; the
+copy follows trajflow/'s links to the design card's folders."""
 
 
 def outside_env() -> dict[str, str]:

@@ -19,8 +19,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from infra.settings import Settings, load_settings
-    from infra.temporal import connect
     from trajflow.client import (
         attach_training,
         load_trajectory,
@@ -36,6 +34,8 @@ if TYPE_CHECKING:
     from trajflow.contracts.records import TrajectoryRecord
     from trajflow.contracts.training import TrainingProgress, TrainingResult, TrainingRunConfig
     from trajflow.contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryResult
+    from trajflow.infra.settings import Settings, load_settings
+    from trajflow.infra.temporal import connect
 
 _EXPORTS: dict[str, tuple[str, str]] = {
     # models: what a trajectory is asked to do and what it gives back; a run config and a training run's state
@@ -51,9 +51,9 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "load_config": ("trajflow.contracts.config", "load_run_config"),
     "shipped_configs": ("trajflow.contracts.config", "shipped_configs"),
     # connecting: the TRAJFLOW_* settings and a Temporal client with trajflow's data converter
-    "Settings": ("infra.settings", "Settings"),
-    "load_settings": ("infra.settings", "load_settings"),
-    "connect": ("infra.temporal", "connect"),
+    "Settings": ("trajflow.infra.settings", "Settings"),
+    "load_settings": ("trajflow.infra.settings", "load_settings"),
+    "connect": ("trajflow.infra.temporal", "connect"),
     # trajectories and training runs
     "start_trajectory": ("trajflow.client", "start_trajectory"),
     "run_trajectory": ("trajflow.client", "run_trajectory"),

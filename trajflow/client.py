@@ -25,9 +25,6 @@ import uuid
 
 from temporalio.client import Client, WorkflowHandle
 
-from infra.settings import Settings, load_settings
-from infra.store import ObjectStore, open_store_from
-from infra.temporal import connect
 from trajflow.contracts import names
 from trajflow.contracts.branches import BranchRefused, check_branchable
 from trajflow.contracts.records import TrajectoryRecord
@@ -39,6 +36,9 @@ from trajflow.contracts.training import (
     TrainingStart,
 )
 from trajflow.contracts.trajectory import TrajectoryRequest, TrajectoryResult
+from trajflow.infra.settings import Settings, load_settings
+from trajflow.infra.store import ObjectStore, open_store_from
+from trajflow.infra.temporal import connect
 
 
 def new_workflow_id(req: TrajectoryRequest) -> str:

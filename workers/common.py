@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from infra.settings import Settings
-from infra.temporal import wait_until_reachable
+from trajflow.infra.settings import Settings
+from trajflow.infra.temporal import wait_until_reachable
 from trajflow.observability import tracing
 
 log = logging.getLogger("trajflow.worker")

@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.decode import DecodeActivities
-from infra.settings import Settings
-from infra.store import ObjectStore, open_store_from
+from trajflow.activities.decode import DecodeActivities
 from trajflow.contracts import names
 from trajflow.contracts.config import ModelConfig
+from trajflow.infra.settings import Settings
+from trajflow.infra.store import ObjectStore, open_store_from
 from trajflow.rl.engines.base import Engine
-from workers.common import connect_worker, new_worker_id, run_until_signalled
+from trajflow.workers.common import connect_worker, new_worker_id, run_until_signalled
 
 log = logging.getLogger("trajflow.decode")
 
@@ -36,7 +36,7 @@ def decode_workers(
 
 
 async def serve(settings: Settings, pools: Sequence[str], model: ModelConfig) -> None:
-    from infra.policies import PolicyStore, sweep_dead_worker_caches
+    from trajflow.infra.policies import PolicyStore, sweep_dead_worker_caches
     from trajflow.rl import devices
     from trajflow.rl.engines.load import decode_device, decode_precision, load_engine
 

@@ -19,16 +19,16 @@ from collections.abc import Sequence
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.env import EnvActivities
-from infra.settings import Settings
-from infra.store import open_store_from
+from trajflow.activities.env import EnvActivities
 from trajflow.contracts import names
 from trajflow.envs.user.packages import unpack
+from trajflow.infra.settings import Settings
+from trajflow.infra.store import open_store_from
 from trajflow.sandbox.images import ImageResolver
 from trajflow.sandbox.manager import SandboxLimits, SandboxManager
 from trajflow.sandbox.pool import WarmPool
-from workers.common import connect_worker, new_worker_id, run_until_signalled
-from workers.sandbox_sweep import Sweeper
+from trajflow.workers.common import connect_worker, new_worker_id, run_until_signalled
+from trajflow.workers.sandbox_sweep import Sweeper
 
 log = logging.getLogger("trajflow.env")
 

@@ -3,8 +3,8 @@
 This is what a container of the worker image runs under `trajflow up --hosts` (`trajflow worker host NAME`): the
 host's entry in `[[hardware.hosts]]` (or, for a config that places nothing, the default layout of one host per
 worker kind, `HardwareConfig.with_defaults`) says which kinds and pools; each child gets its placement variables
-(`infra.placement.worker_env_on`: device, threads, GPUs; the container's own GPU ids where its launcher gave it the
-host's GPUs, `Settings.gpus_given`, as `trajflow up --hosts` does). The reward service listens on every address of
+(`trajflow.infra.placement.worker_env_on`: device, threads, GPUs; the container's own GPU ids where its launcher gave it
+the host's GPUs, `Settings.gpus_given`, as `trajflow up --hosts` does). The reward service listens on every address of
 the host, on `TRAJFLOW_REWARD_PORT`. When any child exits the others are stopped and the host exits with that
 child's code, so a container platform sees a dead host as dead (and restarts it); SIGTERM stops every child.
 
@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.monitoring import HOST_PORTS, METRICS_PORT_VAR
-from infra.placement import worker_env_on
-from infra.processes import python_module
 from trajflow.contracts.config import RunConfig
 from trajflow.contracts.hardware import POOL_KINDS
+from trajflow.infra.monitoring import HOST_PORTS, METRICS_PORT_VAR
+from trajflow.infra.placement import worker_env_on
+from trajflow.infra.processes import python_module
 
 log = logging.getLogger("trajflow.host")
 
@@ -51,8 +51,8 @@ def host_plan(
     gpus_given: bool = False,
 ) -> list[Child]:
     """The processes of `host_name`; raises ValueError naming the hosts there are when it is not one of them.
-    `metrics`: each worker serves `/metrics` on its fixed port (`infra.monitoring.HOST_PORTS`). `gpus_given`: this
-    runs in a container already given the host's GPUs (`infra.placement.worker_env_on`)."""
+    `metrics`: each worker serves `/metrics` on its fixed port (`trajflow.infra.monitoring.HOST_PORTS`). `gpus_given`:
+    this runs in a container already given the host's GPUs (`trajflow.infra.placement.worker_env_on`)."""
     config.pools.check_one_process_per_pool("on hosts")
     declared = declared_pools(config)
     hardware = config.hardware.with_defaults(declared)

@@ -9,15 +9,15 @@ import asyncio
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.children import ChildWatchActivities
-from infra.settings import Settings
+from trajflow.activities.children import ChildWatchActivities
 from trajflow.contracts import names
-from workers.common import connect_worker, run_until_signalled
-from workers.run_sweep import sweep_forever
-from workflows.replay_env import ReplayEnvWorkflow
-from workflows.shard import ShardWorkflow
-from workflows.training import TrainingWorkflow
-from workflows.trajectory import TrajectoryWorkflow
+from trajflow.infra.settings import Settings
+from trajflow.workers.common import connect_worker, run_until_signalled
+from trajflow.workers.run_sweep import sweep_forever
+from trajflow.workflows.replay_env import ReplayEnvWorkflow
+from trajflow.workflows.shard import ShardWorkflow
+from trajflow.workflows.training import TrainingWorkflow
+from trajflow.workflows.trajectory import TrajectoryWorkflow
 
 WORKFLOWS = [TrajectoryWorkflow, TrainingWorkflow, ShardWorkflow, ReplayEnvWorkflow]
 

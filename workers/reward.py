@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.reward import RewardActivities
-from infra.settings import Settings
-from infra.store import ObjectStore, open_store_from
+from trajflow.activities.reward import RewardActivities
 from trajflow.contracts import names
+from trajflow.infra.settings import Settings
+from trajflow.infra.store import ObjectStore, open_store_from
 from trajflow.rewards.client import RewardClient
-from workers.common import connect_worker, run_until_signalled
+from trajflow.workers.common import connect_worker, run_until_signalled
 
 
 def reward_workers(

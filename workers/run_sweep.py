@@ -24,9 +24,9 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 
-from infra.temporal import execution_status
 from trajflow.contracts import names
 from trajflow.contracts.metrics import RUN_SWEEP_CANCELLED
+from trajflow.infra.temporal import execution_status
 from trajflow.observability.metrics import meter_of, record
 
 log = logging.getLogger("trajflow.run_sweep")

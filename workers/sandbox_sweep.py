@@ -22,10 +22,10 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import MetricMeter
 from temporalio.service import RPCError
 
-from infra.temporal import describe
 from trajflow.contracts import names
 from trajflow.contracts.metrics import SANDBOXES_SWEPT
 from trajflow.contracts.trajectory import TrajectoryProgress
+from trajflow.infra.temporal import describe
 from trajflow.observability.metrics import meter_of, record
 from trajflow.sandbox.leases import Holder, Lease, RunState, Verdict, cap_for, lease_verdict, needs_run_state
 from trajflow.sandbox.manager import SandboxManager

@@ -17,13 +17,13 @@ from pathlib import Path
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.trainer import TrainerActivities
-from infra.policies import PolicyStore, sweep_dead_worker_caches
-from infra.settings import Settings
-from infra.store import ObjectStore, open_store_from
+from trajflow.activities.trainer import TrainerActivities
 from trajflow.contracts import names
 from trajflow.contracts.config import ModelConfig
-from workers.common import connect_worker, new_worker_id, run_until_signalled
+from trajflow.infra.policies import PolicyStore, sweep_dead_worker_caches
+from trajflow.infra.settings import Settings
+from trajflow.infra.store import ObjectStore, open_store_from
+from trajflow.workers.common import connect_worker, new_worker_id, run_until_signalled
 
 log = logging.getLogger("trajflow.trainer")
 

@@ -8,7 +8,7 @@ happened (a `ReportOutcome`, the groups dropped) instead of logging or signallin
 
 Bounded: the state holds the open groups (bounded by admission), the queues, the last HISTORY_KEPT step records
 and digests of the last EXTERNAL_CLOSED_KEPT closed user-started groups; closed groups of the workflow's own are
-known by name. The admission pause after a run of infra failures is `workflows.pause`. Limits: one `Book` per
+known by name. The admission pause after a run of infra failures is `trajflow.workflows.pause`. Limits: one `Book` per
 workflow run; it trusts the state it is given (written by itself).
 """
 
@@ -31,8 +31,8 @@ from trajflow.contracts.training import (
     TrainStepResult,
 )
 from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
-from workflows import flat, pause, tasks, trees
-from workflows.pause import ReportOutcome
+from trajflow.workflows import flat, pause, tasks, trees
+from trajflow.workflows.pause import ReportOutcome
 
 HISTORY_KEPT = 200
 """Step records kept in workflow state; the trainer also writes every step's record to the store."""
@@ -118,7 +118,8 @@ class Book:
         return group
 
     def pick_task(self, k: int) -> int:
-        """The task of the run's k-th group (`workflows.tasks.pick`: weighted round robin), counted as started."""
+        """The task of the run's k-th group (`trajflow.workflows.tasks.pick`: weighted round robin), counted as
+        started."""
         return tasks.pick(self.cfg, self.s, k)
 
     def new_member(self, group: GroupState) -> str:
@@ -150,7 +151,7 @@ class Book:
         return None
 
     def next_branch(self, pause_admission: bool = False) -> tuple[GroupState, BranchPlan] | None:
-        """Tree rollouts: the next queued branch (`workflows.trees`), taken off its group's queue; they go when
+        """Tree rollouts: the next queued branch (`trajflow.workflows.trees`), taken off its group's queue; they go when
         replacements may, but not as a probe."""
         return trees.next_branch(self.s) if self.may_replace(pause_admission) and not self.s.paused else None
 
@@ -362,8 +363,8 @@ class Book:
         return pause.probe_now(self.s, self.cfg)
 
     def _after_report(self, g: GroupState, outcome: ReportOutcome, report: TrajectoryReport) -> GroupState | None:
-        """Cancel the redundant rest of a full group (dropped when flat: `workflows.flat`), or queue replacements for
-        failed members, or abandon the group past its restart budget (returned)."""
+        """Cancel the redundant rest of a full group (dropped when flat: `trajflow.workflows.flat`), or queue
+        replacements for failed members, or abandon the group past its restart budget (returned)."""
         n = self.cfg.group_size
         if len(g.completed) >= n:
             g.completed = g.completed[:n]

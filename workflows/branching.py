@@ -18,8 +18,8 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.contracts.envs import EnvResetResult
     from trajflow.contracts.trajectory import TrajectoryRequest
 
-from workflows import stubs
-from workflows.faults import EnvFault, InfraFault
+from trajflow.workflows import stubs
+from trajflow.workflows.faults import EnvFault, InfraFault
 
 
 async def load_prefix(req: TrajectoryRequest) -> BranchPrefix:

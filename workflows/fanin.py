@@ -1,6 +1,6 @@
 """The TrainingWorkflow's bookkeeping in a sharded run (`[train] groups_per_shard`), pure: admission in whole shards,
-group reports, stale dropping and batches over ranges of group indices. Like `workflows.bookkeeping` (whose `Book`
-it keeps for the rules both modes share: the task choice, stopping, user-started trajectories), no Temporal here.
+group reports, stale dropping and batches over ranges of group indices. Like `trajflow.workflows.bookkeeping` (whose
+`Book` it keeps for the rules both modes share: the task choice, stopping, user-started trajectories), no Temporal here.
 
 The state it works on is `TrainingState.sharded` (`ShardedState`): the groups admitted and not yet reported
 (`open`), the complete ones by their oldest policy version (`ready`), the live shards. A group's samples never reach
@@ -33,9 +33,9 @@ from trajflow.contracts.training import (
     TrainStepInput,
     TrainStepResult,
 )
-from workflows import flat, pause
-from workflows.bookkeeping import HISTORY_KEPT, Book, _member_order
-from workflows.pause import ReportOutcome
+from trajflow.workflows import flat, pause
+from trajflow.workflows.bookkeeping import HISTORY_KEPT, Book, _member_order
+from trajflow.workflows.pause import ReportOutcome
 
 
 class ShardBook:
@@ -175,7 +175,7 @@ class ShardBook:
         self.sh.shard_sizes.pop(first, None)
 
     def _count(self, counts: GroupCounts, last_error: str | None, shard: str) -> ReportOutcome:
-        """Add a group's counts and run the admission pause on them (`workflows.pause`, per group)."""
+        """Add a group's counts and run the admission pause on them (`trajflow.workflows.pause`, per group)."""
         s, cfg = self.s, self.cfg
         self._add(counts)
         outcome = ReportOutcome(counted=True)

@@ -1,7 +1,7 @@
 """DAPO's dynamic sampling (`[train] filter_flat_groups`), pure: whether a complete group of the run's own is left out
 of the batch because its rewards are all equal (no GRPO signal), counted in the workflow's `TrainingState`. Like
-`workflows.pause`, stdlib and `contracts` only; both the direct run's `Book` and the sharded run's `ShardBook` ask
-it when a group completes, so the rule lives here once.
+`trajflow.workflows.pause`, stdlib and `contracts` only; both the direct run's `Book` and the sharded run's `ShardBook`
+ask it when a group completes, so the rule lives here once.
 
 A dropped group is closed without being consumed: it leaves the admission budget's `running` term, so the admission
 loop starts a new group (the next seed) in its place. At most `max_flat_groups_per_step` are dropped between two

@@ -1,6 +1,6 @@
 """Starting one member of a group as a child `TrajectoryWorkflow`: what the training workflow (a direct run) and a
-shard workflow (a sharded run) both do, with the bookkeeping of `workflows.bookkeeping.Book` around the start; and
-sending the cancellations the book queued."""
+shard workflow (a sharded run) both do, with the bookkeeping of `trajflow.workflows.bookkeeping.Book` around the start;
+and sending the cancellations the book queued."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.contracts.rollouts import BranchPlan
     from trajflow.contracts.training import GroupState, TrainingRunConfig
     from trajflow.contracts.trajectory import TrajectoryResult
-    from workflows.bookkeeping import Book
+    from trajflow.workflows.bookkeeping import Book
 
 
 async def start_member(
@@ -25,8 +25,8 @@ async def start_member(
 ) -> tuple[str, workflow.ChildWorkflowHandle]:
     """Start `group`'s next member (its seed derived from the group's and its number), reporting to this workflow
     and abandoned on close (it outlives continue-as-new); its workflow id and handle. A start that fails is taken
-    back from the book. With `branch` (tree rollouts, `workflows.trees`): a branch of one of the group's roots, its
-    episode taken from the root's record; a start that fails puts the branch back at the front of the queue."""
+    back from the book. With `branch` (tree rollouts, `trajflow.workflows.trees`): a branch of one of the group's roots,
+    its episode taken from the root's record; a start that fails puts the branch back at the front of the queue."""
     task = cfg.tasks[group.task]
     wid = book.new_member(group)
     seed = cfg.member_seed(group.seed, group.members_started - 1)  # new_member counted this one

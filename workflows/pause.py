@@ -1,7 +1,7 @@
 """The TrainingWorkflow's admission pause, pure: a run of trajectories that failed on infrastructure stops admission,
 one probe at a growing interval tests whether it works again, and the first trajectory that ends otherwise resumes
 it. Works on the workflow's `TrainingState` in place and answers with a `ReportOutcome` for the workflow to act on
-(stdlib and `contracts` only, like `workflows.bookkeeping`, which calls it for every report).
+(stdlib and `contracts` only, like `trajflow.workflows.bookkeeping`, which calls it for every report).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ class ReportOutcome:
     abandoned: GroupState | None = None
     """The group this report made the workflow give up (members failed past the restart budget)."""
     flat: str | None = None
-    """`filter_flat_groups`: this report completed a flat group, `dropped` or `trained` (`workflows.flat.verdict`)."""
+    """`filter_flat_groups`: this report completed a flat group, `dropped` or `trained`
+    (`trajflow.workflows.flat.verdict`)."""
     flat_group: str = ""
 
 

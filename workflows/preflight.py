@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.contracts.engines import EngineInfo
     from trajflow.contracts.training import TrainingRunConfig
 
-from workflows import stubs
+from trajflow.workflows import stubs
 
 PATCH_ENGINE_CHECK = "training-checks-decode-engines"
 """The check, behind `workflow.patched`: a run started before it replays as it ran."""

@@ -1,6 +1,6 @@
 """ReplayEnvWorkflow: re-drive a fresh sandbox with a trajectory's recorded actions, no LLM (`replay --env-only`).
 
-It calls the same activities, by name and with the same options (`workflows.stubs`), as a TrajectoryWorkflow:
+It calls the same activities, by name and with the same options (`trajflow.workflows.stubs`), as a TrajectoryWorkflow:
 `env.reset` on the env pool's shared queue (so the env worker resolves the image, takes a warm sandbox and
 applies its limits exactly as it did for the original), then each recorded action with `env.step` on that
 sandbox's host queue, then `env.close`. What the sandbox answers is kept step by step and answered by the
@@ -23,8 +23,8 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.contracts.replay import EnvReplayInput, EnvReplayResult, EnvReplayStep
     from trajflow.contracts.trajectory import EnvResetInput, SandboxHandle
 
-from workflows import attributes as keys
-from workflows import stubs
+from trajflow.workflows import attributes as keys
+from trajflow.workflows import stubs
 
 
 @workflow.defn(name=names.REPLAY_ENV_WORKFLOW)

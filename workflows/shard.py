@@ -2,9 +2,9 @@
 
 A sharded run's TrainingWorkflow starts shards of up to `groups_per_shard` groups. A shard starts its groups'
 trajectories as its children (they report to it, not to the training workflow) and applies the group rules of
-`workflows.bookkeeping.Book` to them: redundant samples cancelled once n completed, replacements for failed members
-within `max_group_restarts`, the group abandoned past it. When a group is complete the shard writes its samples in
-member order to the store (`GroupManifest`, `training.save_group` on the group's reward pool) and signals one
+`trajflow.workflows.bookkeeping.Book` to them: redundant samples cancelled once n completed, replacements for failed
+members within `max_group_restarts`, the group abandoned past it. When a group is complete the shard writes its samples
+in member order to the store (`GroupManifest`, `training.save_group` on the group's reward pool) and signals one
 `GroupReport` to the training workflow; an abandoned group is reported too. Once every group reported and every
 member closed, it sends `ShardDone` (the counts of late reports since) and ends.
 
@@ -28,11 +28,11 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.contracts.shards import GroupCounts, GroupManifest, GroupReport, ShardDone, group_name
     from trajflow.contracts.training import GroupState, ShardStart, TrainingCounters, TrainingState
     from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
-    from workflows import flat
-    from workflows.bookkeeping import Book, _member_order
+    from trajflow.workflows import flat
+    from trajflow.workflows.bookkeeping import Book, _member_order
 
-from workflows import members, stubs
-from workflows.inputs import NO_INPUT, decode_input
+from trajflow.workflows import members, stubs
+from trajflow.workflows.inputs import NO_INPUT, decode_input
 
 START_BATCH = 64
 """Member starts sent in one workflow activation (the next batch goes once their starts are confirmed)."""

@@ -18,10 +18,10 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import names
     from trajflow.contracts.shards import shard_id
     from trajflow.contracts.training import ShardStart, WatchChildrenInput
-    from workflows.fanin import ShardBook
+    from trajflow.workflows.fanin import ShardBook
 
-from workflows import attributes as keys
-from workflows import stubs
+from trajflow.workflows import attributes as keys
+from trajflow.workflows import stubs
 
 
 async def start_shard(book: ShardBook, start: ShardStart) -> None:

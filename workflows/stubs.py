@@ -47,7 +47,7 @@ REWARD_FATAL = [names.ERR_REWARD_REJECTED, names.ERR_REWARD_BAD_ANSWER, names.ER
 """Reward errors that end a trajectory `failed` (not retried, never scored); any other ends it `infra_failed`."""
 InputT = TypeVar("InputT")
 QUICK_HEARTBEAT = timedelta(seconds=15)
-"""The heartbeat timeout of the activities that heartbeat every `activities.heartbeats.QUICK_EVERY_S`."""
+"""The heartbeat timeout of the activities that heartbeat every `trajflow.activities.heartbeats.QUICK_EVERY_S`."""
 
 
 def _fits(activity: str, inp: InputT) -> InputT:

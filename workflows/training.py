@@ -54,13 +54,13 @@ with workflow.unsafe.imports_passed_through():
         WatchChildrenInput,
     )
     from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult
-    from workflows import queries
-    from workflows.bookkeeping import Book, ReportOutcome
-    from workflows.fanin import ShardBook
+    from trajflow.workflows import queries
+    from trajflow.workflows.bookkeeping import Book, ReportOutcome
+    from trajflow.workflows.fanin import ShardBook
 
-from workflows import attributes as keys
-from workflows import members, preflight, sharding, stubs, trees
-from workflows.inputs import NO_INPUT, decode_input
+from trajflow.workflows import attributes as keys
+from trajflow.workflows import members, preflight, sharding, stubs, trees
+from trajflow.workflows.inputs import NO_INPUT, decode_input
 
 SHARDS_CLOSE_S = 60.0
 """How long a sharded run's end waits for the last messages of the shards it cancelled."""

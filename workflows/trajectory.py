@@ -6,7 +6,7 @@ death, hung step, dead env host) is replaced by a fresh one restored by replayin
 a budget; past it the trajectory ends as infra-failed and is never scored. History holds one turn's text and
 store references, so it grows O(turns). Each episode is one OpenTelemetry trace (`trajflow.observability.spans`): a root
 `trajectory` span and a span per activity call. A branch (`branch_of`) starts from its parent's turns
-(`workflows.branching`).
+(`trajflow.workflows.branching`).
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.observability import spans
     from trajflow.observability.metrics import record
 
-from workflows import attributes as keys
-from workflows import branching, stubs
-from workflows.faults import EnvFault, InfraFault
-from workflows.inputs import NO_INPUT, decode_input
+from trajflow.workflows import attributes as keys
+from trajflow.workflows import branching, stubs
+from trajflow.workflows.faults import EnvFault, InfraFault
+from trajflow.workflows.inputs import NO_INPUT, decode_input
 
 AGENT_FAULTS = (names.ERR_AGENT, names.ERR_AGENT_NONDETERMINISTIC)
 """An agent program's failures (crashed, hung, malformed request, bad result; asking other than its record on a

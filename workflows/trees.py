@@ -1,7 +1,7 @@
 """Tree rollouts' plan, pure (`[train] rollout = { mode = "tree", roots = R }`): which root each branch of a group
 takes, at which turn, with which index; and what a tree group does when a member ends. Stdlib and `contracts`
-only, like `workflows.flat`; the direct run's `Book` (workflows/bookkeeping.py) asks it, the training workflow starts
-what it queues (in the group's `TreeState`, so a continue-as-new carries it).
+only, like `trajflow.workflows.flat`; the direct run's `Book` (workflows/bookkeeping.py) asks it, the training workflow
+starts what it queues (in the group's `TreeState`, so a continue-as-new carries it).
 
 The plan. A group of n = group_size starts R roots as a plain group starts its members. When a root completes it
 is the group's j-th completed root (0-based, in completion order) and its share of the n - R branches is queued:

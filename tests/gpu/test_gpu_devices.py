@@ -1,10 +1,10 @@
 """On a CUDA device (marked `gpu`: skipped where torch sees none), the device choice of `trajflow.rl.devices` against
 a real driver, in this process and in child processes given other `CUDA_VISIBLE_DEVICES`, as a host container's worker
-is (`infra.hosts` passes the host's GPUs to Docker, which renumbers them from 0): `auto` is the GPU, a device index
-past what is visible is refused, and a worker whose host was given a GPU but sees none fails at start naming the host
-instead of falling back to the CPU. Not covered: Docker's device request itself (no Docker engine on the GPU machines
-this was written for); tests/unit/test_gpu_placement.py composes config -> container options -> worker environment
-without a GPU."""
+is (`trajflow.infra.hosts` passes the host's GPUs to Docker, which renumbers them from 0): `auto` is the GPU, a device
+index past what is visible is refused, and a worker whose host was given a GPU but sees none fails at start naming the
+host instead of falling back to the CPU. Not covered: Docker's device request itself (no Docker engine on the GPU
+machines this was written for); tests/unit/test_gpu_placement.py composes config -> container options -> worker
+environment without a GPU."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.store import LocalStore
 from tests.conftest import ROOT, submitted_offline, wait_for
 from trajflow.contracts.records import TrajectoryRecord
+from trajflow.infra.store import LocalStore
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.env import EnvActivities
+from trajflow.activities.env import EnvActivities
 from trajflow.contracts import names
 from trajflow.contracts.agent import STEP_MARGIN_S
 from trajflow.contracts.trajectory import EnvResetInput, EnvResetResult, EnvStepInput

@@ -67,7 +67,7 @@ def raw_json(data: bytes) -> RawValue:
 @asynccontextmanager
 async def orchestrator(temporal_env) -> AsyncIterator[str]:
     """The real workflow worker on a fresh queue (no activity workers: these workflows must not get that far)."""
-    from workers.orchestrator import orchestrator_workers
+    from trajflow.workers.orchestrator import orchestrator_workers
 
     queue = f"bad-input-{uuid.uuid4().hex[:8]}"
     [worker] = orchestrator_workers(temporal_env.client, queue)

@@ -73,7 +73,7 @@ def test_base_install_has_no_heavy_packages_and_its_roles_start(base_venv: Path)
 
     assert "rollout" in _run([base_venv / "bin" / "trajflow", "--help"], base_venv).stdout
     assert "orchestrator" in _run([base_venv / "bin" / "trajflow", "worker", "--help"], base_venv).stdout
-    _run([python, "-c", "import workers.orchestrator, trajflow.client, trajflow.rewards.service"], base_venv)
+    _run([python, "-c", "import trajflow.workers.orchestrator, trajflow.client, trajflow.rewards.service"], base_venv)
     port = free_port()
     service = subprocess.Popen(
         [python, "-m", "trajflow.rewards.service", "--host", "127.0.0.1", "--port", str(port)],

@@ -25,9 +25,9 @@ from trajflow.lab.bench.sim_engine import SimulatedEngine
 from trajflow.lab.bench.synthetic_env import ENV_ID, SyntheticEpisode, SyntheticSpec, episode_seed
 from trajflow.lab.bench.synthetic_worker import synthetic_env_workers
 from trajflow.rewards.client import RewardClient
-from workers.decode import decode_workers
-from workers.reward import reward_workers
-from workflows.trajectory import TrajectoryWorkflow
+from trajflow.workers.decode import decode_workers
+from trajflow.workers.reward import reward_workers
+from trajflow.workflows.trajectory import TrajectoryWorkflow
 
 pytestmark = pytest.mark.integration
 

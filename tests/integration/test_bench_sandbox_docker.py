@@ -16,7 +16,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from infra.settings import Settings
+from trajflow.infra.settings import Settings
 from trajflow.lab.bench.sandboxes import main, quick_plan
 from trajflow.sandbox import labels
 

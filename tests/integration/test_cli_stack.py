@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from infra.processes import ProcessTable, is_alive
 from tests.conftest import wait_for
+from trajflow.infra.processes import ProcessTable, is_alive
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def test_rollout_json_and_transcript(cli_stack) -> None:
     # the custom search attributes are registered and kept current: the same filter works in the UI's list
     import subprocess
 
-    from infra.temporal import temporal_binary
+    from trajflow.infra.temporal import temporal_binary
 
     query = f"WorkflowId = '{result['workflow_id']}' AND TrajflowStatus = 'completed' AND TrajflowTurns >= 1"
 
@@ -98,7 +98,7 @@ def test_restart_keeps_workflows_and_down_stops_exactly_what_up_started(cli_stac
     address = cli_stack.env["TRAJFLOW_TEMPORAL_ADDRESS"]
     import subprocess
 
-    from infra.temporal import temporal_binary
+    from trajflow.infra.temporal import temporal_binary
 
     described = subprocess.run(
         [temporal_binary(), "workflow", "describe", "--address", address, "-w", first["workflow_id"], "-o", "json"],

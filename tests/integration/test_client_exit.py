@@ -2,7 +2,7 @@
 
 The SDK core's threads hand each call's result to the event loop under the GIL, and one of them can still want the GIL
 back when the main thread, holding the result, reaches interpreter finalisation: CPython then aborts the finished
-program ("Fatal Python error: PyGILState_Release", rc 134; temporalio/sdk-python#300). `infra.temporal.connect`
+program ("Fatal Python error: PyGILState_Release", rc 134; temporalio/sdk-python#300). `trajflow.infra.temporal.connect`
 registers an exit hook that lets those threads through first. The race needs a busy CPU to show often: on a 2-core
 AMD EPYC under two busy processes, 8 of 100 runs of this script aborted without the hook (0 of 100 with it), so 20
 runs here would pass the old code about one time in five.

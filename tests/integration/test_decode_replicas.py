@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from infra.monitoring import replica_name
-from infra.processes import ProcessTable, kill
-from infra.settings import Settings
-from infra.store import open_store_from
 from tests.conftest import CliStack, started_cli_stack, wait_for
 from trajflow.contracts import metrics, names
 from trajflow.contracts.records import TrajectoryRecord
+from trajflow.infra.monitoring import replica_name
+from trajflow.infra.processes import ProcessTable, kill
+from trajflow.infra.settings import Settings
+from trajflow.infra.store import open_store_from
 from trajflow.observability import prometheus
 
 pytestmark = pytest.mark.integration
@@ -112,9 +112,9 @@ def test_two_replicas_serve_one_pool_and_killing_one_mid_run_loses_nothing(repli
 async def train_and_kill(stack: CliStack, settings: Settings, victim_pid: int, kill_victim) -> dict:
     """Start a training run, kill the victim replica once it has served a turn at a published version (v1 or
     later), wait for the run to end and audit its records."""
-    from infra.temporal import connect
     from trajflow.client import start_training, training_progress
     from trajflow.contracts.config import load_run_config
+    from trajflow.infra.temporal import connect
     from trajflow.lab.chaos.audit import audit, collect
 
     client = await connect(settings)

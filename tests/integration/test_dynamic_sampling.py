@@ -13,8 +13,6 @@ import uuid
 import pytest
 from transformers import AutoTokenizer
 
-from infra import layout
-from infra.policies import PolicyStore
 from tests.conftest import async_wait_for, running_stack
 from tests.integration.test_training_workflow import children, run_config
 from trajflow.cli.replay.check import check, fetch
@@ -24,6 +22,8 @@ from trajflow.contracts.shards import GroupManifest, shard_id
 from trajflow.contracts.steps import is_flat
 from trajflow.contracts.training import TrainingResult, TrainingState, TrainStepInput
 from trajflow.contracts.trajectory import TrajectoryResult
+from trajflow.infra import layout
+from trajflow.infra.policies import PolicyStore
 from trajflow.rl.engines.scripted import ScriptedEngine
 
 pytestmark = pytest.mark.integration

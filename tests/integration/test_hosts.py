@@ -26,8 +26,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from infra.hosts import S3_KEYS
 from tests.conftest import ROOT, free_port, stack_state_dir, wait_for
+from trajflow.infra.hosts import S3_KEYS
 
 pytestmark = pytest.mark.integration
 
@@ -246,12 +246,12 @@ def _metrics_and_traces_of_every_host(env: dict[str, str], state_dir: Path, pref
 async def _train_killing_env(env: dict[str, str], config: Path, prefix: str, docker_client) -> dict:
     """Start the config's training run from this machine, kill -9 the env host's container once trajectories are
     completing, start it again, wait for the run; then audit its records."""
-    from infra import hosts
-    from infra.settings import Settings
-    from infra.store import open_store
-    from infra.temporal import connect
     from trajflow.client import start_training, training_progress
     from trajflow.contracts.config import load_run_config
+    from trajflow.infra import hosts
+    from trajflow.infra.settings import Settings
+    from trajflow.infra.store import open_store
+    from trajflow.infra.temporal import connect
     from trajflow.lab.chaos.audit import audit, collect
     from trajflow.sandbox import labels
 

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from infra.temporal import temporal_binary
 from tests.conftest import wait_for
+from trajflow.infra.temporal import temporal_binary
 
 pytestmark = pytest.mark.integration
 
@@ -89,8 +89,8 @@ async def test_a_server_that_predates_a_search_attribute_gets_it() -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
-    from infra.temporal import ensure_search_attributes
     from trajflow.contracts import names
+    from trajflow.infra.temporal import ensure_search_attributes
 
     old = [
         a

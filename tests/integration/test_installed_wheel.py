@@ -1,14 +1,16 @@
 """trajflow as a researcher installs it: the built wheel in a fresh venv, used from a project of their own.
 
-The wheel is built from this checkout (the session's `trajflow_wheel`); its top-level import names must be exactly
-trajflow's five. It is installed with `--no-deps` into a fresh venv under a temporary directory; the dependencies come
-from the test's own environment through a `.pth` line (installing torch and the rest afresh would only re-test pip),
-which adds that environment's site-packages and nothing of it that is trajflow (an editable install there is a `.pth`
-finder that a path line does not run). The venv's `trajflow` command then runs, with no PYTHONPATH and from a project
-directory that holds its own `envs/`, `rl/`, `contracts/`, `rewards/` packages and a `workflows.py`/`activities.py`
-(the Temporal samples' layout), each of which raises when imported: `trajflow up`, a GEM rollout, a rollout of a
-`py:` env defined in that project, a 2-step `trajflow train` of a config written there, `trajflow down`. Everything
-the stack reads at run time (runner sources, shipped configs, shell tasks, NLTK words) must come from the wheel.
+The wheel is built from this checkout (the session's `trajflow_wheel`); its only top-level import name is `trajflow`
+(the design card's folders under it). It is installed with `--no-deps` into a fresh venv under a temporary directory;
+the dependencies come from the test's own environment through a `.pth` line (installing torch and the rest afresh would
+only re-test pip), which adds that environment's site-packages and nothing of it that is trajflow (an editable install
+there is a `.pth` finder that a path line does not run). The venv's `trajflow` command then runs, with no PYTHONPATH and
+from a project directory that holds its own `envs/`, `rl/`, `contracts/`, `rewards/` and `infra/` packages and a
+`workflows.py`/`activities.py`/`workers.py` (the Temporal samples' layout), each of which raises when imported:
+`trajflow up`, a GEM rollout, a rollout of a `py:` env defined in that project, a script of the project on the public
+API run as `python use_api.py` (no -P: the project's directory is first on sys.path), a 2-step `trajflow train` of a
+config written there, `trajflow down`. Everything the stack reads at run time (runner sources, shipped configs, shell
+tasks, NLTK words) must come from the wheel.
 
 Shared with the session: the model and image caches (the images hash the runner's sources, which are the same bytes
 in the wheel). Not covered: installing the dependencies themselves (tests/integration/test_base_install.py installs
@@ -33,7 +35,8 @@ from tests.conftest import ROOT, free_port, outside_env, stack_state_dir
 
 pytestmark = pytest.mark.integration
 
-TOP_LEVEL = {"trajflow", "workflows", "activities", "workers", "infra"}
+TOP_LEVEL = {"trajflow"}
+"""The import names the wheel installs: one; the design card's folders are `trajflow.workflows` and so on."""
 
 SHADOWS = {
     "envs/__init__.py": "raise ImportError('the project\\'s own envs package was imported by trajflow')\n",
@@ -42,6 +45,8 @@ SHADOWS = {
     "rewards/__init__.py": "raise ImportError('the project\\'s own rewards package was imported by trajflow')\n",
     "workflows.py": "raise ImportError('the project\\'s own workflows.py was imported by trajflow')\n",
     "activities.py": "raise ImportError('the project\\'s own activities.py was imported by trajflow')\n",
+    "workers.py": "raise ImportError('the project\\'s own workers.py was imported by trajflow')\n",
+    "infra/__init__.py": "raise ImportError('the project\\'s own infra package was imported by trajflow')\n",
 }
 """A researcher's project in the Temporal samples' layout, with the generic names RL repositories use."""
 
@@ -57,6 +62,15 @@ class SayEnv:
         reward = 1.0 if f"\\\\boxed{{{self.target}}}" in action else 0.0
         return "done", reward, True, False, {}
 '''
+
+API_SCRIPT = """import asyncio, json
+from trajflow import TrajectoryRequest, load_trajectory, run_trajectory
+
+result = asyncio.run(run_trajectory(TrajectoryRequest(env_id="game:GuessTheNumber-v0-easy", seed=2)))
+record = load_trajectory(result.trajectory_uri)
+print(json.dumps({"status": str(result.status), "turns": result.turns, "stored_turns": len(record.turns)}))
+"""
+"""A researcher's four-line script on the public API, run from the project's directory."""
 
 CONFIG = """[model]
 name_or_path = "tiny"
@@ -77,7 +91,7 @@ eval = { episodes = 4 }
 """
 
 
-def test_the_wheel_installs_exactly_five_import_names_and_its_data(trajflow_wheel: Path) -> None:
+def test_the_wheel_installs_one_import_name_the_card_folders_under_it_and_its_data(trajflow_wheel: Path) -> None:
     names = zipfile.ZipFile(trajflow_wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == TOP_LEVEL
@@ -88,7 +102,11 @@ def test_the_wheel_installs_exactly_five_import_names_and_its_data(trajflow_whee
         "trajflow/envs/shell_tasks/slugify/repo/tests/test_text.py",
         "trajflow/envs/nltk_data/corpora/words/en",
         "trajflow/cli/replay/histories/trajectory-completed.json",
-        "infra/compose/hosts.yml",
+        "trajflow/infra/compose/hosts.yml",
+        "trajflow/workflows/training.py",
+        "trajflow/activities/env.py",
+        "trajflow/workers/orchestrator.py",
+        "trajflow/infra/settings.py",
     ):
         assert data in names, f"{data} is not in the wheel"
 
@@ -145,8 +163,10 @@ def run(venv: Path, project: Path, cache_dir: Path) -> Iterator[object]:
     }
 
     def trajflow(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        """`trajflow ARGS`; with `python` as the first argument, the venv's Python instead (a project's script)."""
+        program = [str(venv / "bin" / "python")] if args[:1] == ("python",) else [str(venv / "bin" / "trajflow")]
         done = subprocess.run(
-            [str(venv / "bin" / "trajflow"), *args],
+            [*program, *args[program[0].endswith("python") :]],
             cwd=project,
             env=env,
             capture_output=True,
@@ -166,12 +186,18 @@ def run(venv: Path, project: Path, cache_dir: Path) -> Iterator[object]:
 
 
 def test_the_venv_imports_trajflow_from_the_wheel_not_the_checkout(venv: Path, project: Path) -> None:
-    code = "import trajflow, workflows, infra; print(trajflow.__file__, workflows.__file__, infra.__file__)"
+    """Without -P, from the project directory (first on sys.path): its own workflows.py, activities.py, workers.py and
+    infra/ are there, and every module comes from the wheel."""
+    modules = ["trajflow", "trajflow.workflows.training", "trajflow.activities.env", "trajflow.workers.orchestrator"]
+    modules.append("trajflow.infra.settings")
+    code = f"import importlib\nfor m in {modules!r}: print(importlib.import_module(m).__file__)"
     done = subprocess.run(
-        [str(venv / "bin" / "python"), "-P", "-c", code], cwd=project, env=outside_env(), capture_output=True, text=True
+        [str(venv / "bin" / "python"), "-c", code], cwd=project, env=outside_env(), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    for path in done.stdout.split():
+    paths = done.stdout.split()
+    assert len(paths) == 5, done.stdout
+    for path in paths:
         assert Path(path).is_relative_to(venv) and not Path(path).is_relative_to(ROOT), path
 
 
@@ -185,6 +211,11 @@ def test_a_researchers_project_runs_the_stack_from_the_installed_wheel(run, proj
     assert gem["status"] == "completed", gem
     own = json.loads(run("rollout", "-c", "train.toml", "--seed", "3", "--json").stdout)
     assert own["status"] == "completed" and own["turns"] == 1, own
+    # a script of the project on the public API, run as `python script.py`: the project's directory is first on
+    # sys.path, beside its own workflows.py, activities.py, workers.py and infra/
+    (project / "use_api.py").write_text(API_SCRIPT)
+    api = json.loads(run("python", "use_api.py").stdout)
+    assert api["status"] == "completed" and api["turns"] == api["stored_turns"] >= 1, api
 
     summary = project / "summary.json"
     run("train", "train.toml", "--run-id", "wheel-run", "--json-summary", str(summary))

@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.monitoring import SCRAPED
 from tests.conftest import ROOT, free_port, wait_for
 from trajflow.contracts import metrics, names
 from trajflow.contracts.trajectory import TrajectoryProgress
+from trajflow.infra.monitoring import SCRAPED
 from trajflow.observability import prometheus
 
 pytestmark = pytest.mark.integration

@@ -22,7 +22,7 @@ from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.runs import RunSummary
 from trajflow.contracts.training import TrainingState
 from trajflow.contracts.trajectory import TrajectoryStatus
-from workflows.bookkeeping import Book
+from trajflow.workflows.bookkeeping import Book
 
 pytestmark = pytest.mark.integration
 

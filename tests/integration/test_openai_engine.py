@@ -53,7 +53,7 @@ class Server:
 
 def vllm_python() -> Path:
     """The vLLM venv's Python, or a skip (a failure under TRAJFLOW_REQUIRE_VLLM=1)."""
-    from infra.settings import Settings
+    from trajflow.infra.settings import Settings
 
     python = Settings().resolved_vllm_python
     if python.exists():

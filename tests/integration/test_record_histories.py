@@ -133,7 +133,7 @@ async def test_record_training_history_that_continued_as_new(
 ):
     from transformers import AutoTokenizer
 
-    from infra.policies import PolicyStore
+    from trajflow.infra.policies import PolicyStore
     from trajflow.rl.engines.scripted import ScriptedEngine
 
     # stamps each turn with the run's newest published version (the simulated trainer publishes versions)
@@ -167,9 +167,9 @@ async def test_record_tree_training_history(temporal_env, reward_service, store,
     branches their completions queued, started by the admission loop."""
     from transformers import AutoTokenizer
 
-    from infra.policies import PolicyStore
     from tests.integration.test_tree_rollouts import SeedGuessEngine
     from trajflow.contracts.rollouts import RolloutConfig
+    from trajflow.infra.policies import PolicyStore
 
     weights = PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0)
     engine = SeedGuessEngine(AutoTokenizer.from_pretrained(tiny_model), "unused", weights=weights)

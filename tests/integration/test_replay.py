@@ -199,7 +199,7 @@ async def test_status_shows_the_live_queries_of_a_run_and_its_trajectories(
 ):
     from transformers import AutoTokenizer
 
-    from infra.policies import PolicyStore
+    from trajflow.infra.policies import PolicyStore
     from trajflow.rl.engines.scripted import ScriptedEngine
 
     weights = PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0)

@@ -21,9 +21,9 @@ import docker.models.containers
 import httpx
 import pytest
 
-from infra.reward_image import REWARD_REQUIREMENTS, SERVICE_UID, ensure_reward_image
 from tests.conftest import free_port
 from trajflow.contracts.trajectory import ScoreRequest
+from trajflow.infra.reward_image import REWARD_REQUIREMENTS, SERVICE_UID, ensure_reward_image
 from trajflow.rewards.client import RewardClient, RewardRequestRejected, RewardVerifierTimedOut
 
 pytestmark = pytest.mark.integration

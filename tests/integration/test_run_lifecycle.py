@@ -22,7 +22,7 @@ from tests.integration.test_training_workflow import gated as gated  # the fixtu
 from trajflow.client import start_training, stop_training
 from trajflow.contracts import names
 from trajflow.contracts.training import TrainingState
-from workers.run_sweep import sweep_once
+from trajflow.workers.run_sweep import sweep_once
 
 pytestmark = pytest.mark.integration
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from temporalio.service import RPCError
 
-from infra.temporal import temporal_binary
 from tests.conftest import ROOT, CliStack
 from trajflow.contracts import names
 from trajflow.contracts.training import TrainingProgress
+from trajflow.infra.temporal import temporal_binary
 
 pytestmark = pytest.mark.integration
 

@@ -52,12 +52,12 @@ def sandbox_containers(docker_client, **wanted: str) -> list:
 async def test_a_terminated_trajectory_loses_its_sandbox_within_two_leases_and_the_env_worker_serves_on(
     temporal_env, reward_service, store, cache_dir, docker_client, scripted
 ) -> None:
-    from infra.temporal import temporal_binary
     from trajflow.client import run_trajectory, start_trajectory
+    from trajflow.infra.temporal import temporal_binary
     from trajflow.rewards.client import RewardClient
-    from workers.decode import decode_workers
-    from workers.orchestrator import orchestrator_workers
-    from workers.reward import reward_workers
+    from trajflow.workers.decode import decode_workers
+    from trajflow.workers.orchestrator import orchestrator_workers
+    from trajflow.workers.reward import reward_workers
 
     tag = uuid.uuid4().hex[:8]
     pool, queue = f"t{tag}", f"trajflow-test-{tag}"

@@ -11,14 +11,14 @@ import uuid
 import pytest
 from transformers import AutoTokenizer
 
-from infra import layout
-from infra.policies import PolicyStore
 from tests.conftest import async_wait_for, running_stack
 from tests.integration.test_training_workflow import children, run_config
 from trajflow.client import start_training
 from trajflow.contracts import names
 from trajflow.contracts.shards import GroupManifest
 from trajflow.contracts.training import TrainingState, TrainStepInput
+from trajflow.infra import layout
+from trajflow.infra.policies import PolicyStore
 from trajflow.lab.chaos.audit import audit, collect
 from trajflow.rl.engines.scripted import ScriptedEngine
 

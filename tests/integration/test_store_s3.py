@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.store import ObjectNotFound, ObjectStore, S3Store, open_store
 from trajflow.contracts.trajectory import ScoreResult
+from trajflow.infra.store import ObjectNotFound, ObjectStore, S3Store, open_store
 
 pytestmark = pytest.mark.integration
 
@@ -190,8 +190,8 @@ async def test_a_trajectory_stores_its_data_in_s3(
 def test_a_step_reads_its_records_concurrently_in_order(store: S3Store) -> None:
     """The trainer's `load_records` over the S3 protocol: every record, in the order asked, several reads at once;
     a missing record fails the read as ObjectNotFound."""
-    from activities.batches import load_records
     from tests.unit.test_rl_samples import record
+    from trajflow.activities.batches import load_records
 
     uris = [store.put_json(f"records/{i:04d}.json", record(f"wf-{i}", float(i))) for i in range(64)]
     loaded = load_records(store, uris, concurrency=8)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from infra.connection import TemporalConnectionError
-from infra.settings import Settings
-from infra.temporal import wait_until_reachable
 from tests.conftest import CliStack, free_port, stack_state_dir, wait_for
 from tests.integration.tls_helpers import Pki, make_pki, nginx_config, stunnel_config
+from trajflow.infra.connection import TemporalConnectionError
+from trajflow.infra.settings import Settings
+from trajflow.infra.temporal import wait_until_reachable
 
 pytestmark = pytest.mark.integration
 

@@ -19,14 +19,14 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from infra.layout import group_manifest_key, step_key
-from infra.store import LocalStore
 from tests.integration.test_trainer_ranks import CONFIG, records, single_process
 from trajflow.contracts import names
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.shards import BatchStats, GroupManifest
 from trajflow.contracts.steps import TaskStats, TrainRef
 from trajflow.contracts.training import TrainStepInput, TrainStepResult
+from trajflow.infra.layout import group_manifest_key, step_key
+from trajflow.infra.store import LocalStore
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ class GroupSteps:
 
     @workflow.run
     async def run(self, inp: GroupStepsInput) -> GroupStepsResult:
-        from workflows import stubs
+        from trajflow.workflows import stubs
 
         uris = [await stubs.group_save(inp.pool, m) for m in inp.manifests]
         return GroupStepsResult(uris=uris, steps=[await stubs.train_step(inp.pool, step) for step in inp.steps])
@@ -66,8 +66,8 @@ async def test_steps_train_on_their_group_manifests(temporal_env, tiny_model: Pa
     from transformers import AutoConfig
 
     from trajflow.rewards.client import RewardClient
-    from workers.reward import reward_workers
-    from workers.trainer import trainer_workers
+    from trajflow.workers.reward import reward_workers
+    from trajflow.workers.trainer import trainer_workers
 
     store = LocalStore(tmp_path / "store")
     client, tag = temporal_env.client, uuid.uuid4().hex[:8]

@@ -24,15 +24,15 @@ from safetensors.torch import load_file
 from temporalio import workflow
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from infra.layout import policy_version_prefix
-from infra.policies import get_dir
-from infra.store import LocalStore
 from tests.conftest import ROOT, pending_work, wait_for
 from tests.integration.launched_trainer import LaunchedTrainer
 from trajflow.contracts import names
 from trajflow.contracts.records import TrajectoryRecord, TurnContext
 from trajflow.contracts.training import LoraConfig, LossConfig, TrainerConfig, TrainRef, TrainStepInput, TrainStepResult
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryRequest, TrajectoryStatus
+from trajflow.infra.layout import policy_version_prefix
+from trajflow.infra.policies import get_dir
+from trajflow.infra.store import LocalStore
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ class TrainSteps:
 
     @workflow.run
     async def run(self, inp: StepsInput) -> list[TrainStepResult]:
-        from workflows import stubs
+        from trajflow.workflows import stubs
 
         return [await stubs.train_step(inp.pool, step) for step in inp.steps]
 
@@ -236,12 +236,12 @@ async def test_a_rank_killed_mid_step_is_restarted_and_the_run_finishes(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from infra.policies import PolicyStore
     from tests.conftest import running_stack
     from trajflow.client import start_training
     from trajflow.contracts.tasks import TaskConfig
     from trajflow.contracts.training import TrainingRunConfig
     from trajflow.contracts.trajectory import StagePools
+    from trajflow.infra.policies import PolicyStore
     from trajflow.rl.engines.scripted import ScriptedEngine
 
     policies = PolicyStore(store, tmp_path / "policies", pointer_ttl_s=0.0)

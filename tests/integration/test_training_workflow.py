@@ -13,7 +13,6 @@ import uuid
 import pytest
 from transformers import AutoTokenizer
 
-from infra.policies import PolicyStore
 from tests.conftest import async_wait_for, pending_work, running_stack
 from trajflow.client import start_training, training_progress
 from trajflow.contracts import names
@@ -21,6 +20,7 @@ from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.training import TrainingRunConfig, TrainingState, TrainRef, TrainStepInput
 from trajflow.contracts.trajectory import SamplingParams, StagePools, TrajectoryReport, TrajectoryStatus
+from trajflow.infra.policies import PolicyStore
 from trajflow.rl.engines.scripted import ScriptedEngine
 
 pytestmark = pytest.mark.integration

@@ -219,7 +219,7 @@ async def test_a_dead_env_host_is_noticed_by_schedule_to_start_and_another_host_
     temporal_env, reward_service, store, sandbox_manager, scripted
 ):
     from trajflow.contracts import names
-    from workers.env import env_workers
+    from trajflow.workers.env import env_workers
 
     engine = GatedEngine(scripted, gate_at=2)
     async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine) as stack:

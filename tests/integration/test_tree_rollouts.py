@@ -17,7 +17,6 @@ import uuid
 import pytest
 from transformers import AutoTokenizer
 
-from infra.policies import PolicyStore
 from tests.conftest import async_wait_for, running_stack
 from tests.integration.test_dynamic_sampling import steps_issued
 from tests.integration.test_training_workflow import children
@@ -29,6 +28,7 @@ from trajflow.contracts.rollouts import RolloutConfig
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.training import TrainingRunConfig, TrainingStart
 from trajflow.contracts.trajectory import SamplingParams, StagePools, TrajectoryResult
+from trajflow.infra.policies import PolicyStore
 from trajflow.rl.engines.scripted import ScriptedEngine
 
 pytestmark = pytest.mark.integration

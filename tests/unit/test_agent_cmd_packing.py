@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from infra.store import LocalStore
 from trajflow.contracts.agent import AGENT_CMD_PREFIX, is_agent
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.trajectory import TrajectoryRequest
@@ -21,6 +20,7 @@ from trajflow.envs.runner import AGENT_PREFIXES
 from trajflow.envs.user.packages import unpack
 from trajflow.envs.user.source import EnvSourceError, check_command, executable_files, has_source
 from trajflow.envs.user.submit import packaged, publish_request, publish_task
+from trajflow.infra.store import LocalStore
 from trajflow.sandbox.images import ImageResolver, UnknownTask
 from trajflow.sandbox.user_images import user_image_tag
 

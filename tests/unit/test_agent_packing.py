@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.store import LocalStore
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.trajectory import TrajectoryRequest
 from trajflow.envs.user.packages import publish, unpack
 from trajflow.envs.user.source import EnvSourceError, check_source, has_source, split_env_id
 from trajflow.envs.user.submit import packaged, publish_request, publish_task
+from trajflow.infra.store import LocalStore
 from trajflow.sandbox.errors import ImageBuildError
 from trajflow.sandbox.images import ImageResolver, UnknownTask
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.store import LocalStore
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.envs.user.source import EnvSourceError, check_agent_verifier
 from trajflow.envs.user.submit import publish_task
+from trajflow.infra.store import LocalStore
 
 PROGRAM = "def solve(task, seed):\n    open('out.txt', 'w').write('done')\n"
 CHECKS = """

@@ -162,7 +162,7 @@ def test_the_observation_cap_keeps_head_and_tail_and_says_how_much_was_cut() -> 
 
 
 def test_the_env_worker_cuts_observations_and_refuses_non_finite_rewards() -> None:
-    from activities.env import _step_result
+    from trajflow.activities.env import _step_result
 
     big = _step_result({"observation": "y" * 3_000_000, "reward": 0.0, "terminated": False, "truncated": False})
     assert len(big.observation) < MAX_OBSERVATION_CHARS + 100 and "trajflow cut" in big.observation
@@ -247,7 +247,7 @@ def test_train_with_an_invalid_config_exits_2_naming_the_field(tmp_path: Path, t
 def test_the_stubs_refuse_an_activity_input_over_the_payload_limit_without_retrying() -> None:
     from trajflow.contracts.limits import MAX_PAYLOAD_BYTES
     from trajflow.contracts.trajectory import EnvResetInput
-    from workflows import stubs
+    from trajflow.workflows import stubs
 
     small = EnvResetInput(trajectory_id="t", env_id="game:X", seed=0, replay_actions=["a" * 1000] * 10)
     assert stubs._fits(names.ENV_RESET, small) is small
@@ -263,7 +263,7 @@ def test_the_stubs_refuse_an_activity_input_over_the_payload_limit_without_retry
 def test_an_activity_failure_is_described_once_by_its_type() -> None:
     from temporalio.exceptions import ApplicationError
 
-    from workflows import stubs
+    from trajflow.workflows import stubs
 
     assert (
         stubs.describe(ApplicationError("EnvError: step failed: boom", type="EnvError"))

@@ -7,7 +7,7 @@ from trajflow.contracts.shards import BatchStats
 from trajflow.contracts.steps import TaskStats, TrainRef
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.training import TrainerConfig, TrainingRunConfig, TrainingState, TrainStepInput, TrainStepResult
-from workflows.bookkeeping import Book
+from trajflow.workflows.bookkeeping import Book
 
 
 def ref(i: int, task: str, reward: float, version: int, won: bool = False) -> TrainRef:

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.placement import worker_env
 from trajflow.contracts.config import RunConfig
+from trajflow.infra.placement import worker_env
 from trajflow.lab.bench.contention import child_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -92,7 +92,7 @@ def test_percentile_interpolates_between_ranks() -> None:
 
 
 def test_the_budget_is_the_trajectory_workflows(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workflows import stubs
+    from trajflow.workflows import stubs
 
     seen: dict[str, object] = {}
 

@@ -1,6 +1,6 @@
 """The benchmarks' simulated trainer honours the real trainer activity's contract: it sleeps the run's step time,
 records the step and publishes the version (pointer only), and a retried step returns the recorded result; a sharded
-step trains on its group manifests as the real trainer does (`activities.batches.step_refs`).
+step trains on its group manifests as the real trainer does (`trajflow.activities.batches.step_refs`).
 Also: inputs recorded with the removed `TrainerConfig.simulate_step_s` still decode."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from infra import layout
-from infra.policies import PolicyStore
-from infra.store import LocalStore
 from trajflow.contracts import names
 from trajflow.contracts.shards import BatchStats, GroupManifest
 from trajflow.contracts.steps import TaskStats
 from trajflow.contracts.training import TrainerConfig, TrainingRunConfig, TrainRef, TrainStepInput, TrainStepResult
+from trajflow.infra import layout
+from trajflow.infra.policies import PolicyStore
+from trajflow.infra.store import LocalStore
 from trajflow.lab.bench.sim_trainer import SimulatedTrainerActivities
 
 

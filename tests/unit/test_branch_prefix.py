@@ -15,11 +15,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from transformers import AutoTokenizer
 
-from activities.contexts import ContextStore
-from activities.decode import DecodeActivities
-from activities.reward import RewardActivities
-from infra.layout import trajectory_record_key
-from infra.store import LocalStore
+from trajflow.activities.contexts import ContextStore
+from trajflow.activities.decode import DecodeActivities
+from trajflow.activities.reward import RewardActivities
 from trajflow.contracts import names
 from trajflow.contracts.branches import BranchInput, BranchRefused, branch_request, cut_context
 from trajflow.contracts.records import TrajectoryRecord, TurnContext
@@ -30,6 +28,8 @@ from trajflow.contracts.trajectory import (
     TrajectoryStatus,
     TurnSummary,
 )
+from trajflow.infra.layout import trajectory_record_key
+from trajflow.infra.store import LocalStore
 from trajflow.rl.chat import append_completion, append_user
 from trajflow.rl.engines.scripted import ScriptedEngine
 from trajflow.rl.models import build_tiny_model

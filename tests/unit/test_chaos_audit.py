@@ -164,7 +164,7 @@ class _ScriptedRun:
 
 
 def test_a_trainer_kill_that_missed_its_step_is_repeated_at_the_next_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra import stack
+    from trajflow.infra import stack
 
     kills: list[str] = []
 
@@ -197,7 +197,7 @@ def test_a_trainer_kill_that_missed_its_step_is_repeated_at_the_next_step(monkey
 
 
 def test_a_run_that_ends_before_a_kill_lands_reports_the_miss(monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra import stack
+    from trajflow.infra import stack
 
     monkeypatch.setattr(stack, "crash_and_restart", lambda *_: (SimpleNamespace(pid=1), SimpleNamespace(pid=2)))
     run = TrainingRunConfig.model_validate({"steps": 6, "batch_size": 8, "group_size": 4})

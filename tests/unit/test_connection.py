@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from temporalio.service import ConnectConfig, TLSConfig
 
-from infra.connection import ConnectionSettingsError, connect_options, explain_failure
-from infra.settings import Settings, load_settings
 from tests.integration.tls_helpers import Pki, make_pki
+from trajflow.infra.connection import ConnectionSettingsError, connect_options, explain_failure
+from trajflow.infra.settings import Settings, load_settings
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +88,8 @@ def test_which_settings_mean_a_cluster(fields: dict[str, object], embedded: bool
 
 
 def test_up_starts_no_dev_server_for_a_cluster(tmp_path: Path) -> None:
-    from infra.stack import components
     from trajflow.contracts.config import load_run_config
+    from trajflow.infra.stack import components
 
     config_path = Path("trajflow/configs/tiny.toml")
     config = load_run_config(config_path)

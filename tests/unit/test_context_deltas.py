@@ -12,9 +12,8 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 from transformers import AutoTokenizer
 
-from activities.decode import DecodeActivities
-from activities.reward import RewardActivities
-from infra.store import LocalStore
+from trajflow.activities.decode import DecodeActivities
+from trajflow.activities.reward import RewardActivities
 from trajflow.contracts.records import TrajectoryRecord, TurnContext
 from trajflow.contracts.trajectory import (
     SaveTrajectoryInput,
@@ -22,6 +21,7 @@ from trajflow.contracts.trajectory import (
     TrajectoryStatus,
     TurnSummary,
 )
+from trajflow.infra.store import LocalStore
 from trajflow.rl.chat import append_completion, append_user
 from trajflow.rl.engines.scripted import ScriptedEngine
 from trajflow.rl.models import build_tiny_model
@@ -124,7 +124,7 @@ async def test_the_saved_record_is_the_context_the_turns_built_on_any_worker(tok
 
 
 def test_a_whole_context_written_before_deltas_is_still_read(tmp_path: Path) -> None:
-    from activities.contexts import ContextStore
+    from trajflow.activities.contexts import ContextStore
     from trajflow.contracts.records import ChatMessage, TurnDelta
 
     store = LocalStore(tmp_path / "store")

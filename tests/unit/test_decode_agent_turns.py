@@ -13,11 +13,11 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.decode import DecodeActivities
-from infra.store import LocalStore
+from trajflow.activities.decode import DecodeActivities
 from trajflow.contracts import names
 from trajflow.contracts.records import ChatMessage
 from trajflow.contracts.trajectory import GenerateInput, SamplingParams
+from trajflow.infra.store import LocalStore
 from trajflow.rl.engines.hf import HFEngine
 from trajflow.rl.engines.scripted import ScriptedEngine
 from trajflow.rl.models import TOOLS_TEMPLATE

@@ -1,7 +1,7 @@
 """Honest refusals and budgets at the decode activity (the real activity, a real local store, no Temporal server):
 a turn stays within the context budget (the task's `max_context_tokens` and the engine's positions), a prompt that
 fills it generates nothing and says so (`context_full`), and `llm.describe` tells a frozen engine from one that
-follows training, which is what a training run checks before it starts (`workflows.preflight`)."""
+follows training, which is what a training run checks before it starts (`trajflow.workflows.preflight`)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 from transformers import AutoConfig, AutoTokenizer
 
-from activities.decode import DecodeActivities, context_room
-from infra.store import LocalStore
+from trajflow.activities.decode import DecodeActivities, context_room
 from trajflow.contracts.config import OpenAIServerConfig
 from trajflow.contracts.engines import CONTEXT_FULL
 from trajflow.contracts.records import TurnContext
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryRequest
+from trajflow.infra.store import LocalStore
 from trajflow.rl.chat import append_user
 from trajflow.rl.engines.base import PolicyWeights
 from trajflow.rl.engines.hf import HFEngine
 from trajflow.rl.engines.openai import OpenAIEngine
 from trajflow.rl.engines.scripted import ScriptedEngine
-from workflows.preflight import frozen_refusal
+from trajflow.workflows.preflight import frozen_refusal
 
 REPLY = "one two three four five six seven eight nine ten eleven twelve"
 OBSERVATION = "Guess a number between 1 and 10."

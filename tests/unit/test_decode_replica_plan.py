@@ -18,19 +18,19 @@ from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.decode import DecodeActivities
-from infra import hosts, monitoring
-from infra.policies import PolicyStore
-from infra.processes import ProcessRecord, ProcessTable, is_alive, start_detached, stop
-from infra.settings import Settings
-from infra.stack import components, expected_pollers, stop_surplus_replicas
-from infra.store import LocalStore
+from trajflow.activities.decode import DecodeActivities
 from trajflow.contracts import names
 from trajflow.contracts.config import RunConfig, load_run_config, shipped_configs
 from trajflow.contracts.trajectory import GenerateInput, SamplingParams
+from trajflow.infra import hosts, monitoring
+from trajflow.infra.policies import PolicyStore
+from trajflow.infra.processes import ProcessRecord, ProcessTable, is_alive, start_detached, stop
+from trajflow.infra.settings import Settings
+from trajflow.infra.stack import components, expected_pollers, stop_surplus_replicas
+from trajflow.infra.store import LocalStore
 from trajflow.observability import prometheus
 from trajflow.rl.engines.hf import HFEngine
-from workers.host import host_plan
+from trajflow.workers.host import host_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_POOLS = {"decode": ["game", "data"]}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from infra.settings import Settings
-from infra.temporal import DEV_SERVER_DYNAMIC_CONFIG, dev_server_args, dev_server_command
 from trajflow.contracts.names import SEARCH_ATTRIBUTES
+from trajflow.infra.settings import Settings
+from trajflow.infra.temporal import DEV_SERVER_DYNAMIC_CONFIG, dev_server_args, dev_server_command
 
 
 def pairs(argv: list[str], flag: str) -> dict[str, str]:

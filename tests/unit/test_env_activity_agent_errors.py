@@ -13,7 +13,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.env import EnvActivities
+from trajflow.activities.env import EnvActivities
 from trajflow.contracts import names
 from trajflow.contracts.agent import STEP_MARGIN_S, request_digest
 from trajflow.contracts.limits import MAX_AGENT_REQUEST_CHARS, MAX_OBSERVATION_CHARS

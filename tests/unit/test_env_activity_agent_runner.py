@@ -21,8 +21,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.env import EnvActivities
 from tests.unit.test_sandbox_client import RUNNER, FakeApi, FakeClient
+from trajflow.activities.env import EnvActivities
 from trajflow.contracts import names
 from trajflow.contracts.trajectory import EnvResetInput, EnvResetResult, EnvStepInput
 from trajflow.sandbox.leases import LeaseBook

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from temporalio.testing import ActivityEnvironment
 
-from activities.env import EnvActivities
+from trajflow.activities.env import EnvActivities
 from trajflow.contracts.trajectory import EnvCloseInput, SandboxHandle
 from trajflow.sandbox.leases import LeaseBook
 

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from infra.policies import PolicyStore
-from infra.store import LocalStore
 from trajflow.cli.commands.evaluate import format_table, mean_pass_at_k, pass_at_k, shown_ks, summarise_eval
 from trajflow.cli.commands.policy_eval import (
     EvalError,
@@ -22,6 +20,8 @@ from trajflow.cli.commands.policy_eval import (
 )
 from trajflow.contracts.runs import EpisodeEval, EvalResult
 from trajflow.contracts.trajectory import TrajectoryStatus
+from trajflow.infra.policies import PolicyStore
+from trajflow.infra.store import LocalStore
 
 
 def test_pass_at_k_matches_hand_computed_values() -> None:

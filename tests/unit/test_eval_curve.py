@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from infra.policies import PolicyStore
-from infra.store import LocalStore
 from trajflow.cli.commands.eval_curve import CURVE_FILE, EvalCurve, due, read_points
 from trajflow.cli.commands.plots import reward_figure
 from trajflow.cli.commands.train import summarise, verdict
 from trajflow.contracts.runs import CurvePoint, EpisodeEval, EvalResult
 from trajflow.contracts.training import EvalConfig, StepRecord, TrainingCounters, TrainingResult, TrainingRunConfig
 from trajflow.contracts.trajectory import TrajectoryStatus
+from trajflow.infra.policies import PolicyStore
+from trajflow.infra.store import LocalStore
 from trajflow.observability.tracking.base import Fanout, curve_scalars
 
 

@@ -8,7 +8,7 @@ import pytest
 from trajflow.contracts.shards import BatchStats, GroupCounts, GroupReport, ShardDone, shard_id
 from trajflow.contracts.steps import TaskStats
 from trajflow.contracts.training import StopRequest, TrainingRunConfig, TrainingState, TrainStepResult
-from workflows.fanin import ShardBook
+from trajflow.workflows.fanin import ShardBook
 
 
 def book(**train: object) -> ShardBook:

@@ -12,8 +12,8 @@ from trajflow.contracts.shards import GroupCounts, GroupReport
 from trajflow.contracts.steps import is_flat
 from trajflow.contracts.training import TrainingRunConfig, TrainingStart, TrainingState, TrainStepResult
 from trajflow.rl.advantages import group_advantages
-from workflows.bookkeeping import Book
-from workflows.fanin import ShardBook
+from trajflow.workflows.bookkeeping import Book
+from trajflow.workflows.fanin import ShardBook
 
 
 @pytest.mark.parametrize(

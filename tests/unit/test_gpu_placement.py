@@ -1,7 +1,7 @@
 """GPU placement composed as one, without a GPU: a hosts config's `gpus` -> the host container's options (its device
-request and environment, `infra.hosts`) -> the environment `trajflow worker host` gives each worker inside
-(`workers.host.host_plan`) -> the worker's settings -> its GPU check and device, with the GPUs it sees simulated.
-Then the embedded stack, whose workers run on this machine and keep the machine's GPU ids, and the decode and
+request and environment, `trajflow.infra.hosts`) -> the environment `trajflow worker host` gives each worker inside
+(`trajflow.workers.host.host_plan`) -> the worker's settings -> its GPU check and device, with the GPUs it sees
+simulated. Then the embedded stack, whose workers run on this machine and keep the machine's GPU ids, and the decode and
 trainer workers refusing to start on the CPU where their host was given GPUs."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra import hosts
-from infra.placement import placement
-from infra.settings import Settings, load_settings
 from trajflow.contracts.config import ModelConfig, parse_run_config
+from trajflow.infra import hosts
+from trajflow.infra.placement import placement
+from trajflow.infra.settings import Settings, load_settings
 from trajflow.rl import devices
 from trajflow.rl.devices import DeviceUnavailable
-from workers import decode, trainer
-from workers.host import host_plan
+from trajflow.workers import decode, trainer
+from trajflow.workers.host import host_plan
 
 CONFIG = """
 [[hardware.hosts]]

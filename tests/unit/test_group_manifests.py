@@ -1,6 +1,7 @@
 """A sharded run's group manifests in the store: the reward pool's `training.save_group` writes a complete group where
-`infra.layout.group_manifest_key` says, the same bytes on a retry; the trainer's `activities.batches.step_refs` reads
-a step's groups back, in group order, and refuses a missing or mismatched manifest by name. A real local store."""
+`trajflow.infra.layout.group_manifest_key` says, the same bytes on a retry; the trainer's
+`trajflow.activities.batches.step_refs` reads a step's groups back, in group order, and refuses a missing or mismatched
+manifest by name. A real local store."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.batches import RECORD_READS, load_manifests, step_refs
-from activities.reward import RewardActivities
-from infra import layout
-from infra.store import LocalStore
+from trajflow.activities.batches import RECORD_READS, load_manifests, step_refs
+from trajflow.activities.reward import RewardActivities
 from trajflow.contracts import names
 from trajflow.contracts.shards import GroupManifest
 from trajflow.contracts.steps import TrainRef
 from trajflow.contracts.training import TrainerConfig, TrainStepInput
+from trajflow.infra import layout
+from trajflow.infra.store import LocalStore
 
 
 def ref(wf: str, group: str, reward: float = 1.0, version: int = 0, task: str = "t") -> TrainRef:

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from infra.layout import trajectory_record_key
-from infra.store import LocalStore
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import TrajectoryRequest, TrajectoryStatus, TurnSummary
+from trajflow.infra.layout import trajectory_record_key
+from trajflow.infra.store import LocalStore
 from trajflow.lab.analysis import guess_the_number as gtn
 
 ENV = "game:GuessTheNumber-v0-easy"

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from infra import hosts
-from infra.monitoring import HOST_PORTS, host_targets
-from infra.settings import Settings
 from trajflow.contracts.config import RunConfig, load_run_config
+from trajflow.infra import hosts
+from trajflow.infra.monitoring import HOST_PORTS, host_targets
+from trajflow.infra.settings import Settings
 from trajflow.observability.prometheus import Target
-from workers.host import host_plan
+from trajflow.workers.host import host_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 

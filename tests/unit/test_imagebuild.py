@@ -70,10 +70,10 @@ def test_the_worker_image_holds_every_package_the_workers_import() -> None:
     # run on the user's side
     root = package_dir("trajflow").parent
     worker_side = (
-        "activities",
-        "infra",
-        "workers",
-        "workflows",
+        "trajflow/activities",
+        "trajflow/infra",
+        "trajflow/workers",
+        "trajflow/workflows",
         "trajflow/contracts",
         "trajflow/rewards",
         "trajflow/rl",

@@ -28,15 +28,15 @@ face (`from trajflow import ...`)."""
 RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     "trajflow.contracts": ({"pydantic", "trajflow.contracts"}, set()),
     # workflows record their metrics and spans through trajflow.observability (the SDK's replay-safe meter)
-    "workflows": (
+    "trajflow.workflows": (
         {
             "temporalio",
             "trajflow.contracts",
-            "workflows",
+            "trajflow.workflows",
             "trajflow.observability.metrics",
             "trajflow.observability.spans",
         },
-        {"torch", "docker", "boto3", "activities", "transformers"},
+        {"torch", "docker", "boto3", "trajflow.activities", "transformers"},
     ),
     "trajflow.rl": (None, {"temporalio", "docker", "boto3"} | NOT_CORE),
     "trajflow.sandbox": (None, {"torch", "temporalio", "transformers"} | NOT_CORE),
@@ -68,7 +68,7 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     # user envs are read with ast and packed with the stdlib: nothing of the sandbox, the workers or Temporal
     # (a dataset's rows are read by the dataset env's own reader, trajflow.envs.dataset)
     "trajflow.envs.user": (
-        {"trajflow.envs", "trajflow.contracts", "trajflow.sandbox.builder", "infra", "packaging"},
+        {"trajflow.envs", "trajflow.contracts", "trajflow.sandbox.builder", "trajflow.infra", "packaging"},
         set(),
     ),
     "trajflow.rewards": (None, {"torch", "docker", "temporalio", "transformers", "trajflow.rewards.models"} | NOT_CORE),
@@ -78,7 +78,7 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
             "trajflow.rewards.models",
             "trajflow.contracts",
             "trajflow.rl",
-            "infra",
+            "trajflow.infra",
             "torch",
             "transformers",
             "fastapi",
@@ -98,10 +98,13 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
         {"trajflow.contracts", "trajflow.observability.tracking", "tensorboardX", "wandb", "mlflow"},
         set(),
     ),
-    "activities": (None, NOT_CORE),
+    "trajflow.activities": (None, NOT_CORE),
     # infra never imports torch, not even inside a function (DESIGN.md "Layout"); rl only through TORCH_FREE_RL
-    "infra": (None, {"workflows", "activities", "torch", "transformers", "accelerate", "vllm"} | NOT_CORE),
-    "workers": (None, NOT_CORE),
+    "trajflow.infra": (
+        None,
+        {"trajflow.workflows", "trajflow.activities", "torch", "transformers", "accelerate", "vllm"} | NOT_CORE,
+    ),
+    "trajflow.workers": (None, NOT_CORE),
     "trajflow.lab": (set(), set()),
     "trajflow.lab.bench": (None, {"trajflow.lab.chaos", "trajflow.cli"}),
     "trajflow.lab.chaos": (None, {"trajflow.lab.bench", "trajflow.cli.replay"}),
@@ -117,8 +120,9 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
 TORCH_FREE_RL = {"trajflow.rl", "trajflow.rl.engines", "trajflow.rl.engines.base", "trajflow.rl.advantages"}
 """The rl modules that import no torch (nor anything that does): all that infra may import from rl."""
 
-TOP_LEVEL = {"trajflow", "workflows", "activities", "workers", "infra"}
-"""The import names an install adds: the design card's four folders and `trajflow`."""
+CARD_FOLDERS = ("workflows", "activities", "workers", "infra")
+"""The design card's folders at the repository's root: each is linked from `trajflow/` and installs under it
+(`trajflow.workflows`, ...), so `trajflow` is the only import name an install adds."""
 
 
 def covers(entry: str, name: str) -> bool:
@@ -126,18 +130,21 @@ def covers(entry: str, name: str) -> bool:
     return name == entry or (entry != "trajflow" and name.startswith(entry + "."))
 
 
+def module_name(path: Path) -> str:
+    """The dotted name `path` installs as: the card's folders at the root are `trajflow.<folder>`."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(("trajflow", *parts) if parts[0] in CARD_FOLDERS else parts)
+
+
 def package_of(path: Path) -> str:
     """The longest package of RULES that holds `path`."""
-    dotted = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    dotted = module_name(path)
     return max((p for p in RULES if covers(p, dotted) or (p == "trajflow" and top(dotted) == p)), key=len)
 
 
 def project_packages() -> set[str]:
-    """Every package of the tree (directories with an `__init__.py`) at the top level and one level under
-    trajflow/, plus the sub-packages that have a rule of their own."""
-    tops = {p.parent.name for p in ROOT.glob("*/__init__.py")}
-    subs = {f"trajflow.{p.parent.name}" for p in (ROOT / "trajflow").glob("*/__init__.py")}
-    return tops | subs
+    """`trajflow` and every package one level under it (the card's folders through their links)."""
+    return {"trajflow"} | {f"trajflow.{p.parent.name}" for p in (ROOT / "trajflow").glob("*/__init__.py")}
 
 
 def imported_modules(path: Path, module_level_only: bool = False) -> set[str]:
@@ -206,15 +213,47 @@ def test_package_obeys_its_import_rule(package: str) -> None:
 
 
 def test_every_package_has_a_rule() -> None:
-    assert project_packages() <= set(RULES)
-    assert {p.parent.name for p in ROOT.glob("*/__init__.py")} == TOP_LEVEL
+    assert {f"trajflow.{folder}" for folder in CARD_FOLDERS} <= project_packages() <= set(RULES)
+
+
+def test_the_root_holds_trajflow_and_the_card_folders_each_linked_under_trajflow() -> None:
+    assert {p.parent.name for p in ROOT.glob("*/__init__.py")} == {"trajflow", *CARD_FOLDERS}
+    for folder in CARD_FOLDERS:
+        link = ROOT / "trajflow" / folder
+        assert link.is_symlink() and link.resolve() == ROOT / folder, link
+
+
+def python_sources() -> list[Path]:
+    """Every tracked Python file (product, tests, scripts, examples), the card's folders once, at the root."""
+    listed = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return [ROOT / name for name in listed.stdout.split() if not (ROOT / name).is_symlink()]
+
+
+def test_nothing_imports_a_card_folder_by_its_bare_name() -> None:
+    """`import workflows` would find a project's own `workflows.py` first; every import goes through `trajflow`
+    (function bodies included)."""
+    bad = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in python_sources()
+        if "shell_tasks" not in path.parts
+        for name in imported_names(path)
+        if top(name) in CARD_FOLDERS
+    ]
+    assert bad == []
+
+
+def test_the_bare_name_check_catches_a_lazy_import(tmp_path: Path) -> None:
+    mod = tmp_path / "mod.py"
+    mod.write_text("def f():\n    from infra.settings import load_settings\n")
+    assert {top(name) for name in imported_names(mod)} & set(CARD_FOLDERS) == {"infra"}
 
 
 def test_a_file_belongs_to_its_longest_package() -> None:
     assert package_of(ROOT / "trajflow" / "rewards" / "models" / "server.py") == "trajflow.rewards.models"
     assert package_of(ROOT / "trajflow" / "rewards" / "service.py") == "trajflow.rewards"
     assert package_of(ROOT / "trajflow" / "client.py") == "trajflow"
-    assert package_of(ROOT / "workflows" / "training.py") == "workflows"
+    assert package_of(ROOT / "workflows" / "training.py") == "trajflow.workflows"
+    assert package_of(ROOT / "trajflow" / "workflows" / "training.py") == "trajflow.workflows"
     assert covers("trajflow.rl", "trajflow.rl.engines.hf") and not covers("trajflow.rl", "trajflow.rewards")
     assert not covers("trajflow", "trajflow.rl") and covers("trajflow", "trajflow")
 
@@ -238,7 +277,7 @@ def test_module_level_excludes_function_bodies(tmp_path: Path) -> None:
 
 def test_cli_imports_nothing_heavy() -> None:
     heavy = {"torch", "transformers", "docker", "temporalio", "boto3", "trajflow.rl", "trajflow.sandbox"}
-    deferred = {"trajflow.lab", "trajflow.cli.commands", "trajflow.cli.replay", "workers", "infra"}
+    deferred = {"trajflow.lab", "trajflow.cli.commands", "trajflow.cli.replay", "trajflow.workers", "trajflow.infra"}
     for path in sorted((ROOT / "trajflow" / "cli").glob("*.py")):
         mods = imported_modules(path)
         assert not [m for m in mods if any(covers(h, m) for h in heavy)], path
@@ -285,7 +324,12 @@ def test_torch_free_rl_modules_import_only_stdlib_contracts_and_each_other(modul
 
 def test_torch_free_base_and_infra_load_no_torch() -> None:
     """Imported for real in a fresh interpreter: not even a transitive import may pull torch in."""
-    modules = sorted(TORCH_FREE_RL) + ["infra.policies", "infra.setup", "infra.settings", "infra.store"]
+    modules = sorted(TORCH_FREE_RL) + [
+        "trajflow.infra.policies",
+        "trajflow.infra.setup",
+        "trajflow.infra.settings",
+        "trajflow.infra.store",
+    ]
     code = (
         "import sys\n"
         f"for m in {modules!r}: __import__(m)\n"

@@ -181,8 +181,8 @@ async def test_decode_activity_maps_engine_errors(tiny_model: Path, tmp_path: Pa
     from temporalio.exceptions import ApplicationError
     from temporalio.testing import ActivityEnvironment
 
-    from activities.decode import DecodeActivities
-    from infra.store import LocalStore
+    from trajflow.activities.decode import DecodeActivities
+    from trajflow.infra.store import LocalStore
 
     inp = GenerateInput(trajectory_id="t", turn=0, context_uri=None, user_message="hi")
     for status, kind, retryable in [

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.placement import placement, worker_env
-from infra.processes import is_alive, restart, start_detached
-from infra.settings import Settings
-from infra.stack import components
 from tests.conftest import wait_for
 from trajflow.contracts.config import RunConfig
+from trajflow.infra.placement import placement, worker_env
+from trajflow.infra.processes import is_alive, restart, start_detached
+from trajflow.infra.settings import Settings
+from trajflow.infra.stack import components
 
 
 def test_embedded_defaults_give_each_torch_worker_half_the_cores() -> None:
@@ -82,8 +82,8 @@ def test_a_started_process_is_pinned_and_keeps_its_placement_on_restart(tmp_path
 
 
 def test_status_finds_the_config_up_started_the_workers_with(tmp_path: Path) -> None:
-    from infra.processes import ProcessRecord
-    from infra.stack import started_config
+    from trajflow.infra.processes import ProcessRecord
+    from trajflow.infra.stack import started_config
 
     config_path = tmp_path / "mine.toml"
     records = [

@@ -8,9 +8,9 @@ import shutil
 import pytest
 import torch
 
-from infra.policies import PolicyStore
-from infra.store import LocalStore
 from trajflow.contracts.trajectory import SamplingParams
+from trajflow.infra.policies import PolicyStore
+from trajflow.infra.store import LocalStore
 from trajflow.rl.engines.hf import HFEngine
 
 
@@ -135,7 +135,7 @@ def test_caches_of_dead_workers_on_this_host_are_swept(tmp_path) -> None:
     import os
     import subprocess
 
-    from infra.policies import sweep_dead_worker_caches
+    from trajflow.infra.policies import sweep_dead_worker_caches
 
     exited = subprocess.Popen(["true"])
     exited.wait()

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from infra import ports
+from trajflow.infra import ports
 
 
 def test_a_port_is_picked_below_the_ephemeral_range_and_is_free() -> None:

@@ -14,10 +14,10 @@ from temporalio import workflow
 from temporalio.common import RawValue
 
 from trajflow.cli.replay.check import HISTORIES_DIR, check, history_files, load_history
-from workflows.inputs import NO_INPUT
-from workflows.replay_env import ReplayEnvWorkflow
-from workflows.training import TrainingWorkflow
-from workflows.trajectory import TrajectoryWorkflow
+from trajflow.workflows.inputs import NO_INPUT
+from trajflow.workflows.replay_env import ReplayEnvWorkflow
+from trajflow.workflows.training import TrainingWorkflow
+from trajflow.workflows.trajectory import TrajectoryWorkflow
 
 ROOT = Path(__file__).resolve().parents[2]
 HISTORIES = sorted(HISTORIES_DIR.glob("*.json"))

@@ -11,7 +11,7 @@ from trajflow.contracts.config import parse_run_config
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.training import TrainerConfig, TrainingRunConfig, TrainingState, TrainSettings
 from trajflow.contracts.trajectory import SEED_BITS, SamplingParams, TrajectoryRequest, derive_seed
-from workflows.bookkeeping import Book
+from trajflow.workflows.bookkeeping import Book
 
 
 def test_derived_seeds_are_stable_and_json_safe() -> None:

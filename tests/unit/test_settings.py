@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.settings import load_settings
+from trajflow.infra.settings import load_settings
 
 
 def test_derived_values(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from trajflow.cli.replay.check import load_history
-from workflows.shard import ShardWorkflow
+from trajflow.workflows.shard import ShardWorkflow
 
 HISTORY = Path(__file__).parent / "histories" / "shard-started-its-members-at-once.json"
 

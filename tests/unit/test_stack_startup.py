@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.processes import log_tail, start_detached
-from infra.stack import _wait_http
+from trajflow.infra.processes import log_tail, start_detached
+from trajflow.infra.stack import _wait_http
 
 
 def test_a_process_that_exits_during_start_up_is_reported_with_the_end_of_its_log(tmp_path: Path) -> None:

@@ -1,9 +1,9 @@
 """The training workflow's state, its continue-as-new input and its query results stay under 512 KiB (issue 25 item
 1, docs/capacity.md): measured on the state the workflow's own rules build at steady state, a direct run's
-(`workflows.bookkeeping.Book`, trajflow.lab.bench.state_size) up to `capacity.DIRECT_MAX_IN_FLIGHT` trajectories in
-flight and a sharded run's (`workflows.fanin.ShardBook`, trajflow.lab.bench.sharded_state) at B = 65,536. Step
-records keep a staleness histogram, not a lag per sample, and read the old list form still (recorded histories,
-running workflows' continue-as-new inputs)."""
+(`trajflow.workflows.bookkeeping.Book`, trajflow.lab.bench.state_size) up to `capacity.DIRECT_MAX_IN_FLIGHT`
+trajectories in flight and a sharded run's (`trajflow.workflows.fanin.ShardBook`, trajflow.lab.bench.sharded_state) at B
+= 65,536. Step records keep a staleness histogram, not a lag per sample, and read the old list form still (recorded
+histories, running workflows' continue-as-new inputs)."""
 
 from __future__ import annotations
 

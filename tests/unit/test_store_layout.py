@@ -1,16 +1,16 @@
-"""The object-store layout (`infra.layout`) is a storage format: the keys are pinned here, so a change that would
-strand data written by earlier code (runs, replays, the integration tests' reads) fails; and the store the
-settings name (`infra.store.open_store_from`)."""
+"""The object-store layout (`trajflow.infra.layout`) is a storage format: the keys are pinned here, so a change that
+would strand data written by earlier code (runs, replays, the integration tests' reads) fails; and the store the
+settings name (`trajflow.infra.store.open_store_from`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from infra import layout
-from infra.policies import PolicyStore, get_dir, put_dir
-from infra.settings import Settings
-from infra.store import LocalStore, S3Store, open_store_from
+from trajflow.infra import layout
+from trajflow.infra.policies import PolicyStore, get_dir, put_dir
+from trajflow.infra.settings import Settings
+from trajflow.infra.store import LocalStore, S3Store, open_store_from
 
 
 def test_trajectory_keys_are_stable() -> None:
@@ -69,7 +69,7 @@ def test_open_store_from_settings(tmp_path: Path) -> None:
 
 
 def test_a_command_on_the_machine_of_an_up_hosts_stack_uses_the_hosts_store(tmp_path: Path) -> None:
-    from infra import hosts
+    from trajflow.infra import hosts
 
     settings = Settings(state_dir=tmp_path, hosts_s3_port=9555)
     layout = hosts.Layout("p", "p-net", "img", "172.30.0.1", ["env"], "s3://trajflow/store", "http://172.30.0.1:9555")

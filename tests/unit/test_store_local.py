@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.store import LocalStore, ObjectNotFound, ObjectStore, S3Store, open_store
 from trajflow.contracts.trajectory import ScoreResult
+from trajflow.infra.store import LocalStore, ObjectNotFound, ObjectStore, S3Store, open_store
 
 
 @pytest.fixture

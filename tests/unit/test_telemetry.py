@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from infra import monitoring
-from infra.processes import ProcessRecord
-from infra.settings import Settings
-from infra.temporal import dev_server_command
 from tests.conftest import ROOT, free_port
 from trajflow.contracts import metrics
+from trajflow.infra import monitoring
+from trajflow.infra.processes import ProcessRecord
+from trajflow.infra.settings import Settings
+from trajflow.infra.temporal import dev_server_command
 from trajflow.observability import prometheus
 
 

@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import set_span_in_context
 
-from infra.settings import Settings
 from trajflow.contracts.traces import attr
+from trajflow.infra.settings import Settings
 from trajflow.observability.timeline import build, read_spans, render, span_files, trace_of
 from trajflow.observability.tracing import JsonLinesExporter, traces_url
 

@@ -14,13 +14,13 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.trainer import TrainerActivities
-from infra.layout import group_manifest_key
-from infra.policies import PolicyStore
-from infra.store import LocalStore
+from trajflow.activities.trainer import TrainerActivities
 from trajflow.contracts import names
 from trajflow.contracts.shards import GroupManifest
 from trajflow.contracts.training import TrainerConfig, TrainRef, TrainStepInput, TrainStepResult
+from trajflow.infra.layout import group_manifest_key
+from trajflow.infra.policies import PolicyStore
+from trajflow.infra.store import LocalStore
 
 
 async def test_a_step_issued_again_while_it_trains_is_answered_once(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.training import EvalConfig, TrainingRunConfig, TrainingState, TrainStepResult
 from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryStatus
-from workflows.bookkeeping import Book
+from trajflow.workflows.bookkeeping import Book
 
 
 def book(**fields) -> Book:

@@ -16,7 +16,7 @@ from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, Tele
 from temporalio.worker import Replayer
 
 from trajflow.cli.replay.check import load_history
-from workflows.trajectory import TrajectoryWorkflow
+from trajflow.workflows.trajectory import TrajectoryWorkflow
 
 HISTORY = Path(__file__).parent / "histories" / "trajectory-cancelled-as-it-reports.json"
 

@@ -12,8 +12,8 @@ from trajflow.contracts.rollouts import BranchPlan, RolloutConfig, TreeRoot
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.training import GroupState, TrainingRunConfig, TrainingState, TrainStepResult
 from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryStatus
-from workflows import trees
-from workflows.bookkeeping import Book
+from trajflow.workflows import trees
+from trajflow.workflows.bookkeeping import Book
 
 TREE = {"mode": "tree", "roots": 2}
 

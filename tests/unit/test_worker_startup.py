@@ -18,11 +18,11 @@ import docker.errors
 import pytest
 import requests
 
-from infra.processes import ProcessTable, is_alive, start_detached, stop
-from infra.stack import start_up_watch
+from trajflow.infra.processes import ProcessTable, is_alive, start_detached, stop
+from trajflow.infra.stack import start_up_watch
 from trajflow.sandbox import labels
 from trajflow.sandbox.reaper import reap_orphans
-from workers.common import WorkerStopped, run_until_signalled
+from trajflow.workers.common import WorkerStopped, run_until_signalled
 
 
 class Container:

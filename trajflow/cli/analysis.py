@@ -40,8 +40,8 @@ def analyze_guess_the_number(
     above, how often a second guess moves the way the first guess's hint says, and the first guesses it makes.
     Reads the greedy eval trajectories from the store; the stack need not be up. Exit 2 when there is nothing to
     read or the trajectories are not games of Guess The Number."""
-    from infra.settings import load_settings
-    from infra.store import open_store_from
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.store import open_store_from
     from trajflow.lab.analysis import guess_the_number as gtn
 
     store = open_store_from(load_settings())

@@ -37,7 +37,7 @@ def bench_pipeline(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the simulated engine.")] = 0,
 ) -> None:
     """Sync vs async (α = 1, 2) throughput and trajectory- vs batch-level env interaction, on one embedded stack."""
-    from infra.settings import load_settings
+    from trajflow.infra.settings import load_settings
     from trajflow.lab.bench.pipeline import main as bench_main
     from trajflow.lab.bench.workload import Workload, quick_workload
 
@@ -73,7 +73,7 @@ def bench_sandbox(
     seed: Annotated[int, typer.Option("--seed", help="Env seed and the killer's random seed.")] = 0,
 ) -> None:
     """Env sandboxes on this machine: warm/cold reset latency, layer builds, steps/s, resets while containers die."""
-    from infra.settings import load_settings
+    from trajflow.infra.settings import load_settings
     from trajflow.lab.bench.sandboxes import Plan, quick_plan
     from trajflow.lab.bench.sandboxes import main as bench_main
 
@@ -147,7 +147,7 @@ def bench_contention(
 ) -> None:
     """Decode (HF engine, SmolLM2) and trainer steps overlapping in two processes on this machine's cores, under
     torch's default threads, the hardware section's defaults, and OMP_WAIT_POLICY=PASSIVE; and each alone."""
-    from infra.settings import load_settings
+    from trajflow.infra.settings import load_settings
     from trajflow.lab.bench.contention import main as contention_main
 
     _exit(contention_main(quick, json_path, load_settings().cache_dir / "models"))
@@ -163,7 +163,7 @@ def bench_lora(
     """Trainer step time, peak memory, checkpoint and export of LoRA (every projection) against the last-8-blocks
     option, and of last-8-blocks with logits at every position (the trainer before it skipped the prompt), on the
     default config's shape (SmolLM2-135M, its batch of episodes, micro_batch 8), each in a fresh process."""
-    from infra.settings import load_settings
+    from trajflow.infra.settings import load_settings
     from trajflow.lab.bench.lora import main as lora_main
 
     _exit(lora_main(quick, json_path, load_settings().cache_dir / "models", steps, rank))
@@ -187,7 +187,7 @@ def bench_prefix_cache(
 ) -> None:
     """The HF engine playing the default task's episodes (GEM GuessTheNumber, SmolLM2) turn by turn with and
     without its prefix cache, side by side: seconds per turn, prompt tokens reused, identical completions."""
-    from infra.settings import load_settings
+    from trajflow.infra.settings import load_settings
     from trajflow.lab.bench.prefix_cache import main as prefix_main
 
     _exit(prefix_main(quick, json_path, load_settings().cache_dir / "models", episodes, threads, dtype))
@@ -218,7 +218,7 @@ def bench_batching(
 ) -> None:
     """The HF engine's static and continuous batching side by side on the demo's workload and a long-tailed one:
     decode tokens/s, p50/p99 request latency, requests/s and trajectories/s, each as a ratio continuous/static."""
-    from infra.settings import load_settings
+    from trajflow.infra.settings import load_settings
     from trajflow.lab.bench.batching import main as batching_main
 
     models = load_settings().cache_dir / "models"
@@ -257,7 +257,7 @@ def bench_scale(
     """The orchestration at 100, 1,000 and 5,000 trajectories in flight on one embedded stack (simulated engine,
     synthetic env, real reward service and store): trajectories/s, activities/s, overhead per activity (p50/p99),
     CPU of workers and server, history sizes, what saturates first, and how many were lost (exit 1 if any)."""
-    from infra.settings import load_settings
+    from trajflow.infra.settings import load_settings
     from trajflow.lab.bench.scale import ScaleWorkload, main, quick_scale
 
     fields: dict[str, object] = {k: v for k, v in {"window_s": window_s, "turns": turns}.items() if v is not None}
@@ -297,7 +297,7 @@ def bench_soak(
     end: every version once, every trajectory accounted for (exit 1 if anything is lost). By default hundreds of
     small steps that continue as new every few steps; with --scale a few steps of thousands of trajectories in shards,
     each step's time taken apart."""
-    from infra.settings import load_settings
+    from trajflow.infra.settings import load_settings
 
     cache = load_settings().cache_dir / "models"
     if scale:

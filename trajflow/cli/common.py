@@ -64,8 +64,8 @@ def load_config(path: Path) -> RunConfig:
 def load_worker_config(path: Path) -> RunConfig:
     """A worker's run config: `path`, or when no `--config` was given and `TRAJFLOW_RUN_CONFIG` holds a config's
     TOML text (how `trajflow up --hosts` hands a config to a container), that text."""
-    from infra.settings import load_settings
     from trajflow.contracts.config import parse_run_config
+    from trajflow.infra.settings import load_settings
 
     text = load_settings().run_config
     if not is_default_config(path) or not text:
@@ -92,7 +92,7 @@ def publish_envs(config: RunConfig) -> RunConfig:
 
 def check_trainable(config: RunConfig) -> None:
     """Exit 2 when the config decodes on a frozen policy (`engine = "openai"`), which never loads the versions a run's
-    trainer publishes (the training workflow refuses such a pool too, `workflows.preflight`)."""
+    trainer publishes (the training workflow refuses such a pool too, `trajflow.workflows.preflight`)."""
     if config.model.engine == "openai":
         version = config.model.openai.policy_version if config.model.openai else 0
         typer.secho(
@@ -118,11 +118,11 @@ def check_tools(config: RunConfig, tasks: list[TaskConfig] | None = None) -> Non
 
 def published(publish: Callable[[Any, Path], T]) -> T:
     """`publish(store, wheel_cache)` (a `trajflow.envs.user.submit` step) on the stack's object store (an
-    `infra.store.ObjectStore`, not imported here: the CLI's module level stays light) and wheel cache; a bad env
-    definition exits 2 with its message."""
-    from infra.settings import load_settings
-    from infra.store import open_store_from
+    `trajflow.infra.store.ObjectStore`, not imported here: the CLI's module level stays light) and wheel cache; a bad
+    env definition exits 2 with its message."""
     from trajflow.envs.user.source import EnvSourceError
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.store import open_store_from
 
     settings = load_settings()
     try:

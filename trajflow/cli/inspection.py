@@ -143,7 +143,7 @@ def trace(
     sends spans to a collector)."""
     import json
 
-    from infra.settings import load_settings
+    from trajflow.infra.settings import load_settings
     from trajflow.observability.timeline import render, trace_of
 
     settings = load_settings()

@@ -120,11 +120,11 @@ def train(
     ] = None,
 ) -> None:
     """Train on the running stack: eval, the TrainingWorkflow with live progress, eval; summary + plots."""
-    from infra.settings import load_settings
-    from infra.temporal import connect
     from trajflow.cli.commands.train import RunEnded
     from trajflow.cli.commands.train import train as run_training
     from trajflow.client import new_run_id
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.temporal import connect
 
     if run_id and "@" in run_id:
         typer.secho(f"--run-id {run_id!r}: a run id may not contain '@' (RUN@V names a version)", fg="red", err=True)
@@ -169,9 +169,9 @@ def train(
 
 
 def _running(run_id: str) -> bool:
-    from infra.settings import load_settings
-    from infra.temporal import connect
     from trajflow.cli.commands.lifecycle import is_running
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.temporal import connect
 
     async def main() -> bool:
         return await is_running(await connect(load_settings()), run_id)
@@ -192,9 +192,9 @@ def _run_or_exit(main: Callable[[], Coroutine[object, object, T]]) -> T:
 
 
 def _attach(run_id: str, json_summary: Path | None, no_eval: bool, as_json: bool) -> None:
-    from infra.settings import load_settings
-    from infra.temporal import connect
     from trajflow.cli.commands.lifecycle import attach as attach_run
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.temporal import connect
 
     settings = load_settings()
     run_dir = settings.state_dir / "runs" / run_id
@@ -247,10 +247,10 @@ def stop(
     (the one being trained, or else the batch its running trajectories can still complete), cancels the rest and
     ends with its result marked stopped; every step's checkpoint is already in the store. With --now, it cancels
     every running trajectory at once. Writes summary.json when no `trajflow train` is there to write it."""
-    from infra.settings import load_settings
-    from infra.temporal import connect
     from trajflow.cli.commands.lifecycle import dumps
     from trajflow.cli.commands.lifecycle import stop as stop_run
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.temporal import connect
 
     settings = load_settings()
 
@@ -297,8 +297,8 @@ def eval_policy(
     stack: greedy success rate and mean reward, pass@k from K samples per seed, and a table per seed. The
     trajectories are pinned to that version, so newer versions of the run do not leak in. Exit 2 on a run or
     version that is not in the store (the message lists what is), 1 when the stack is not up."""
-    from infra.settings import load_settings
     from trajflow.cli.commands.policy_eval import EvalError, plan_eval, report, run_eval
+    from trajflow.infra.settings import load_settings
 
     config = _publish_envs(_config(config_path))
     settings = load_settings()
@@ -341,8 +341,8 @@ def chaos(
     Exit 0 only when nothing was lost, nothing consumed twice, no infra failure scored and every step done."""
     import uuid
 
-    from infra import stack
-    from infra.settings import load_settings
+    from trajflow.infra import stack
+    from trajflow.infra.settings import load_settings
     from trajflow.lab.chaos import harness as chaos_mod
     from trajflow.lab.chaos import report as chaos_report
 

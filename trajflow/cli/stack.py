@@ -28,8 +28,8 @@ app.add_typer(worker_app, name="worker")
 @app.command()
 def setup(config: ConfigOpt = DEFAULT_CONFIG) -> None:
     """Prepare what the stack needs: Docker reachable, sandbox images built, the model converted."""
-    from infra.settings import load_settings
     from trajflow.cli.commands.setup import prepare
+    from trajflow.infra.settings import load_settings
 
     prepare(load_settings(), _config(config), _say)
 
@@ -37,9 +37,9 @@ def setup(config: ConfigOpt = DEFAULT_CONFIG) -> None:
 @app.command("reward-image")
 def reward_image() -> None:
     """Build (or find cached) the reward service's container image, for any platform that serves HTTP containers."""
-    from infra.reward_image import ensure_reward_image
-    from infra.settings import load_settings
-    from infra.setup import docker_client
+    from trajflow.infra.reward_image import ensure_reward_image
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.setup import docker_client
 
     tag = ensure_reward_image(docker_client(), load_settings().cache_dir / "images", progress=_say)
     typer.echo(tag)
@@ -62,9 +62,9 @@ def up(
 
     With TRAJFLOW_TEMPORAL_* settings that point at a cluster (TLS, an API key or a non-loopback address; see
     docs/stack.md, "Connecting to a Temporal cluster") no dev server is started and everything uses the cluster."""
-    from infra import stack
-    from infra.settings import load_settings
     from trajflow.cli.commands.setup import prepare
+    from trajflow.infra import stack
+    from trajflow.infra.settings import load_settings
 
     settings = load_settings()
     cfg = _config(config)
@@ -90,12 +90,12 @@ def up(
 @app.command()
 def down() -> None:
     """Stop exactly the processes `trajflow up` started."""
-    from infra import stack
-    from infra.settings import load_settings
+    from trajflow.infra import stack
+    from trajflow.infra.settings import load_settings
 
     settings = load_settings()
     if (settings.run_dir / "hosts.json").exists():  # `up --hosts` ran: its containers first
-        from infra import host_admin
+        from trajflow.infra import host_admin
 
         typer.echo(f"down: stopped {host_admin.down(settings, _say)} host container(s)")
     n = stack.down(settings, _say)
@@ -124,9 +124,9 @@ def status(
         from trajflow.cli.commands.live import main as live_main
 
         _exit(asyncio.run(live_main(run, limit, as_json)))
-    from infra import stack
-    from infra.processes import ProcessTable, is_alive
-    from infra.settings import load_settings
+    from trajflow.infra import stack
+    from trajflow.infra.processes import ProcessTable, is_alive
+    from trajflow.infra.settings import load_settings
 
     settings = load_settings()
     records = ProcessTable(settings.run_dir).load()
@@ -142,7 +142,7 @@ def status(
             served = f"  UI and API http://127.0.0.1:{settings.prometheus_port}"
         typer.echo(f"{rec.name:15} {state:5} pid {rec.pid:<8} log {rec.log}{served}")
     if (settings.run_dir / "hosts.json").exists():  # `up --hosts` ran: one line per host container
-        from infra import host_admin
+        from trajflow.infra import host_admin
 
         for line in host_admin.report(settings):
             typer.echo(line)
@@ -167,7 +167,7 @@ def _serve(main: Callable[[], Coroutine[object, object, int | None]]) -> None:
     """Run a worker until it is signalled, then exit with its code (None: 0); Temporal settings that cannot work
     (a TLS file, a wrong CA, a server that does not speak TLS) end it with their message and exit 1 instead of a
     traceback."""
-    from infra.connection import ConnectionSettingsError, TemporalConnectionError
+    from trajflow.infra.connection import ConnectionSettingsError, TemporalConnectionError
 
     try:
         code = asyncio.run(main())
@@ -186,9 +186,9 @@ def _serve(main: Callable[[], Coroutine[object, object, int | None]]) -> None:
 @worker_app.command("orchestrator")
 def worker_orchestrator() -> None:
     """Workflows only."""
-    from infra.settings import load_settings
-    from workers import orchestrator
-    from workers.common import configure_logging
+    from trajflow.infra.settings import load_settings
+    from trajflow.workers import orchestrator
+    from trajflow.workers.common import configure_logging
 
     configure_logging("orchestrator")
     _serve(lambda: orchestrator.serve(load_settings()))
@@ -197,9 +197,9 @@ def worker_orchestrator() -> None:
 @worker_app.command("decode")
 def worker_decode(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFIG) -> None:  # noqa: B006
     """The LLM engine of the given decode pools (model from the config)."""
-    from infra.settings import load_settings
-    from workers import decode
-    from workers.common import configure_logging
+    from trajflow.infra.settings import load_settings
+    from trajflow.workers import decode
+    from trajflow.workers.common import configure_logging
 
     configure_logging("decode")
     _serve(lambda: decode.serve(load_settings(), pool, _worker_config(config).model))
@@ -208,9 +208,9 @@ def worker_decode(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONFI
 @worker_app.command("env")
 def worker_env(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
     """Docker sandboxes of the given env pools."""
-    from infra.settings import load_settings
-    from workers import env
-    from workers.common import configure_logging
+    from trajflow.infra.settings import load_settings
+    from trajflow.workers import env
+    from trajflow.workers.common import configure_logging
 
     configure_logging("env")
     _serve(lambda: env.serve(load_settings(), pool))
@@ -219,9 +219,9 @@ def worker_env(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
 @worker_app.command("reward")
 def worker_reward(pool: PoolOpt = ["default"]) -> None:  # noqa: B006
     """Scoring (client of the reward service) and saving trajectories for the given reward pools."""
-    from infra.settings import load_settings
-    from workers import reward
-    from workers.common import configure_logging
+    from trajflow.infra.settings import load_settings
+    from trajflow.workers import reward
+    from trajflow.workers.common import configure_logging
 
     configure_logging("reward")
     _serve(lambda: reward.serve(load_settings(), pool))
@@ -232,9 +232,9 @@ def worker_trainer(pool: PoolOpt = ["default"], config: ConfigOpt = DEFAULT_CONF
     """Optimizer steps of the given trainer pools (model from the config). Under `accelerate launch` (or
     torchrun) rank 0 is the worker and the other ranks train with it; see docs/training.md, "The trainer on several
     processes"."""
-    from infra.settings import load_settings
-    from workers import trainer
-    from workers.common import configure_logging
+    from trajflow.infra.settings import load_settings
+    from trajflow.workers import trainer
+    from trajflow.workers.common import configure_logging
 
     rank = os.environ.get("RANK")
     configure_logging("trainer" if rank is None else f"trainer[{rank}]")
@@ -249,9 +249,9 @@ def worker_host(
     config: ConfigOpt = DEFAULT_CONFIG,
 ) -> None:
     """Every worker the config places on host NAME, as child processes (what a worker-image container runs)."""
-    from infra.settings import load_settings
-    from workers.common import configure_logging
-    from workers.host import host_plan, run_host
+    from trajflow.infra.settings import load_settings
+    from trajflow.workers.common import configure_logging
+    from trajflow.workers.host import host_plan, run_host
 
     configure_logging(f"host {name}")
     cfg = _worker_config(config)

@@ -60,7 +60,8 @@ def groups_in_flight(alpha: int, batch_size: int, group_size: int) -> int:
 
 def shard_size(groups_per_shard: int, groups: int) -> int:
     """The groups of a full shard: `groups_per_shard`, or all `groups` in flight when that is smaller. Admission starts
-    full shards only, but at the end of a run, for a probe and in sync mode (`workflows.fanin.ShardBook.shard_due`)."""
+    full shards only, but at the end of a run, for a probe and in sync mode
+    (`trajflow.workflows.fanin.ShardBook.shard_due`)."""
     return min(groups_per_shard, groups)
 
 

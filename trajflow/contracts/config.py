@@ -3,7 +3,7 @@
 Loaded from TOML, validated once, frozen: a file of the user's, or one of the configs shipped with trajflow
 (`trajflow/configs/*.toml`, package data found with `importlib.resources`) named by its stem (`default`, `tiny`,
 `hosts`, ...). A path that exists wins over a shipped name. Process settings (addresses, directories, credentials)
-are not here: they come from the environment (`infra.settings`).
+are not here: they come from the environment (`trajflow.infra.settings`).
 """
 
 from __future__ import annotations

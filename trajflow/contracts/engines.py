@@ -11,7 +11,7 @@ and the episode ends there (completed, truncated)."""
 
 class EngineInfo(Contract):
     """A decode worker's engine (`llm.describe`): what a training run checks of each of its decode pools before it
-    starts (`workflows.preflight`)."""
+    starts (`trajflow.workflows.preflight`)."""
 
     name: str
     follows_training: bool

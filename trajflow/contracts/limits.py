@@ -4,7 +4,7 @@ Temporal's server rejects any single payload over `limit.blobSize.error` (2 MiB 
 and the Python SDK then fails the activity (`PayloadsTooLarge`, retryable) or keeps failing the workflow task,
 i.e. retries forever. So user-facing inputs are capped here, where validation names the field and its limit,
 observations are cut by the env worker (`MAX_OBSERVATION_CHARS`, with a visible marker), and the workflow stubs
-refuse to schedule an activity whose input is over `MAX_PAYLOAD_BYTES` (`workflows.stubs`).
+refuse to schedule an activity whose input is over `MAX_PAYLOAD_BYTES` (`trajflow.workflows.stubs`).
 
 Limits: the caps are chosen for a 2 MiB server limit; a cluster configured lower needs smaller ones. They bound
 one request, not a run: a TrajectoryRequest at its caps is ~0.3 MB, and its history stays O(turns).

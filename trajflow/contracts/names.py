@@ -89,7 +89,8 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
 }
 """Name -> Temporal type, in the form `temporal server start-dev --search-attribute Name=Type` takes. The dev
 server's SQL visibility allows at most 3 custom Int attributes (all used) and 10 Keyword ones. A server started
-before an attribute was added here gets it from `infra.temporal.ensure_search_attributes` (run by `trajflow up`)."""
+before an attribute was added here gets it from `trajflow.infra.temporal.ensure_search_attributes` (run by `trajflow
+up`)."""
 
 # Query and signal names: the workflows' decorators and every client use these, never the strings themselves.
 QUERY_PROGRESS = "progress"
@@ -145,7 +146,7 @@ ERR_TRAINER_RANKS = "TrainerRanksBroken"
 """A step broke a launched trainer's rank group (a rank died): retried once the launcher has restarted the ranks."""
 ERR_INVALID_INPUT = "InvalidWorkflowInput"
 """A workflow started (from the UI, the CLI or a client) with input that does not validate: the workflow fails,
-non-retryably, with a message naming each bad field (`workflows.inputs`)."""
+non-retryably, with a message naming each bad field (`trajflow.workflows.inputs`)."""
 ERR_PAYLOADS_TOO_LARGE = "PayloadsTooLarge"
 """A payload over Temporal's blob limit: the SDK's type for an activity result it could not upload, and ours for
 an activity input the workflow stubs refuse to schedule (`trajflow.contracts.limits.MAX_PAYLOAD_BYTES`). Never

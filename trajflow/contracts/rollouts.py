@@ -4,8 +4,8 @@ and n - R branches of them (`RolloutConfig`, a run config's `[train] rollout`); 
 Tree rollouts (docs/training.md, "Tree rollouts"): a group of n = group_size keeps its budget of n trajectories; R
 roots start as a plain group's members do, the other n - R are branches (`TrajectoryRequest.branch_of`) of the
 group's completed roots, each started when its root completes. The plan (which root, which turn) is
-`workflows.trees`. Limits: direct runs only (a sharded run is refused), no redundancy, no agent envs (they cannot be
-branched).
+`trajflow.workflows.trees`. Limits: direct runs only (a sharded run is refused), no redundancy, no agent envs (they
+cannot be branched).
 """
 
 from __future__ import annotations

@@ -176,7 +176,8 @@ class ShardDone(_Model):
 
 
 class GroupManifest(_Model):
-    """A complete group's samples, in member order: the store object `infra.layout.group_manifest_key` names."""
+    """A complete group's samples, in member order: the store object `trajflow.infra.layout.group_manifest_key`
+    names."""
 
     run_id: str
     k: int
@@ -197,7 +198,7 @@ class BatchStats(_Model):
     @classmethod
     def of(cls, refs: Sequence[TrainRef], version: int) -> BatchStats:
         """The figures of a step that trains on `refs` from policy version `version` (the trainer's before the step),
-        counted as a direct run's step record counts its batch (`workflows.bookkeeping.Book.finish_step`)."""
+        counted as a direct run's step record counts its batch (`trajflow.workflows.bookkeeping.Book.finish_step`)."""
         return cls(
             trajectories=len(refs),
             reward_mean=sum(r.reward for r in refs) / len(refs) if refs else 0.0,

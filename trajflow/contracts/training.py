@@ -281,8 +281,8 @@ class TrainingState(_Model):
     groups: dict[str, GroupState] = Field(default_factory=dict)
     closed_external: list[str] = Field(default_factory=list)
     """Digests of the most recently closed (trained, dropped) groups of user-started trajectories, oldest first, at
-    most `workflows.bookkeeping.EXTERNAL_CLOSED_KEPT`: a late report for one is ignored. The workflow's own groups
-    need no such list: `g{k:06d}` with k < next_group that is not open is closed."""
+    most `trajflow.workflows.bookkeeping.EXTERNAL_CLOSED_KEPT`: a late report for one is ignored. The workflow's own
+    groups need no such list: `g{k:06d}` with k < next_group that is not open is closed."""
     counters: TrainingCounters = Field(default_factory=TrainingCounters)
     task_groups: list[int] = Field(default_factory=list)
     """Groups started so far per task (index into `TrainingRunConfig.tasks`): the weighted choice of a task."""

@@ -4,8 +4,8 @@
 workflow's deterministic random, so a replayed workflow re-creates the same spans and never exports them twice) and
 its exporter: OTLP/HTTP when the settings name an endpoint, else one JSON-lines file per process under
 `Settings.traces_dir` (the format `trajflow.observability.timeline` reads back for `trajflow trace`). `plugins` is what
-`infra.temporal.connect` hands the client: the SDK's `OpenTelemetryPlugin`, which carries the span context from a
-workflow into its activities, and `ActivitySpans`, which opens a span around each activity's execution on its
+`trajflow.infra.temporal.connect` hands the client: the SDK's `OpenTelemetryPlugin`, which carries the span context from
+a workflow into its activities, and `ActivitySpans`, which opens a span around each activity's execution on its
 worker (`run llm.generate`: attempt, worker, how long the task waited to be picked up).
 
 The spans of a trajectory are made by the workflow (`trajflow.observability.spans`): the root `trajectory` span, and one

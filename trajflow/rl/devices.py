@@ -4,10 +4,10 @@ process's torch threads.
 `resolve_device("auto")` is the first visible GPU when torch sees one, else the CPU; `"cpu"`, `"cuda"` and
 `"cuda:N"` are kept, and a CUDA device that is not visible (no GPU, or N beyond the visible count, which is what
 `CUDA_VISIBLE_DEVICES` leaves) is a `DeviceUnavailable` error naming what is visible. The setting comes from
-`infra.settings.Settings.device` (launchers set it from the run config's hardware section, `infra.placement`).
-`require_gpus` is the check that comes first where a host was given GPUs (`Settings.expect_gpus`): a worker that
-sees fewer fails at start naming the host, so `auto` never falls back to the CPU there. Both take the visible count
-as an argument (default: torch's), so the choice is tested without a GPU.
+`trajflow.infra.settings.Settings.device` (launchers set it from the run config's hardware section,
+`trajflow.infra.placement`). `require_gpus` is the check that comes first where a host was given GPUs
+(`Settings.expect_gpus`): a worker that sees fewer fails at start naming the host, so `auto` never falls back to the CPU
+there. Both take the visible count as an argument (default: torch's), so the choice is tested without a GPU.
 `use_device` makes a `cuda:N` the process's current CUDA device, so code that says plain `cuda` (accelerate's
 single-process default) lands on it.
 

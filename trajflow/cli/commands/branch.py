@@ -73,8 +73,8 @@ def render(node: Node, depth: int = 0) -> list[str]:
 
 
 async def tree_main(workflow_id: str, as_json: bool) -> int:
-    from infra.settings import load_settings
-    from infra.temporal import connect
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.temporal import connect
 
     try:
         quote(workflow_id)
@@ -100,11 +100,11 @@ def outcome(workflow_id: str, result: TrajectoryResult | None, error: str | None
 
 async def branch_main(workflow_id: str, turn: int, n: int, wait: bool, timeout_s: float, as_json: bool) -> int:
     """Start the branches (refusals exit 2 before anything starts); with `wait`, print how each ended."""
-    from infra.settings import load_settings
-    from infra.store import open_store_from
-    from infra.temporal import connect
     from trajflow.client import start_branches
     from trajflow.contracts.branches import BranchRefused
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.store import open_store_from
+    from trajflow.infra.temporal import connect
 
     settings = load_settings()
     client = await connect(settings)

@@ -2,8 +2,8 @@
 evaluate versions N, 2N, ... (below the last step, which the eval after training covers) greedily on the first
 `during_episodes` held-out seeds, one eval at a time, in the background of the live view.
 
-Each due version is held in the store (`infra.policies.PolicyStore.reserve`) from before the run starts until its
-eval is done, so the trainer's pruning (it keeps the newest two versions) cannot remove it before the live view,
+Each due version is held in the store (`trajflow.infra.policies.PolicyStore.reserve`) from before the run starts until
+its eval is done, so the trainer's pruning (it keeps the newest two versions) cannot remove it before the live view,
 which polls every 2 s, sees it published (a tiny model trains a step faster than that), nor while it waits or runs; the
 trajectories are pinned to it (`evaluate(..., version=v)`), so the result is that version's even when training has
 moved on. Each finished eval is appended to the run directory's `eval_curve.jsonl`, logged to the trackers
@@ -30,10 +30,10 @@ from typing import Protocol
 
 from temporalio.client import Client
 
-from infra.settings import Settings
 from trajflow.cli.commands.evaluate import Say, evaluate
 from trajflow.contracts.runs import CurvePoint, EvalResult
 from trajflow.contracts.training import TrainingRunConfig
+from trajflow.infra.settings import Settings
 from trajflow.observability.tracking.base import Fanout, curve_scalars
 
 CURVE_FILE = "eval_curve.jsonl"
@@ -60,8 +60,8 @@ class RunHolds:
     """`Holds` of one run in the store of `settings`."""
 
     def __init__(self, settings: Settings, run_id: str) -> None:
-        from infra.policies import PolicyStore
-        from infra.store import open_store_from
+        from trajflow.infra.policies import PolicyStore
+        from trajflow.infra.store import open_store_from
 
         self.policies = PolicyStore(open_store_from(settings), settings.state_dir / "cache" / "eval")
         self.run_id = run_id

@@ -1,22 +1,22 @@
 """What `trajflow up --hosts` does and prints: the sandbox images and the worker image built here, then the hosts
-layout (`infra.hosts`), and the settings a user's own commands need to reach its store."""
+layout (`trajflow.infra.hosts`), and the settings a user's own commands need to reach its store."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from infra.settings import Settings
 from trajflow.contracts.config import RunConfig
+from trajflow.infra.settings import Settings
 
 
 def up_hosts(settings: Settings, config: RunConfig, config_path: Path, say: Callable[[str], None]) -> int:
     """Start the layout; returns the exit code (1 with the reason on stderr when it could not start)."""
     from docker.errors import DockerException
 
-    from infra import hosts
-    from infra.setup import docker_client
-    from infra.setup import prepare as prepare_machine
+    from trajflow.infra import hosts
+    from trajflow.infra.setup import docker_client
+    from trajflow.infra.setup import prepare as prepare_machine
     from trajflow.sandbox.builder.worker_image import ensure_worker_image
 
     try:

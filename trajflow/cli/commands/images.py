@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from infra.settings import load_settings
-from infra.setup import docker_client
+from trajflow.infra.settings import load_settings
+from trajflow.infra.setup import docker_client
 from trajflow.sandbox.images import Progress, UnknownTask
 from trajflow.sandbox.layers import build_all, list_images, prune_images
 

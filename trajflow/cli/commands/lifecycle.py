@@ -13,8 +13,6 @@ from pathlib import Path
 
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from infra.settings import Settings
-from infra.temporal import execution_status
 from trajflow.cli.commands.eval_curve import start_curve
 from trajflow.cli.commands.evaluate import Say
 from trajflow.cli.commands.train import EVAL_BEFORE, finish, follow_run, on_steps
@@ -22,6 +20,8 @@ from trajflow.client import attach_training, stop_training
 from trajflow.contracts import names
 from trajflow.contracts.runs import EvalResult, RunSummary
 from trajflow.contracts.training import TrainingRunConfig
+from trajflow.infra.settings import Settings
+from trajflow.infra.temporal import execution_status
 from trajflow.observability.tracking.base import Fanout
 
 

@@ -157,8 +157,8 @@ def format_status(s: dict[str, Any], width: int = 100) -> str:
 
 
 async def main(target: str, limit: int, as_json: bool) -> int:
-    from infra.settings import load_settings
-    from infra.temporal import connect
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.temporal import connect
 
     client = await connect(load_settings())
     try:

@@ -3,7 +3,7 @@ stack serves the config's pools, evaluate (`trajflow.cli.commands.evaluate`) wit
 the figures, and write the `EvalResult` as JSON.
 
 A version can be evaluated while its weights are in the store: the trainer keeps only the newest few
-(`activities.trainer.CHECKPOINTS_KEPT`), so an older version of a run is gone once later steps pruned it. Every
+(`trajflow.activities.trainer.CHECKPOINTS_KEPT`), so an older version of a run is gone once later steps pruned it. Every
 error that the user can fix (no such run, no such version, a simulated run without weights, a stack that is not
 up) is an `EvalError` whose message says what exists or what to start; the CLI prints it and exits non-zero.
 
@@ -18,15 +18,15 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from infra.layout import RUNS, policy_latest_key
-from infra.policies import PolicyStore
-from infra.settings import Settings
-from infra.store import ObjectNotFound, ObjectStore
 from trajflow.cli.commands.evaluate import Say, evaluate, format_table
 from trajflow.contracts import names
 from trajflow.contracts.config import RunConfig
 from trajflow.contracts.runs import EvalResult
 from trajflow.contracts.training import TrainingRunConfig
+from trajflow.infra.layout import RUNS, policy_latest_key
+from trajflow.infra.policies import PolicyStore
+from trajflow.infra.settings import Settings
+from trajflow.infra.store import ObjectNotFound, ObjectStore
 
 LISTED_RUNS = 20
 """At most this many runs are named when a run is not found."""
@@ -98,7 +98,7 @@ def resolve_version(store: ObjectStore, policies: PolicyStore, spec: PolicySpec)
 async def check_stack(client: Client, config: RunConfig, config_path: Path) -> None:
     """EvalError (code 1) unless a worker polls the workflow queue and each decode, env and reward queue that the
     config's tasks use."""
-    from infra.temporal import pollers
+    from trajflow.infra.temporal import pollers
 
     queues = [(names.WORKFLOW_QUEUE, False)]
     for task in config.tasks:
@@ -127,7 +127,7 @@ class EvalPlan:
 
 def plan_eval(config: RunConfig, settings: Settings, policy: str | None, episodes: int | None) -> EvalPlan:
     """Parse `--policy`, find its version in the store; EvalError (code 2) for what the user must fix."""
-    from infra.store import open_store_from
+    from trajflow.infra.store import open_store_from
 
     try:
         spec = parse_policy(policy)
@@ -147,8 +147,8 @@ async def run_eval(
     plan: EvalPlan, config: RunConfig, config_path: Path, settings: Settings, samples: int, concurrency: int, say: Say
 ) -> EvalResult:
     """Connect, check the stack (EvalError code 1 when it is not up) and evaluate with progress."""
-    from infra.connection import TemporalConnectionError
-    from infra.temporal import connect
+    from trajflow.infra.connection import TemporalConnectionError
+    from trajflow.infra.temporal import connect
 
     try:
         client = await connect(settings)

@@ -11,14 +11,14 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from infra.settings import load_settings
-from infra.temporal import connect
 from trajflow.client import load_trajectory, new_workflow_id, start_trajectory
 from trajflow.contracts.agent import is_agent
 from trajflow.contracts.config import RunConfig, TaskConfig
 from trajflow.contracts.errors import explain_invalid
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import TrajectoryRequest, TrajectoryResult, TrajectoryStatus
+from trajflow.infra.settings import load_settings
+from trajflow.infra.temporal import connect
 
 
 def _task(config: RunConfig, name: str | None) -> TaskConfig:

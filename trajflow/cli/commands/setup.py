@@ -1,4 +1,4 @@
-"""What `trajflow setup` and `trajflow up` prepare: the machine (`infra.setup.prepare`: directories, Docker,
+"""What `trajflow setup` and `trajflow up` prepare: the machine (`trajflow.infra.setup.prepare`: directories, Docker,
 sandbox images) and the policy model (`trajflow.rl.engines.load.prepare_model`: converted once, plus the decode
 precision this host will use and why). Kept out of `infra/`, which never imports torch or torch-using `rl`
 modules, and out of the CLI modules, so `--help` stays instant."""
@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from infra.settings import Settings
 from trajflow.contracts.config import RunConfig
+from trajflow.infra.settings import Settings
 
 
 def prepare(settings: Settings, config: RunConfig, say: Callable[[str], None]) -> None:
-    from infra.placement import worker_env
-    from infra.setup import prepare as prepare_machine
+    from trajflow.infra.placement import worker_env
+    from trajflow.infra.setup import prepare as prepare_machine
     from trajflow.rl.engines.load import prepare_model
 
     prepare_machine(settings, config, say)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from infra.settings import load_settings
 from trajflow.contracts.config import RunConfig
 from trajflow.contracts.tasks import TaskConfig
+from trajflow.infra.settings import load_settings
 
 
 def tools_refusal(config: RunConfig, tasks: list[TaskConfig], say: Callable[[str], None]) -> str | None:

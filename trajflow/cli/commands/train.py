@@ -14,7 +14,6 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from infra.settings import Settings
 from trajflow.cli.commands.eval_curve import EvalCurve, read_points, start_curve
 from trajflow.cli.commands.evaluate import Say, evaluate, greedy_success
 from trajflow.cli.commands.per_task import task_lines, task_summaries, task_verdict
@@ -23,6 +22,7 @@ from trajflow.client import start_training, training_progress
 from trajflow.contracts.config import RunConfig
 from trajflow.contracts.runs import CurvePoint, EvalResult, RunSummary
 from trajflow.contracts.training import StepRecord, TrainingProgress, TrainingResult, TrainingRunConfig
+from trajflow.infra.settings import Settings
 from trajflow.observability.tracking.base import Fanout, eval_scalars, open_trackers, step_scalars
 
 SPARKS = "▁▂▃▄▅▆▇█"

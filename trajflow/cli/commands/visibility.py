@@ -158,8 +158,8 @@ async def main(
     as_json: bool,
 ) -> int:
     """What the command does: build the query, list, print (query first, so it can go to the UI's search box)."""
-    from infra.settings import load_settings
-    from infra.temporal import connect
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.temporal import connect
 
     try:
         query = trajectory_query(status, run, env, task, replay_of)

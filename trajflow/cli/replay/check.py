@@ -37,7 +37,7 @@ class CheckResult:
 
 
 def default_workflows() -> list[type]:
-    from workers.orchestrator import WORKFLOWS
+    from trajflow.workers.orchestrator import WORKFLOWS
 
     return list(WORKFLOWS)
 
@@ -107,8 +107,8 @@ async def main(targets: Sequence[str]) -> int:
         return 2
     histories = [(str(f), await asyncio.to_thread(load_history, f)) for f in files]
     if ids:
-        from infra.settings import load_settings
-        from infra.temporal import connect
+        from trajflow.infra.settings import load_settings
+        from trajflow.infra.temporal import connect
 
         client = await connect(load_settings())
         histories += [(f"workflow:{i}", await fetch(client, i)) for i in ids]

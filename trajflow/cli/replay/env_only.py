@@ -23,12 +23,12 @@ from collections.abc import Callable
 from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from infra.store import ObjectStore
 from trajflow.cli.replay.formatting import shorten
 from trajflow.cli.replay.rerun import ReplayError, outcome, started_request
 from trajflow.contracts import names
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.replay import EnvReplayInput, EnvReplayResult, EnvReplayStep
+from trajflow.infra.store import ObjectStore
 
 POLL_S = 0.5
 

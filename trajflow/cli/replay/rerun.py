@@ -38,11 +38,11 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.exceptions import FailureError
 from temporalio.service import RPCError, RPCStatusCode
 
-from infra.store import ObjectStore
 from trajflow.cli.replay.formatting import Outcome, ResetPoint, find_reset_point
 from trajflow.contracts import names
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import TrajectoryRequest, TrajectoryResult
+from trajflow.infra.store import ObjectStore
 
 Say = Callable[[str], None]
 
@@ -155,10 +155,10 @@ async def _wait(result: object, timeout_s: float, what: str) -> None:
 async def main(workflow_id: str, mode: str, timeout_s: float, as_json: bool, say: Say) -> int:
     """What `trajflow replay` does in each mode ("rerun", "from-failure", "env-only"); returns the exit code:
     0 when the new run completed (env-only: finished without error), 1 otherwise, 2 when it could not start."""
-    from infra.settings import load_settings
-    from infra.store import open_store_from
-    from infra.temporal import connect
     from trajflow.cli.replay import formatting as fmt
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.store import open_store_from
+    from trajflow.infra.temporal import connect
 
     settings = load_settings()
     client = await connect(settings)

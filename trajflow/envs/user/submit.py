@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from infra.store import ObjectStore
 from trajflow.contracts.config import RunConfig
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.trajectory import TrajectoryRequest
@@ -27,6 +26,7 @@ from trajflow.envs.user.source import (
     is_user_env,
 )
 from trajflow.envs.user.verifiers import VerifierSource
+from trajflow.infra.store import ObjectStore
 from trajflow.sandbox.builder import wheels
 
 Say = Callable[[str], None]

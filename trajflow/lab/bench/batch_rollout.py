@@ -31,7 +31,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from trajflow.lab.bench.contracts import BATCH_ROLLOUT_WORKFLOW, BatchRolloutInput, BatchRolloutResult
 
-from workflows import stubs
+from trajflow.workflows import stubs
 
 
 @dataclass

@@ -227,8 +227,8 @@ def run(
     model, no GEM: what a machine without them, such as a lent GPU, can run)."""
     import tempfile
 
-    from infra.placement import worker_env
     from trajflow.contracts.config import ModelConfig, RunConfig
+    from trajflow.infra.placement import worker_env
     from trajflow.lab.bench.real_report import machine
     from trajflow.rl.devices import resolve_device
 
@@ -375,7 +375,7 @@ def cli(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     models_dir = Path.home() / ".trajflow" / "cache" / "models"
     if not args.random_weights:
-        from infra.settings import load_settings
+        from trajflow.infra.settings import load_settings
 
         models_dir = load_settings().cache_dir / "models"
     return main(

@@ -1,5 +1,5 @@
 """`trajflow bench contention`: do a busy decode worker and a busy trainer, sharing this machine's cores, slow
-each other down, under torch's default threads against the hardware section's defaults (`infra.placement`)?
+each other down, under torch's default threads against the hardware section's defaults (`trajflow.infra.placement`)?
 
 What only async does is overlap the two stages: the HF engine generating while the trainer steps. Each in its own
 process, as in the embedded stack: one process generates a batch (`trajflow.lab.bench.torch_work.decode_round`, through
@@ -7,7 +7,7 @@ process, as in the embedded stack: one process generates a batch (`trajflow.lab.
 setting:
 
 - `torch-default`: no thread settings; torch starts one OpenMP thread per core in each process.
-- `placed`: the variables `infra.placement.worker_env` gives the embedded stack's decode and trainer workers
+- `placed`: the variables `trajflow.infra.placement.worker_env` gives the embedded stack's decode and trainer workers
   (`OMP_NUM_THREADS` and `TRAJFLOW_THREADS`: the cores divided between the two torch workers).
 - `passive`: torch's default threads with `OMP_WAIT_POLICY=PASSIVE` (idle OpenMP threads sleep, not spin).
 
@@ -33,7 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from infra.processes import python_module, same_code_env
+from trajflow.infra.processes import python_module, same_code_env
 
 SETTINGS = ("torch-default", "placed", "passive")
 _CLEARED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TRAJFLOW_THREADS", "OMP_WAIT_POLICY")
@@ -41,8 +41,8 @@ _CLEARED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TRAJFLOW_THREADS", "OMP_WAIT_
 
 def child_env(setting: str, kind: str) -> dict[str, str]:
     """The environment of a `kind` (decode or trainer) process under `setting`."""
-    from infra.placement import worker_env
     from trajflow.contracts.config import RunConfig
+    from trajflow.infra.placement import worker_env
 
     env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
     env = same_code_env(env)
@@ -63,7 +63,7 @@ def _emit(event: str, **fields: Any) -> None:
 
 
 def _threads() -> int:
-    from infra.settings import Settings
+    from trajflow.infra.settings import Settings
     from trajflow.rl import devices
 
     return devices.set_threads(Settings().threads)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.processes import python_module, same_code_env
+from trajflow.infra.processes import python_module, same_code_env
 
 OPTIONS = ("last-blocks", "lora", "every-logit")
 DEFAULT_CONFIG = "default"

@@ -128,8 +128,8 @@ async def run_option(name: str, model: Path, episodes: int, threads: int, dtype:
 def run(models_dir: Path, episodes: int, threads: int | None, quick: bool, dtype: str = "auto") -> dict[str, Any]:
     import torch
 
-    from infra.placement import worker_env
     from trajflow.contracts.config import RunConfig
+    from trajflow.infra.placement import worker_env
     from trajflow.rl.models import resolve_model
 
     model = resolve_model("tiny" if quick else "smollm2", models_dir)

@@ -112,8 +112,8 @@ async def _end_leftovers(client: Client, run_id: str) -> int:
 def _stack_processes() -> dict[str, int]:
     """Name -> pid of the live processes `trajflow up` started on this machine (none for `up --hosts`' containers,
     whose CPU counts as "other")."""
-    from infra.processes import ProcessTable, is_alive
-    from infra.settings import load_settings
+    from trajflow.infra.processes import ProcessTable, is_alive
+    from trajflow.infra.settings import load_settings
 
     return {r.name: r.pid for r in ProcessTable(load_settings().run_dir).load() if is_alive(r)}
 
@@ -202,7 +202,7 @@ def _environ_of(name: str) -> dict[str, str] | None:
 def env_worker_reuse() -> int | None:
     """`TRAJFLOW_SANDBOX_REUSE` as the embedded stack's env worker was started with (its default where unset); None
     where it cannot be read (`_environ_of`)."""
-    from infra.settings import Settings
+    from trajflow.infra.settings import Settings
 
     environ = _environ_of("env")
     if environ is None:
@@ -236,8 +236,8 @@ def _train_parts(metrics: dict[str, float]) -> dict[str, float]:
 
 
 async def run_bench(config: RunConfig, plan: RealPlan, say: Say) -> dict[str, object]:
-    from infra.settings import load_settings
-    from infra.temporal import wait_until_reachable
+    from trajflow.infra.settings import load_settings
+    from trajflow.infra.temporal import wait_until_reachable
 
     settings = load_settings()
     client = await wait_until_reachable(settings, timeout_s=10)

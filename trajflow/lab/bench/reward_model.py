@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.processes import python_module
+from trajflow.infra.processes import python_module
 from trajflow.lab.bench.real_report import machine
 from trajflow.lab.bench.stack import stop_process, wait_healthy
 

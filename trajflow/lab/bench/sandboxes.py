@@ -1,6 +1,6 @@
 """`trajflow bench sandbox`: how fast and how robust the env sandboxes are on this machine.
 
-Real parts only: the Docker engine, a `SandboxManager` made by `workers.env.build_manager` from the process
+Real parts only: the Docker engine, a `SandboxManager` made by `trajflow.workers.env.build_manager` from the process
 settings (the env worker's limits, runtime image and step timeout), the `WarmPool`, and `env.reset` / `env.step`
 / `env.close` as the real activity code run by `temporalio.testing.ActivityEnvironment` (image resolution, pool
 take, reset in the container; no Temporal server, so no round trip to one).
@@ -53,8 +53,7 @@ import docker.errors
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.env import EnvActivities
-from infra.settings import Settings
+from trajflow.activities.env import EnvActivities
 from trajflow.contracts.trajectory import (
     EnvCloseInput,
     EnvResetInput,
@@ -64,6 +63,7 @@ from trajflow.contracts.trajectory import (
     SandboxHandle,
 )
 from trajflow.envs.runner import SHELL_PREFIX
+from trajflow.infra.settings import Settings
 from trajflow.lab.bench.sandboxes_builds import measure_builds, measure_cached
 from trajflow.lab.bench.sandboxes_chaos import measure_chaos
 from trajflow.lab.bench.sandboxes_report import LAYERS, Figures, latency, percentile, render, summarize
@@ -74,8 +74,8 @@ from trajflow.sandbox.images import (
 )
 from trajflow.sandbox.manager import SandboxManager
 from trajflow.sandbox.pool import WarmPool
-from workers.env import build_manager
-from workflows.stubs import ENV_FATAL
+from trajflow.workers.env import build_manager
+from trajflow.workflows.stubs import ENV_FATAL
 
 Say = Callable[[str], None]
 DEFAULT_ENV = "shell:roman-numerals"

@@ -33,14 +33,15 @@ from trajflow.contracts.trajectory import EnvResetResult, EnvStepResult, Sandbox
 from trajflow.sandbox.errors import SandboxLost
 from trajflow.sandbox.manager import SandboxManager
 from trajflow.sandbox.pool import WarmPool
-from workflows.stubs import ENV_FATAL
+from trajflow.workflows.stubs import ENV_FATAL
 
 if TYPE_CHECKING:
     from trajflow.lab.bench.sandboxes import Rig
 
 Say = Callable[[str], None]
 RESET_ATTEMPTS = 3
-"""env.reset's RetryPolicy(maximum_attempts=3) in `workflows.stubs.env_reset` (a unit test keeps them equal)."""
+"""env.reset's RetryPolicy(maximum_attempts=3) in `trajflow.workflows.stubs.env_reset` (a unit test keeps them
+equal)."""
 
 
 @dataclass(frozen=True)

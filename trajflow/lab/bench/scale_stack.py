@@ -20,8 +20,8 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from infra.processes import python_module
 from trajflow.contracts import names
+from trajflow.infra.processes import python_module
 from trajflow.lab.bench.cpu_use import stat_fields
 from trajflow.lab.bench.scale_workers import ROLES
 from trajflow.lab.bench.stack import child_output_to_devnull, quiet_runtime, start_reward_service, stop_process
@@ -76,8 +76,8 @@ async def scale_stack(
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
-    from infra.stack import wait_for_queues
-    from infra.temporal import dev_server_args, temporal_binary
+    from trajflow.infra.stack import wait_for_queues
+    from trajflow.infra.temporal import dev_server_args, temporal_binary
 
     shm = Path("/dev/shm")
     work = Path(tempfile.mkdtemp(prefix="trajflow-scale-", dir=shm if shm.is_dir() else None))

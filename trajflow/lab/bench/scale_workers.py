@@ -44,10 +44,10 @@ async def serve(a: argparse.Namespace) -> None:
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.worker import Worker
 
-    from infra.store import LocalStore
+    from trajflow.infra.store import LocalStore
     from trajflow.lab.bench.stack import quiet_runtime
     from trajflow.observability import tracing
-    from workers.common import run_until_signalled
+    from trajflow.workers.common import run_until_signalled
 
     exporter = tracing.JsonLinesExporter(a.traces / f"{a.role}-{os.getpid()}.jsonl")
     tracing.install(exporter, a.role, str(exporter.path), sample=a.trace_share)
@@ -58,15 +58,15 @@ async def serve(a: argparse.Namespace) -> None:
     on_stop = None
     workers: list[Worker]
     if a.role == "orchestrator":
-        from workflows.trajectory import TrajectoryWorkflow
+        from trajflow.workflows.trajectory import TrajectoryWorkflow
 
         extra = {"max_cached_workflows": a.workflow_cache} if a.workflow_cache is not None else {}
         workers = [Worker(client, task_queue=a.queue, workflows=[TrajectoryWorkflow], **extra)]
     elif a.role == "decode":
-        from infra.policies import PolicyStore
+        from trajflow.infra.policies import PolicyStore
         from trajflow.lab.bench.sim_engine import SimulatedEngine
         from trajflow.lab.bench.stack import tokenizer
-        from workers.decode import decode_workers
+        from trajflow.workers.decode import decode_workers
 
         engine = SimulatedEngine(
             tokenizer(a.cache_dir), slots=a.slots, unit_s=a.decode_s, median_units=1.0, sigma=0.3, seed=0,
@@ -85,7 +85,7 @@ async def serve(a: argparse.Namespace) -> None:
         )
     else:
         from trajflow.rewards.client import RewardClient
-        from workers.reward import reward_workers
+        from trajflow.workers.reward import reward_workers
 
         reward_client = RewardClient(a.reward_url, timeout_s=30)
         on_stop = reward_client.close

@@ -2,7 +2,7 @@
 docs/capacity.md): the continue-as-new input, the `progress` query's result and the `state` query's result, as
 `trajflow.lab.bench.state_size` measures a direct run's.
 
-The state is built by the sharded run's own rules (`workflows.fanin.ShardBook`: next_shard, shard_started,
+The state is built by the sharded run's own rules (`trajflow.workflows.fanin.ShardBook`: next_shard, shard_started,
 group_report, shard_done, drop_stale, take_batch, finish_step), driven as the training workflow and its shards drive
 them: admission starts every shard the budget allows at once, shards report their groups, a shard whose groups all
 reported sends `ShardDone`. HISTORY_KEPT steps are trained first (groups reported in index order, each at its
@@ -34,8 +34,8 @@ from trajflow.contracts.steps import TaskStats
 from trajflow.contracts.training import TrainingRunConfig, TrainingState, TrainStepInput
 from trajflow.lab.bench import state_size
 from trajflow.lab.bench.state_size import StateSize, trainer_result
-from workflows.bookkeeping import HISTORY_KEPT
-from workflows.fanin import ShardBook
+from trajflow.workflows.bookkeeping import HISTORY_KEPT
+from trajflow.workflows.fanin import ShardBook
 
 LAYOUTS = ("typical", "worst")
 """The orders groups report in (the module docstring)."""

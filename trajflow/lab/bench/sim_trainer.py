@@ -1,12 +1,12 @@
 """A simulated trainer for pipeline benchmarks and workflow tests: the trainer pool's `trainer.train_step`
-activity (same name, same `TrainStepInput` / `TrainStepResult` as `activities.trainer`) whose step is a sleep.
+activity (same name, same `TrainStepInput` / `TrainStepResult` as `trajflow.activities.trainer`) whose step is a sleep.
 
 The TrainingWorkflow cannot tell it from the real one: a step sleeps for the run's step time, then records its
-result and publishes version v+1 the way the real trainer does (`infra.layout.step_key`, then the policy pointer,
-with no weights: `weights: false`), so decode workers stamp turns with the new version and the staleness
+result and publishes version v+1 the way the real trainer does (`trajflow.infra.layout.step_key`, then the policy
+pointer, with no weights: `weights: false`), so decode workers stamp turns with the new version and the staleness
 bookkeeping works unchanged. A retried step whose version is already published returns the recorded result. A step
-trains on the real trainer's list of refs (`activities.batches.step_refs`: a sharded run's group manifests read from
-the store, a missing one failing the step as it fails the real one), and returns their figures (`BatchStats.of`).
+trains on the real trainer's list of refs (`trajflow.activities.batches.step_refs`: a sharded run's group manifests read
+from the store, a missing one failing the step as it fails the real one), and returns their figures (`BatchStats.of`).
 
 The step time is per run (`set_step_s`, before the run starts; `default_step_s` otherwise), since a benchmark
 measures the sync generation phase first and derives the train time from it.
@@ -27,13 +27,13 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.batches import step_refs
-from infra.layout import step_key
-from infra.policies import PolicyStore
-from infra.store import ObjectNotFound, ObjectStore
+from trajflow.activities.batches import step_refs
 from trajflow.contracts import names
 from trajflow.contracts.shards import BatchStats
 from trajflow.contracts.training import TrainStepInput, TrainStepResult
+from trajflow.infra.layout import step_key
+from trajflow.infra.policies import PolicyStore
+from trajflow.infra.store import ObjectNotFound, ObjectStore
 
 
 class SimulatedTrainerActivities:

@@ -37,8 +37,8 @@ from temporalio.client import Client
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.worker import Worker
 
-from infra.ports import free_port
-from infra.processes import python_module
+from trajflow.infra.ports import free_port
+from trajflow.infra.processes import python_module
 from trajflow.lab.bench.workload import Workload
 
 
@@ -176,20 +176,20 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
-    from activities.children import ChildWatchActivities
-    from infra.policies import PolicyStore
-    from infra.store import LocalStore
-    from infra.temporal import dev_server_args, temporal_binary
+    from trajflow.activities.children import ChildWatchActivities
+    from trajflow.infra.policies import PolicyStore
+    from trajflow.infra.store import LocalStore
+    from trajflow.infra.temporal import dev_server_args, temporal_binary
     from trajflow.lab.bench.batch_rollout import BatchRolloutWorkflow
     from trajflow.lab.bench.sim_engine import SimulatedEngine
     from trajflow.lab.bench.sim_trainer import simulated_trainer_workers
     from trajflow.lab.bench.synthetic_worker import synthetic_env_workers
     from trajflow.rewards.client import RewardClient
-    from workers.decode import decode_workers
-    from workers.reward import reward_workers
-    from workflows.shard import ShardWorkflow
-    from workflows.training import TrainingWorkflow
-    from workflows.trajectory import TrajectoryWorkflow
+    from trajflow.workers.decode import decode_workers
+    from trajflow.workers.reward import reward_workers
+    from trajflow.workflows.shard import ShardWorkflow
+    from trajflow.workflows.training import TrainingWorkflow
+    from trajflow.workflows.trajectory import TrajectoryWorkflow
 
     startup: dict[str, float] = {}
     t0 = time.monotonic()

@@ -2,7 +2,7 @@
 query's result and the `state` query's result, for a config (docs/capacity.md). Temporal refuses a payload over
 2 MB; every run's must stay under LIMIT (512 KiB, issue 25).
 
-A direct run's state (`groups_per_shard` 0) is built by the workflow's own rules (`workflows.bookkeeping.Book`:
+A direct run's state (`groups_per_shard` 0) is built by the workflow's own rules (`trajflow.workflows.bookkeeping.Book`:
 new_group, new_member, report, take_batch, finish_step), not by hand: HISTORY_KEPT steps are trained, each with a
 realistic trainer result (21 metrics at full float precision, per-task stats in a run of two tasks), then admission
 fills the pipeline and half of each open group's members complete with the ids and store URIs real trajectories
@@ -12,7 +12,7 @@ instead of (α + 1)·B/n).
     python -m trajflow.lab.bench.state_size --batch 256 --group 8 --alpha 1 [--json FILE]
     python -m trajflow.lab.bench.state_size --batch 65536 --group 16 --alpha 2 --groups-per-shard 64
 
-With `--groups-per-shard N` the run is sharded and its state is built by `workflows.fanin.ShardBook`
+With `--groups-per-shard N` the run is sharded and its state is built by `trajflow.workflows.fanin.ShardBook`
 (trajflow.lab.bench.sharded_state).
 
 Byte counts are those of pydantic's JSON (what the data converter writes) and do not depend on the machine.
@@ -27,7 +27,6 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from infra.layout import trajectory_record_key
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.training import (
     TrainingRunConfig,
@@ -37,8 +36,9 @@ from trajflow.contracts.training import (
     TrainStepResult,
 )
 from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryStatus
-from workflows.bookkeeping import HISTORY_KEPT, Book
-from workflows.queries import progress
+from trajflow.infra.layout import trajectory_record_key
+from trajflow.workflows.bookkeeping import HISTORY_KEPT, Book
+from trajflow.workflows.queries import progress
 
 LIMIT = 512 * 1024
 """The budget issue 25 sets for the state, the continue-as-new input and every query result (Temporal's hard
@@ -76,7 +76,7 @@ class StateSize:
     state: int
     """The `state` query's result as JSON."""
     groups_per_shard: int = 0
-    """0: a direct run (`workflows.bookkeeping.Book`); N: a sharded run's shards of N groups
+    """0: a direct run (`trajflow.workflows.bookkeeping.Book`); N: a sharded run's shards of N groups
     (`trajflow.lab.bench.sharded_state`)."""
     layout: str = "direct"
     """A sharded run's order of group reports (`sharded_state.LAYOUTS`)."""

@@ -1,6 +1,6 @@
 """Synthetic env activities: the env pool's contract (`env.reset` / `env.step` / `env.close`, same names and
-models as `activities.env`) served by `trajflow.lab.bench.synthetic_env` episodes held in this worker's memory, no
-Docker.
+models as `trajflow.activities.env`) served by `trajflow.lab.bench.synthetic_env` episodes held in this worker's memory,
+no Docker.
 
 The unchanged TrajectoryWorkflow runs on them: `env.reset` answers with a handle naming this worker's host
 queue, and the steps of that episode come back here. A step sleeps its drawn delay (units · `unit_s`) and
@@ -19,7 +19,7 @@ import uuid
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeats import QUICK_EVERY_S, with_heartbeats
+from trajflow.activities.heartbeats import QUICK_EVERY_S, with_heartbeats
 from trajflow.contracts import names
 from trajflow.contracts.trajectory import (
     EnvCloseInput,

@@ -1,7 +1,7 @@
 """Synthetic env worker: the env pool's queues served by `trajflow.lab.bench.synthetic_activities` (benchmarks, no
 Docker).
 
-Like `workers.env`, it polls each pool's shared queue for resets and its own host queue for steps and closes.
+Like `trajflow.workers.env`, it polls each pool's shared queue for resets and its own host queue for steps and closes.
 Everything is an asyncio sleep, so concurrency limits are high: one worker hosts every episode of a bench.
 """
 

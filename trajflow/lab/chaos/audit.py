@@ -144,7 +144,7 @@ async def collect(client, store, run_id: str, steps_completed: int, steps_config
     """Read a finished run's records: visibility, every execution's history of the training workflow, the store."""
     import asyncio
 
-    from activities.batches import step_refs
+    from trajflow.activities.batches import step_refs
     from trajflow.cli.commands.visibility import trajectory_query
 
     # The raw search attributes, not `visibility.row_of`: that one shows a cancelled trajectory's execution status

@@ -25,12 +25,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from infra import stack
-from infra.settings import Settings
-from infra.temporal import wait_until_reachable
 from trajflow.contracts import names
 from trajflow.contracts.config import RunConfig
 from trajflow.contracts.training import TrainingProgress, TrainingResult, TrainingRunConfig
+from trajflow.infra import stack
+from trajflow.infra.settings import Settings
+from trajflow.infra.temporal import wait_until_reachable
 from trajflow.lab.chaos.audit import ChaosCounts, audit, collect
 from trajflow.lab.chaos.containers import ContainerKills, kill_sandboxes, sleep_or
 
@@ -327,9 +327,9 @@ async def run_chaos(
     seed: int = 0,
     settle_s: float = 180.0,
 ) -> ChaosReport:
-    from infra.store import open_store_from
     from trajflow.cli.commands.train import follow_run
     from trajflow.client import start_training
+    from trajflow.infra.store import open_store_from
 
     client = await wait_until_reachable(settings, quiet=True)
     store = open_store_from(settings)

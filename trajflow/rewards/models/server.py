@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import torch
     import uvicorn
 
-    from infra.settings import load_settings
+    from trajflow.infra.settings import load_settings
     from trajflow.rl.models import resolve_model
 
     args = parse_args(argv)

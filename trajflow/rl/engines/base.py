@@ -54,7 +54,7 @@ class PolicyWeights:
 
 class EngineError(Exception):
     """A generation failed outside the engine's own process (a remote server). `retryable`: may the same request
-    succeed later? The decode activity maps each type to its own error type once (`activities.decode`)."""
+    succeed later? The decode activity maps each type to its own error type once (`trajflow.activities.decode`)."""
 
     retryable: ClassVar[bool] = False
 
@@ -101,7 +101,7 @@ class Engine(Protocol):
     def follows_training(self) -> bool:
         """Whether the engine loads each version a training run publishes (from its `WeightSource`). False for a
         frozen policy (a remote server's, or an engine without weights): a training run on its pool is refused at
-        its start (`workflows.preflight`), since its requests would wait for versions it never reaches."""
+        its start (`trajflow.workflows.preflight`), since its requests would wait for versions it never reaches."""
         ...
 
     @property

