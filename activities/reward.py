@@ -22,8 +22,9 @@ from trajflow.activities.heartbeats import QUICK_EVERY_S, with_heartbeats
 from trajflow.contracts import metrics, names
 from trajflow.contracts.branches import BranchInput, BranchPrefix, BranchRefused, prefix_of
 from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.scoring import ScoreInput, ScoreResult
 from trajflow.contracts.shards import GroupManifest
-from trajflow.contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult, ScoreInput, ScoreResult
+from trajflow.contracts.trajectory import SaveTrajectoryInput, SaveTrajectoryResult
 from trajflow.infra.layout import TRAJECTORIES, group_manifest_key, trajectory_key, trajectory_record_key
 from trajflow.infra.store import ObjectStore, check_key
 from trajflow.observability.metrics import record

@@ -63,9 +63,13 @@ DOCKER_SOCKET = "/var/run/docker.sock"
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "trajflow", "AWS_SECRET_ACCESS_KEY": "trajflow"}
 """Credentials for the embedded moto store (moto accepts any)."""
 PASSED_THROUGH = (
-    "TRAJFLOW_SANDBOX_", "TRAJFLOW_LOG_LEVEL", "TRAJFLOW_REWARD_TIMEOUT_S", "TRAJFLOW_TRACES", "TRAJFLOW_OTLP_ENDPOINT",
+    "TRAJFLOW_SANDBOX_",
+    "TRAJFLOW_LOG_LEVEL",
+    "TRAJFLOW_REWARD_TIMEOUT_S",
+    "TRAJFLOW_TRACES",
+    "TRAJFLOW_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_",
-)  # fmt: skip
+)
 """Settings of this machine's environment that every host gets as they are."""
 
 

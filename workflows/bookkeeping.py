@@ -31,7 +31,7 @@ from trajflow.contracts.training import (
     TrainStepResult,
 )
 from trajflow.contracts.trajectory import TrajectoryReport, TrajectoryResult, TrajectoryStatus
-from trajflow.workflows import flat, pause, tasks, trees
+from trajflow.workflows import admission, flat, pause, tasks, trees
 from trajflow.workflows.pause import ReportOutcome
 
 HISTORY_KEPT = 200
@@ -76,26 +76,11 @@ class Book:
         return not pause_admission and self.s.stopping is None and (not self.s.paused or self.probe)
 
     def groups_to_admit(self, pause_admission: bool = False) -> int:
-        """Admission control: at most (v + α + 1)·B − (consumed + running) samples started.
-
-        `running` counts n per admitted group not yet trained on (in flight or finished and waiting), so with
-        consumed = v·B the bound keeps (α + 1)·B useful samples in the pipeline. Redundant extras come on top.
-        """
-        cfg, s = self.cfg, self.s
-        if pause_admission or s.stopping is not None or s.version >= cfg.steps or (s.paused and not self.probe):
-            return 0
-        if cfg.sync and self.training:
-            return 0  # the barrier: the next batch starts only after this one is trained
-        budget = (s.version + cfg.alpha + 1) * cfg.batch_size - (s.counters.consumed + self.running())
-        # never start more than the run can still use (a batch being trained is already consumed)
-        remaining = cfg.steps * cfg.batch_size - s.counters.consumed - self.running()
-        groups = max(0, min(budget, remaining) // cfg.group_size)
-        if cfg.sync:
-            # one batch at a time: its groups, less those still open. A group of it that was abandoned (members
-            # failed past max_group_restarts) is so replaced by a new one (a new seed) for the same batch;
-            # waiting for none to be open would leave the batch one group short forever.
-            groups = min(groups, self.groups_per_step() - len(self.open_groups()))
-        return min(groups, 1) if s.paused else groups
+        """The α budget (`trajflow.workflows.admission`) over the workflow's own open groups."""
+        open_groups = len(self.open_groups())
+        return admission.groups_to_admit(
+            self.cfg, self.s, open_groups=open_groups, training=self.training, pause_admission=pause_admission
+        )
 
     def running(self) -> int:
         return self.cfg.group_size * len(self.open_groups())
@@ -110,10 +95,10 @@ class Book:
         k = s.next_group
         s.next_group += 1
         self.probe = False
+        name, task = f"g{k:06d}", self.pick_task(k)
         group = GroupState(
-            group=f"g{k:06d}", seed=cfg.first_seed + k, task=self.pick_task(k), started_version=s.version,
-            tree=trees.new_tree(cfg),
-        )  # fmt: skip
+            group=name, seed=cfg.first_seed + k, task=task, started_version=s.version, tree=trees.new_tree(cfg)
+        )
         s.groups[group.group] = group
         return group
 
@@ -174,8 +159,7 @@ class Book:
         return [g for g in self.s.groups.values() if len(g.completed) >= n]
 
     def is_stale(self, g: GroupState) -> bool:
-        oldest = min(r.policy_version for r in g.completed)
-        return self.s.version - oldest > self.cfg.alpha
+        return admission.is_stale(self.cfg, self.s, min(r.policy_version for r in g.completed))
 
     def drop_stale(self) -> list[GroupState]:
         """Close the ready groups too stale to train on (the hard bound); returns them."""
@@ -309,11 +293,8 @@ class Book:
         if g is None or wid not in g.running:
             return None
         if result is not None:
-            return TrajectoryReport(workflow_id=wid, trajectory_uri=result.trajectory_uri, group=group,
-                                    policy_version=result.policy_version, reward=result.reward, turns=result.turns,
-                                    status=result.status, error=result.error, won=result.won)  # fmt: skip
-        return TrajectoryReport(workflow_id=wid, trajectory_uri=None, group=group, policy_version=None, reward=None,
-                                status=TrajectoryStatus.INFRA_FAILED, error="ended without a report")  # fmt: skip
+            return result.report(group)
+        return TrajectoryReport.infra_failed(wid, group, "ended without a report")
 
     def report(self, report: TrajectoryReport) -> ReportOutcome:
         """A trajectory ended (its signal, or its result when the signal was lost): count it, file it in its

@@ -33,7 +33,7 @@ from trajflow.contracts.training import (
     TrainStepInput,
     TrainStepResult,
 )
-from trajflow.workflows import flat, pause
+from trajflow.workflows import admission, flat, pause
 from trajflow.workflows.bookkeeping import HISTORY_KEPT, Book, _member_order
 from trajflow.workflows.pause import ReportOutcome
 
@@ -63,19 +63,11 @@ class ShardBook:
         return len(self.sh.open) + sum(len(v) for v in self.sh.ready.values())
 
     def groups_to_admit(self, pause_admission: bool = False) -> int:
-        """`Book.groups_to_admit`'s budget, counted in groups of the pipeline instead of members."""
-        cfg, s = self.cfg, self.s
-        if pause_admission or s.stopping is not None or s.version >= cfg.steps or (s.paused and not s.probe):
-            return 0
-        if cfg.sync and self.training:
-            return 0
-        running = cfg.group_size * self.in_pipeline()
-        budget = (s.version + cfg.alpha + 1) * cfg.batch_size - (s.counters.consumed + running)
-        remaining = cfg.steps * cfg.batch_size - s.counters.consumed - running
-        groups = max(0, min(budget, remaining) // cfg.group_size)
-        if cfg.sync:
-            groups = min(groups, self.book.groups_per_step() - self.in_pipeline())
-        return min(groups, 1) if s.paused else groups
+        """The α budget (`trajflow.workflows.admission`) over the groups of the pipeline (a shard's are counted
+        from its start, not its members)."""
+        return admission.groups_to_admit(
+            self.cfg, self.s, open_groups=self.in_pipeline(), training=self.training, pause_admission=pause_admission
+        )
 
     def shard_due(self, pause_admission: bool = False) -> int:
         """The groups of the next shard to start now (0: none). Shards are full (`shard_size` groups) but at the end
@@ -210,7 +202,7 @@ class ShardBook:
     def drop_stale(self) -> list[str]:
         """Drop the ready groups too stale to train on (the hard bound), user-started ones with them; returns their
         names."""
-        floor = self.s.version - self.cfg.alpha
+        floor = admission.staleness_floor(self.cfg, self.s)
         dropped: list[str] = []
         for version in [v for v in self.sh.ready if v < floor]:
             stale = self.sh.ready.pop(version)
@@ -221,7 +213,7 @@ class ShardBook:
     def batch_may_be_ready(self) -> bool:
         if self.cfg.sync and (self.sh.open or self.book.members_running()):
             return False
-        floor = self.s.version - self.cfg.alpha
+        floor = admission.staleness_floor(self.cfg, self.s)
         return (
             self.ready_count() >= self.book.groups_per_step()
             or any(v < floor for v in self.sh.ready)

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.contracts.branches import BranchInput, BranchPrefix
     from trajflow.contracts.engines import EngineInfo
     from trajflow.contracts.limits import MAX_PAYLOAD_BYTES
+    from trajflow.contracts.scoring import ScoreInput, ScoreResult
     from trajflow.contracts.shards import GroupManifest
     from trajflow.contracts.training import TrainStepInput, TrainStepResult, WatchChildrenInput, WatchChildrenResult
     from trajflow.contracts.trajectory import (
@@ -36,8 +37,6 @@ with workflow.unsafe.imports_passed_through():
         SandboxHandle,
         SaveTrajectoryInput,
         SaveTrajectoryResult,
-        ScoreInput,
-        ScoreResult,
     )
 
 FATAL = [names.ERR_BAD_REQUEST, names.ERR_PAYLOADS_TOO_LARGE]

@@ -298,8 +298,10 @@ class TrainingWorkflow:
             if outcome.flat == "dropped" and s.flat_dropped_step >= self.cfg.max_flat_groups_per_step:
                 workflow.logger.warning(
                     "run %s dropped %d flat groups since v%d: flat groups are trained on until the next step",
-                    s.run_id, s.flat_dropped_step, s.version,
-                )  # fmt: skip
+                    s.run_id,
+                    s.flat_dropped_step,
+                    s.version,
+                )
 
     def _start_prober(self) -> None:
         if self.prober is None or self.prober.done():

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RawValue
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import ActivityError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from trajflow.contracts import metrics, names
@@ -30,15 +30,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from trajflow.contracts.branches import branch_request
     from trajflow.contracts.engines import CONTEXT_FULL, no_room
+    from trajflow.contracts.scoring import ScoreInput
     from trajflow.contracts.trajectory import (
         EnvResetInput,
         EnvStepResult,
         GenerateInput,
         SandboxHandle,
         SaveTrajectoryInput,
-        ScoreInput,
         TrajectoryProgress,
-        TrajectoryReport,
         TrajectoryRequest,
         TrajectoryResult,
         TrajectoryStatus,
@@ -48,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from trajflow.observability.metrics import record
 
 from trajflow.workflows import attributes as keys
-from trajflow.workflows import branching, stubs
+from trajflow.workflows import branching, ending, stubs
 from trajflow.workflows.faults import EnvFault, InfraFault
 from trajflow.workflows.inputs import NO_INPUT, decode_input
 
@@ -85,15 +84,25 @@ class TrajectoryWorkflow:
     async def run(self, raw: RawValue = NO_INPUT) -> TrajectoryResult:
         req = self.req
         root = spans.span(
-            "trajectory", workflow_id=workflow.info().workflow_id, run=req.run_id or None, task=req.task or req.env_id,
-            env=req.env_id, seed=req.seed, group=req.group or None, replay_of=req.replay_of or None,
-        )  # fmt: skip
+            "trajectory",
+            workflow_id=workflow.info().workflow_id,
+            run=req.run_id or None,
+            task=req.task or req.env_id,
+            env=req.env_id,
+            seed=req.seed,
+            group=req.group or None,
+            replay_of=req.replay_of or None,
+        )
         with root as span:
             result = await self._episode()
             spans.note(
-                span, status=result.status.value, reward=result.reward, turns=result.turns,
-                policy_version=result.policy_version, env_recoveries=result.env_recoveries,
-            )  # fmt: skip
+                span,
+                status=result.status.value,
+                reward=result.reward,
+                turns=result.turns,
+                policy_version=result.policy_version,
+                env_recoveries=result.env_recoveries,
+            )
             return result
 
     async def _episode(self) -> TrajectoryResult:
@@ -164,8 +173,8 @@ class TrajectoryWorkflow:
             # a win as eval counts one (trajflow/cli/commands/evaluate.py): completed, the last env reward at least 1
             won=status is TrajectoryStatus.COMPLETED and bool(self.turns) and self.turns[-1].env_reward >= 1.0,
         )
-        self._record_end(result)
-        await self._report(result)
+        ending.record_end(self.req, result)
+        await ending.report(self.req, result)
         return result
 
     @workflow.query(name=names.QUERY_PROGRESS)
@@ -189,9 +198,13 @@ class TrajectoryWorkflow:
         with spans.span("llm.generate", turn=turn) as span:
             gen = await stubs.llm_generate(req.pools.decode, self._generate_input(turn))
             spans.note(
-                span, policy_version=gen.policy_version, prompt_tokens=gen.prompt_tokens,
-                completion_tokens=gen.completion_tokens, finish_reason=gen.finish_reason, worker=gen.worker_id,
-            )  # fmt: skip
+                span,
+                policy_version=gen.policy_version,
+                prompt_tokens=gen.prompt_tokens,
+                completion_tokens=gen.completion_tokens,
+                finish_reason=gen.finish_reason,
+                worker=gen.worker_id,
+            )
         t1 = workflow.time()
         self.timings["llm_s"] += t1 - t0
         if gen.finish_reason == CONTEXT_FULL:
@@ -224,9 +237,14 @@ class TrajectoryWorkflow:
         if not self.agent:
             return req.generate_input(trajectory_id, turn, self.context_uri, self.observation)
         return AgentRequest.parse(self.observation).generate_input(
-            trajectory_id, turn, self.context_uri, req.sampling, min_policy_version=req.min_policy_version,
-            policy=req.policy, max_context_tokens=req.max_context_tokens,
-        )  # fmt: skip
+            trajectory_id,
+            turn,
+            self.context_uri,
+            req.sampling,
+            min_policy_version=req.min_policy_version,
+            policy=req.policy,
+            max_context_tokens=req.max_context_tokens,
+        )
 
     async def _start_branch(self) -> TrajectoryRequest:
         """A branch: the parent's turns 1..k-1 become this episode's, then the sandbox is restored by replaying them."""
@@ -352,42 +370,6 @@ class TrajectoryWorkflow:
         finally:
             self.timings["reward_s"] += workflow.time() - t0
         return res.reward, dict(res.details), TrajectoryStatus.COMPLETED, None
-
-    def _record_end(self, result: TrajectoryResult) -> None:
-        record(
-            workflow.metric_meter(), metrics.TRAJECTORIES_FINISHED, 1,
-            run=self.req.run_id, task=self.req.task or self.req.env_id, status=result.status.value,
-        )  # fmt: skip
-        updates = [keys.SA_STATUS.value_set(result.status.value), keys.SA_TURNS.value_set(result.turns)]
-        if result.reward is not None:
-            updates.append(keys.SA_REWARD.value_set(result.reward))
-        if result.policy_version is not None:
-            updates.append(keys.SA_VERSION.value_set(result.policy_version))
-        self._upsert(*updates)
-
-    async def _report(self, result: TrajectoryResult) -> None:
-        target = self.req.report_target()
-        if not target:
-            return
-        report = TrajectoryReport(
-            workflow_id=result.workflow_id,
-            trajectory_uri=result.trajectory_uri,
-            group=self.req.group,
-            policy_version=result.policy_version,
-            reward=result.reward,
-            status=result.status,
-            error=result.error,
-            won=result.won,
-            turns=result.turns,
-        )
-        signal = workflow.get_external_workflow_handle(target).signal(names.SIGNAL_TRAJECTORY_FINISHED, report)
-        try:
-            # Shielded: a cancel that arrives with the signal's outcome (the run terminated as this trajectory
-            # ended, then swept) must not cancel the signal too; Temporal's SDK fails every task of the workflow
-            # with "Invalid transition in state machine" then, and the trajectory never ends.
-            await asyncio.shield(asyncio.ensure_future(signal))
-        except ApplicationError as e:
-            workflow.logger.warning("could not report to %s: %s", target, e)
 
     def _upsert(self, *updates) -> None:
         workflow.upsert_search_attributes(list(updates))

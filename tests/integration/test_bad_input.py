@@ -32,6 +32,7 @@ from temporalio.worker import Worker
 
 from tests.conftest import async_wait_for
 from trajflow.contracts import names
+from trajflow.contracts.scoring import ScoreInput, ScoreResult
 from trajflow.contracts.training import TrainingProgress
 from trajflow.contracts.trajectory import (
     EnvCloseInput,
@@ -44,8 +45,6 @@ from trajflow.contracts.trajectory import (
     SandboxHandle,
     SaveTrajectoryInput,
     SaveTrajectoryResult,
-    ScoreInput,
-    ScoreResult,
     StagePools,
     TrajectoryReport,
     TrajectoryRequest,

@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.test_openai_engine import API_KEY, Server, vllm_server  # noqa: F401  (the fixture)
 from trajflow.contracts.reward_models import JudgeModelConfig
-from trajflow.contracts.trajectory import ScoreRequest
+from trajflow.contracts.scoring import ScoreRequest
 from trajflow.rewards.judge import judge_prompt, normalise, parse_score
 from trajflow.rewards.service import create_app
 

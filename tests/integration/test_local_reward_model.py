@@ -27,7 +27,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.conftest import ROOT, free_port, running_stack, wait_healthy
 from tests.integration.test_user_env import script
 from trajflow.contracts.reward_models import LocalModelConfig, LocalScoreRequest
-from trajflow.contracts.trajectory import ScoreRequest, TrajectoryStatus
+from trajflow.contracts.scoring import ScoreRequest
+from trajflow.contracts.trajectory import TrajectoryStatus
 from trajflow.envs.user.submit import package_env
 from trajflow.rewards.client import RewardClient
 from trajflow.rewards.models.scorer import verifier_text

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from trajflow.contracts.trajectory import ScoreRequest
+from trajflow.contracts.scoring import ScoreRequest
 from trajflow.infra.reward_image import REWARD_REQUIREMENTS, SERVICE_UID, ensure_reward_image
 from trajflow.rewards.client import RewardClient, RewardRequestRejected, RewardVerifierTimedOut
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from trajflow.contracts.trajectory import ScoreResult
+from trajflow.contracts.scoring import ScoreResult
 from trajflow.infra.store import ObjectNotFound, ObjectStore, S3Store, open_store
 
 pytestmark = pytest.mark.integration

@@ -19,16 +19,10 @@ from typer.testing import CliRunner
 from trajflow.contracts import names
 from trajflow.contracts.errors import MAX_MESSAGE_CHARS, explain_invalid
 from trajflow.contracts.limits import MAX_OBSERVATION_CHARS, MAX_SYSTEM_PROMPT_CHARS
+from trajflow.contracts.scoring import ScoreRequest, ScoreResult
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.training import TrainingStart, TrainStepResult
-from trajflow.contracts.trajectory import (
-    EnvStepResult,
-    ScoreRequest,
-    ScoreResult,
-    TrajectoryReport,
-    TrajectoryRequest,
-    TrajectoryStatus,
-)
+from trajflow.contracts.trajectory import EnvStepResult, TrajectoryReport, TrajectoryRequest, TrajectoryStatus
 from trajflow.envs.formatting import cap_observation
 from trajflow.rewards.client import MAX_ANSWER_BYTES, RewardClient, RewardServiceBadAnswer
 

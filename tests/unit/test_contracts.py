@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from trajflow.contracts.records import TrajectoryRecord
-from trajflow.contracts.trajectory import ScoreInput, ScoreRequest, TrajectoryRequest, TrajectoryStatus
+from trajflow.contracts.scoring import ScoreInput, ScoreRequest
+from trajflow.contracts.trajectory import TrajectoryRequest, TrajectoryStatus
 
 
 def test_score_input_holds_only_the_request() -> None:
@@ -177,7 +178,8 @@ def test_nan_and_infinity_round_trip_or_are_refused_in_every_float_field(model: 
 
 
 def test_rewards_that_are_trained_on_refuse_nan_and_infinity() -> None:
-    from trajflow.contracts.trajectory import ScoreResult, TrajectoryReport
+    from trajflow.contracts.scoring import ScoreResult
+    from trajflow.contracts.trajectory import TrajectoryReport
 
     for model, name in ((ScoreResult, "reward"), (TrajectoryReport, "reward")):
         base = _build(model).model_dump()

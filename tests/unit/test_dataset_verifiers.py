@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trajflow.contracts.trajectory import JsonScalar, ScoreRequest
+from trajflow.contracts.scoring import ScoreRequest
+from trajflow.contracts.trajectory import JsonScalar
 from trajflow.envs.dataset import DatasetEnv, DatasetError
 from trajflow.envs.user.datasets import check_dataset
 from trajflow.envs.user.source import EnvSourceError

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from trajflow.contracts.config import parse_run_config
+from trajflow.contracts.scoring import ScoreRequest
 from trajflow.contracts.training import EvalConfig
-from trajflow.contracts.trajectory import ScoreRequest
 from trajflow.envs import verify
 from trajflow.envs.dataset import HELD_OUT_FROM, DatasetEnv, DatasetError, read_rows, splits
 from trajflow.envs.user.datasets import check_dataset

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import socket
@@ -17,7 +18,20 @@ import pytest
 
 from trajflow.envs.runner import json_safe_info
 
-RUNNER = Path(__file__).resolve().parents[2] / "trajflow" / "envs" / "runner.py"
+
+@functools.cache
+def runner() -> Path:
+    """The runner beside its siblings as the runtime image holds them (`images.runtime_sources`: the env modules and
+    the contracts' env id prefixes in one flat directory), written once per test process."""
+    from trajflow.sandbox import images
+
+    home = Path(tempfile.mkdtemp(prefix="tf-runtime-"))
+    for name, data in images.runtime_sources().items():
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_bytes(data)
+    return home / "runner.py"
+
+
 GUESS = "game:GuessTheNumber-v0-easy"
 RG = "rg:basic_arithmetic"
 
@@ -61,7 +75,7 @@ def _wait_for_socket(path: Path, proc: subprocess.Popen[bytes], timeout_s: float
 def socket_path() -> Iterator[Path]:
     workdir = Path(tempfile.mkdtemp(prefix="tf-runner-"))
     path = workdir / "env.sock"
-    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)])
+    proc = subprocess.Popen([sys.executable, str(runner()), str(path)])
     try:
         _wait_for_socket(path, proc)
         yield path
@@ -184,7 +198,7 @@ def test_step_before_reset_is_a_bad_request() -> None:
     # A fresh runner process: the shared one may already hold an env from another test.
     workdir = Path(tempfile.mkdtemp(prefix="tf-runner-"))
     path = workdir / "env.sock"
-    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)], env={"TRAJFLOW_LAZY_IMPORT": "1"})
+    proc = subprocess.Popen([sys.executable, str(runner()), str(path)], env={"TRAJFLOW_LAZY_IMPORT": "1"})
     try:
         _wait_for_socket(path, proc)
         c = Client(path)
@@ -247,7 +261,7 @@ def test_a_runner_started_for_a_game_skips_reasoning_gym(tmp_path: Path) -> None
     import os
 
     path = tmp_path / "env.sock"
-    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)], env={**os.environ, "TRAJFLOW_ENV_HINT": GUESS})
+    proc = subprocess.Popen([sys.executable, str(runner()), str(path)], env={**os.environ, "TRAJFLOW_ENV_HINT": GUESS})
     try:
         _wait_for_socket(path, proc)
         c = Client(path)
@@ -271,7 +285,7 @@ def test_a_runner_started_for_a_gym_env_imports_no_gem(tmp_path: Path) -> None:
 
     path = tmp_path / "env.sock"
     hint = "gym:Blackjack-v1"
-    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)], env={**os.environ, "TRAJFLOW_ENV_HINT": hint})
+    proc = subprocess.Popen([sys.executable, str(runner()), str(path)], env={**os.environ, "TRAJFLOW_ENV_HINT": hint})
     try:
         _wait_for_socket(path, proc)
         c = Client(path)

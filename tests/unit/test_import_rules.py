@@ -62,6 +62,9 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
             "verify",
             "pyarrow",
             "math_verify",
+            # the env id prefixes: `trajflow.contracts.env_ids` on the host, `env_ids` beside the runner in the image
+            "trajflow.contracts.env_ids",
+            "env_ids",
         },
         set(),
     ),
@@ -346,3 +349,9 @@ def test_the_infra_rule_catches_a_torch_using_rl_module(tmp_path: Path) -> None:
     bad.write_text("def f():\n    from trajflow.rl.models import resolve_model\n    import torch\n")
     assert imported_names(bad) == {"trajflow.rl.models", "torch"}
     assert "trajflow.rl.models" not in TORCH_FREE_RL
+
+
+def test_the_env_id_prefixes_import_nothing() -> None:
+    """`trajflow/contracts/env_ids.py` runs beside the runner in the sandbox, whose Python has neither pydantic nor
+    trajflow: it may import nothing at all."""
+    assert imported_names(ROOT / "trajflow" / "contracts" / "env_ids.py") == set()

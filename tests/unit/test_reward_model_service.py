@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import free_port
 from trajflow.contracts.reward_models import JudgeModelConfig, LocalModelConfig
-from trajflow.contracts.trajectory import ScoreRequest
+from trajflow.contracts.scoring import ScoreRequest
 from trajflow.rewards.client import RewardClient, RewardRequestRejected, RewardServiceUnavailable
 from trajflow.rewards.service import create_app
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from trajflow.contracts.trajectory import ScoreRequest, ScoreResult
+from trajflow.contracts.scoring import ScoreRequest, ScoreResult
 from trajflow.rewards import bounded, registry
 
 LIMIT_S = 0.5

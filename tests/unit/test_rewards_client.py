@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from tests.unit.test_rewards_registry import BUILTINS
-from trajflow.contracts.trajectory import ScoreRequest
+from trajflow.contracts.scoring import ScoreRequest
 from trajflow.rewards.client import (
     RewardClient,
     RewardRequestRejected,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import gem
 import pytest
 
-from trajflow.contracts.trajectory import OBSERVING_REWARD_FNS, ScoreRequest, TrajectoryRequest
+from trajflow.contracts.scoring import ScoreRequest
+from trajflow.contracts.trajectory import OBSERVING_REWARD_FNS, TrajectoryRequest
 from trajflow.envs.formatting import observation_message
 from trajflow.lab.analysis.guess_the_number import target_of
 from trajflow.rewards import registry

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trajflow.contracts.trajectory import ScoreRequest, ScoreResult
+from trajflow.contracts.scoring import ScoreRequest, ScoreResult
 from trajflow.rewards import registry
 
 BUILTINS = [

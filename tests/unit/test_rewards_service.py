@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.unit.test_rewards_registry import BUILTINS
-from trajflow.contracts.trajectory import ScoreRequest, ScoreResult
+from trajflow.contracts.scoring import ScoreRequest, ScoreResult
 from trajflow.rewards import registry
 from trajflow.rewards.service import _parse_args, create_app
 

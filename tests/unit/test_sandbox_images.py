@@ -30,7 +30,7 @@ def test_runtime_tag_covers_base_wheels_and_runner_sources() -> None:
     assert tag != images.runtime_image_tag("trajflow-base:1", wheels, {**src, "gym_text.py": b"x = 3"})
 
 
-def test_runtime_sources_are_the_runner_its_envs_and_the_words_corpus() -> None:
+def test_runtime_sources_are_the_runner_its_envs_the_env_id_prefixes_and_the_words_corpus() -> None:
     words = {"nltk_data/corpora/words/README", "nltk_data/corpora/words/en", "nltk_data/corpora/words/en-basic"}
     envs = {
         "runner.py",
@@ -45,11 +45,11 @@ def test_runtime_sources_are_the_runner_its_envs_and_the_words_corpus() -> None:
         "agent_http.py",
         "agent_verify.py",
     }
-    assert set(images.runtime_sources()) == envs | words
+    assert set(images.runtime_sources()) == envs | {"env_ids.py"} | words
     text = images.runtime_dockerfile("trajflow-base:x", ["a.whl"])
     copied = (
         "runner.py gem_loader.py shell.py gym_adapter.py gym_text.py dataset.py verify.py agent.py agent_cmd.py "
-        "agent_http.py agent_verify.py"
+        "agent_http.py agent_verify.py env_ids.py"
     )
     assert f"COPY {copied} /opt/trajflow/" in text
     assert "COPY nltk_data/ /usr/share/nltk_data/" in text and "NLTK_DATA=/usr/share/nltk_data" in text

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trajflow.contracts.trajectory import ScoreResult
+from trajflow.contracts.scoring import ScoreResult
 from trajflow.infra.store import LocalStore, ObjectNotFound, ObjectStore, S3Store, open_store
 
 

@@ -150,8 +150,10 @@ def trace(
     timeline = trace_of(workflow_id, settings.traces_dir)
     if timeline is None:
         where = f"OTLP at {settings.otlp_endpoint}" if settings.otlp_endpoint else str(settings.traces_dir)
-        _say(f"no spans of {workflow_id} in {settings.traces_dir} (the workers' spans go to {where}; "
-             "TRAJFLOW_TRACES=false turns them off)")  # fmt: skip
+        _say(
+            f"no spans of {workflow_id} in {settings.traces_dir} (the workers' spans go to {where}; "
+            "TRAJFLOW_TRACES=false turns them off)"
+        )
         raise typer.Exit(1)
     if as_json:
         typer.echo(json.dumps(timeline.to_json(), indent=2))

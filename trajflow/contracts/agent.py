@@ -32,13 +32,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from trajflow.contracts.base import ChatMessage, ToolCall, ToolFunction
+from trajflow.contracts.env_ids import AGENT_CMD_PREFIX as AGENT_CMD_PREFIX
+from trajflow.contracts.env_ids import AGENT_PREFIX as AGENT_PREFIX
+from trajflow.contracts.env_ids import is_agent as is_agent
 from trajflow.contracts.trajectory import GenerateInput, SamplingParams
 
-AGENT_PREFIX = "agent:"
-"""Env ids `agent:MODULE:FUNCTION` are an agent program's (the runner's own constant of the same value)."""
-AGENT_CMD_PREFIX = "agent-cmd:"
-"""Env ids `agent-cmd:FILE` are an agent program run as a command line (the runner's own constant of the same value,
-`trajflow/envs/agent_cmd.py`)."""
 DEFAULT_BUDGET_S = 600.0
 """How long a program may work between an answer and its next request (`env_kwargs["budget_s"]`; the runner's own
 constant of the same value, `trajflow.envs.agent.DEFAULT_BUDGET_S`, decides when it is `hung`)."""
@@ -53,11 +51,6 @@ ROLES = ("system", "user", "assistant", "tool")
 
 class AgentRequestError(ValueError):
     """A request the policy cannot answer as asked (the message says what and why)."""
-
-
-def is_agent(env_id: str) -> bool:
-    """An agent program's env id: `agent:MODULE:FUNCTION` or `agent-cmd:FILE`."""
-    return env_id.startswith((AGENT_PREFIX, AGENT_CMD_PREFIX))
 
 
 def budget_s(env_kwargs: Mapping[str, object]) -> float:

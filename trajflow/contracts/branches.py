@@ -84,9 +84,19 @@ def branch_request(branch: TrajectoryRequest, parent: TrajectoryRequest) -> Traj
     """The request a branch runs with: the parent's episode, the branch's sample (see the module's docstring)."""
     sampling = parent.sampling.model_copy(update={"seed": branch_seed(branch, parent)})
     own = (
-        "pools", "run_id", "policy", "group", "min_policy_version", "report_to", "replay_of", "max_env_recoveries",
-        "branch_of", "branch_turn", "branch_record", "branch_index",
-    )  # fmt: skip
+        "pools",
+        "run_id",
+        "policy",
+        "group",
+        "min_policy_version",
+        "report_to",
+        "replay_of",
+        "max_env_recoveries",
+        "branch_of",
+        "branch_turn",
+        "branch_record",
+        "branch_index",
+    )
     return parent.model_copy(update={"sampling": sampling, **{f: getattr(branch, f) for f in own}})
 
 

@@ -17,6 +17,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from trajflow.contracts import rollouts
 from trajflow.contracts.base import Contract
+from trajflow.contracts.env_ids import DATA_PREFIX
 from trajflow.contracts.hardware import HardwareConfig
 from trajflow.contracts.reward_models import RewardModelConfig, check_model_name, model_name
 from trajflow.contracts.tasks import TaskConfig
@@ -257,7 +258,7 @@ class RunConfig(Contract):
         # a dataset holds out its test rows from the eval's first seed (trajflow/envs/dataset.py)
         for task in self.tasks:
             held = task.env_kwargs.get("held_out_from", EvalConfig().first_seed)
-            if task.env_id.startswith("data:") and held != first:
+            if task.env_id.startswith(DATA_PREFIX) and held != first:
                 raise ValueError(
                     f"task {task.name!r}: its dataset serves test rows from seed {held} (env_kwargs held_out_from), "
                     "but "

@@ -22,6 +22,7 @@ from trajflow.contracts.envs import EnvStepResult
 from trajflow.contracts.envs import SandboxHandle as SandboxHandle
 from trajflow.contracts.limits import EnvId, EnvKwargs, EnvPackage, Name, PoolName, SystemPrompt, WorkflowIdRef
 from trajflow.contracts.reward_models import RewardModelConfig, model_name
+from trajflow.contracts.scoring import ScoreRequest
 
 DEFAULT_ENV_ID = "game:GuessTheNumber-v0-easy"
 DEFAULT_SYSTEM_PROMPT = (
@@ -266,35 +267,6 @@ class GenerateResult(Contract):
     """The tool calls parsed from the completion (a request with `tools`; finish reason `tool_calls`)."""
 
 
-class ScoreRequest(Contract):
-    """The body of the reward service's `POST /score` (HTTP, not Temporal, but kept beside its siblings)."""
-
-    reward_fn: str = "env_outcome"
-    env_id: str
-    seed: int = 0
-    actions: list[str] = Field(default_factory=list)
-    env_rewards: list[float] = Field(default_factory=list)
-    terminated: bool = False
-    truncated: bool = False
-    final_info: dict[str, JsonScalar] = Field(default_factory=dict)
-    reward_model: RewardModelConfig | None = None
-    """The reward model of `reward_fn = "model:NAME"`; None for rule rewards."""
-    observations: list[str] = Field(default_factory=list)
-    """The env's observations in order, the first one the task's prompt (after reset), then one after each action;
-    sent only with a reward model."""
-
-
-class ScoreResult(Contract):
-    reward: FiniteFloat
-    """Finite: a NaN or infinite reward is a broken reward service, never a sample to train on."""
-    reward_fn: str
-    details: dict[str, JsonScalar] = Field(default_factory=dict)
-
-
-class ScoreInput(Contract):
-    request: ScoreRequest
-
-
 class TurnSummary(Contract):
     """One turn as history keeps it: the action and observation text and scalars."""
 
@@ -358,6 +330,20 @@ class TrajectoryResult(Contract):
     """Completed, and its last env reward was at least 1: what eval calls a win (False in histories from before
     this field)."""
 
+    def report(self, group: str) -> TrajectoryReport:
+        """The signal this trajectory, a member of `group`, sends (or its run files for it) when it ends."""
+        return TrajectoryReport(
+            workflow_id=self.workflow_id,
+            trajectory_uri=self.trajectory_uri,
+            group=group,
+            policy_version=self.policy_version,
+            reward=self.reward,
+            status=self.status,
+            error=self.error,
+            won=self.won,
+            turns=self.turns,
+        )
+
 
 class TrajectoryProgress(Contract):
     """What the TrajectoryWorkflow's `progress` query answers: where a running episode is."""
@@ -390,3 +376,17 @@ class TrajectoryReport(Contract):
     """Completed, and its last env reward was at least 1 (what eval calls a win); False from older trajectories."""
     turns: int = 0
     """Its turns (a tree rollout draws its branches' turns from them); 0 from older trajectories."""
+
+    @classmethod
+    def infra_failed(cls, workflow_id: str, group: str, error: str) -> TrajectoryReport:
+        """The report filed for a member that ended without one (terminated, failed, timed out, never started):
+        an infra failure, never scored."""
+        return cls(
+            workflow_id=workflow_id,
+            trajectory_uri=None,
+            group=group,
+            policy_version=None,
+            reward=None,
+            status=TrajectoryStatus.INFRA_FAILED,
+            error=error,
+        )

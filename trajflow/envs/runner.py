@@ -48,34 +48,36 @@ from types import ModuleType
 from typing import Any
 
 if __package__:
+    from trajflow.contracts.env_ids import (
+        AGENT_CMD_PREFIX,
+        AGENT_PREFIX,
+        AGENT_PREFIXES,
+        DATA_PREFIX,
+        GYM_PREFIX,
+        NO_GEM_PREFIXES,
+        SHELL_PREFIX,
+        USER_PREFIX,
+    )
     from trajflow.envs.gem_loader import GemLoader, GemUnavailable
-else:  # beside the runner in the sandbox image
+else:  # beside the runner in the sandbox image (`env_ids.py` is the contracts' file, copied there)
+    from env_ids import (
+        AGENT_CMD_PREFIX,
+        AGENT_PREFIX,
+        AGENT_PREFIXES,
+        DATA_PREFIX,
+        GYM_PREFIX,
+        NO_GEM_PREFIXES,
+        SHELL_PREFIX,
+        USER_PREFIX,
+    )
     from gem_loader import GemLoader, GemUnavailable
 
 DEFAULT_SOCKET = "/run/trajflow/env.sock"
 MAX_INFO_CHARS = 1000
 MAX_SLEEP_S = 3600.0
-SHELL_PREFIX = "shell:"
-"""Env ids `shell:<task>` are shell tasks (`trajflow/envs/shell.py`), hosted without GEM."""
-GYM_PREFIX = "gym:"
-"""Env ids `gym:<ID>` are gymnasium envs (`trajflow/envs/gym_adapter.py`), hosted without GEM."""
-USER_PREFIX = "py:"
-"""Env ids `py:MODULE:CLASS` are a user's own env class, imported from the image's PYTHONPATH (its layer holds
-the user's source and requirements: `trajflow/envs/user/`, `trajflow/sandbox/user_images.py`), hosted without GEM."""
-DATA_PREFIX = "data:"
-"""Env ids `data:NAME` are dataset tasks (`trajflow/envs/dataset.py`): NAME.jsonl or NAME.parquet in the user env
-layer."""
 USERENV_DIR = "/opt/trajflow/userenv"
 """Where a user env layer holds its package (`trajflow/sandbox/user_images.py`; env TRAJFLOW_USERENV_DIR overrides)."""
 STEP_RESULT = "(observation, reward, terminated, truncated, info)"
-AGENT_PREFIX = "agent:"
-"""Env ids `agent:MODULE:FUNCTION` are a user's agent program (`trajflow/envs/agent.py`), hosted without GEM."""
-AGENT_CMD_PREFIX = "agent-cmd:"
-"""Env ids `agent-cmd:FILE` are a user's agent program run as a command line (`trajflow/envs/agent_cmd.py`)."""
-AGENT_PREFIXES = (AGENT_PREFIX, AGENT_CMD_PREFIX)
-"""The agent programs' env ids (`trajflow.contracts.agent.is_agent`, which this runner cannot import)."""
-NO_GEM_PREFIXES = (SHELL_PREFIX, GYM_PREFIX, USER_PREFIX, DATA_PREFIX, *AGENT_PREFIXES)
-
 Response = dict[str, Any]
 
 

@@ -48,11 +48,15 @@ class Timeline:
             "activity_s": {k: round(v, 6) for k, v in self.activity_s.items()},
             "orchestration_s": round(self.orchestration_s, 6),
             "spans": [
-                {"depth": r.depth, "offset_s": round(r.offset_s, 6), "seconds": round(r.span.seconds, 6),
-                 **r.span.model_dump()}
+                {
+                    "depth": r.depth,
+                    "offset_s": round(r.offset_s, 6),
+                    "seconds": round(r.span.seconds, 6),
+                    **r.span.model_dump(),
+                }
                 for r in self.rows
             ],
-        }  # fmt: skip
+        }
 
 
 def span_files(traces_dir: Path) -> list[Path]:
@@ -119,8 +123,11 @@ def render(t: Timeline, width: int = 32) -> list[str]:
     head = f"trajectory {t.workflow_id}  trace {t.trace_id}"
     if t.root is not None:
         a = t.root.attributes
-        facts = [f"{k} {a[attr(k)]}" for k in ("run", "task", "seed", "status", "reward", "turns", "policy_version")
-                 if attr(k) in a]  # fmt: skip
+        facts = [
+            f"{k} {a[attr(k)]}"
+            for k in ("run", "task", "seed", "status", "reward", "turns", "policy_version")
+            if attr(k) in a
+        ]
         head += "\n  " + "  ".join(facts)
     else:
         head += "\n  still running (or its last spans are not written yet): its root span comes when it ends"

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 
 from trajflow.contracts import names as contract_names
 from trajflow.contracts.errors import explain_invalid
-from trajflow.contracts.trajectory import ScoreRequest, ScoreResult
+from trajflow.contracts.scoring import ScoreRequest, ScoreResult
 
 _SNIPPET = 200
 """How much of an unexpected answer an error message quotes."""

@@ -17,7 +17,8 @@ import os
 import re
 
 from trajflow.contracts.reward_models import JudgeModelConfig, template_fields
-from trajflow.contracts.trajectory import JsonScalar, ScoreRequest, ScoreResult
+from trajflow.contracts.scoring import ScoreRequest, ScoreResult
+from trajflow.contracts.trajectory import JsonScalar
 from trajflow.rewards.model_http import EXCERPT, RewardModelFailed, post_json
 from trajflow.rewards.registry import RewardInputError
 
@@ -93,8 +94,9 @@ async def score(req: ScoreRequest, spec: JudgeModelConfig) -> ScoreResult:
         reply = answer["choices"][0]["message"]["content"]
         assert isinstance(reply, str)
     except (KeyError, IndexError, TypeError, AssertionError):
-        raise RewardModelFailed(f"judge {spec.model!r} at {url} answered without choices[0].message.content: "
-                                f"{str(answer)[:EXCERPT]!r}") from None  # fmt: skip
+        raise RewardModelFailed(
+            f"judge {spec.model!r} at {url} answered without choices[0].message.content: {str(answer)[:EXCERPT]!r}"
+        ) from None
     try:
         raw = parse_score(reply, spec)
     except ValueError as e:

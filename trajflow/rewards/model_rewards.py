@@ -18,7 +18,8 @@ from trajflow.contracts.reward_models import (
     LocalScoreResult,
     model_name,
 )
-from trajflow.contracts.trajectory import JsonScalar, ScoreRequest, ScoreResult
+from trajflow.contracts.scoring import ScoreRequest, ScoreResult
+from trajflow.contracts.trajectory import JsonScalar
 from trajflow.rewards import judge
 from trajflow.rewards.model_http import EXCERPT, RewardModelFailed, post_json
 from trajflow.rewards.registry import RewardInputError
@@ -62,8 +63,10 @@ async def score_local(req: ScoreRequest, spec: LocalModelConfig) -> ScoreResult:
     try:
         result = LocalScoreResult.model_validate(answer)
     except ValidationError as e:
-        raise RewardModelFailed(f"local reward model at {url} answered no LocalScoreResult ({e.error_count()} "
-                                f"errors): {str(answer)[:EXCERPT]!r}") from None  # fmt: skip
+        raise RewardModelFailed(
+            f"local reward model at {url} answered no LocalScoreResult ({e.error_count()} "
+            f"errors): {str(answer)[:EXCERPT]!r}"
+        ) from None
     details: dict[str, JsonScalar] = {
         "model_mode": result.mode,
         "model_raw": result.raw,

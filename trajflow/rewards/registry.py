@@ -50,7 +50,8 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from trajflow.contracts.trajectory import JsonScalar, ScoreRequest, ScoreResult
+from trajflow.contracts.scoring import ScoreRequest, ScoreResult
+from trajflow.contracts.trajectory import JsonScalar
 from trajflow.envs import verify
 
 RewardFn = Callable[[ScoreRequest], ScoreResult]

@@ -39,7 +39,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from trajflow.contracts import names
-from trajflow.contracts.trajectory import ScoreRequest, ScoreResult
+from trajflow.contracts.scoring import ScoreRequest, ScoreResult
 from trajflow.rewards import bounded, model_rewards, registry
 from trajflow.rewards.model_http import RewardModelFailed, RewardModelUnavailable
 

@@ -5,12 +5,12 @@ No image registry is reachable, so every image is built here and named by a hash
 - `trajflow-base:<hash>`: the Debian base layer of `trajflow.sandbox.builder.base` (debootstrap minbase + python3).
 - `trajflow-runtime:<hash>`: a Dockerfile `FROM` the base that installs wheels downloaded on the host
   (`trajflow.sandbox.builder.wheels`, so sdists are built here once and the build is offline), copies in
-  `trajflow/envs/runner.py` and
-  the env modules it hosts beside it (`RUNTIME_SOURCES`), and NLTK's `words` corpus to `/usr/share/nltk_data`
-  (vendored in `trajflow/envs/nltk_data/`, see its SOURCE.md: GEM's word games read it and sandboxes cannot download
-  it); its CMD runs the runner as an unprivileged user. The hash covers the base tag, the requirements, the
-  wheels' sha256 and every file copied in (`runtime_sources`), so editing the runner rebuilds only this layer
-  and the ones above it.
+  `trajflow/envs/runner.py` and the env modules it hosts beside it (`RUNTIME_SOURCES`; the env id prefixes of
+  `trajflow/contracts/env_ids.py` too, `CONTRACT_SOURCES`), and NLTK's `words` corpus to
+  `/usr/share/nltk_data` (vendored in `trajflow/envs/nltk_data/`, see its SOURCE.md: GEM's word games read it and
+  sandboxes cannot download it); its CMD runs the runner as an unprivileged user. The hash covers the base tag, the
+  requirements, the wheels' sha256 and every file copied in (`runtime_sources`), so editing the runner rebuilds only
+  this layer and the ones above it.
 - `trajflow-task:<name>-<hash>`: a shell task's files (`trajflow/envs/shell_tasks/<name>/`, less its host-only
   reference solution) copied `FROM` the runtime layer. The hash covers the runtime tag and every file, so
   editing a task rebuilds only its own layer. GEM envs need no task layer: they run on the runtime image.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import docker
 
-from trajflow.envs.runner import AGENT_PREFIXES, DATA_PREFIX, SHELL_PREFIX, USER_PREFIX
+from trajflow.contracts.env_ids import AGENT_PREFIXES, DATA_PREFIX, SHELL_PREFIX, USER_PREFIX
 from trajflow.envs.shell import TASKS_ROOT
 from trajflow.sandbox.builder import wheels
 from trajflow.sandbox.builder.base import base_image_tag, build_base_image
@@ -68,6 +68,7 @@ RUNTIME_REQUIREMENTS: tuple[str, ...] = (
 
 ENVS_DIR = Path(str(resources.files("trajflow.envs")))
 """The envs package where Python imports it from: its runner sources, NLTK data and shell tasks are package data."""
+CONTRACTS_DIR = Path(str(resources.files("trajflow.contracts")))
 
 RUNTIME_SOURCES: tuple[str, ...] = (
     "runner.py",
@@ -84,6 +85,9 @@ RUNTIME_SOURCES: tuple[str, ...] = (
 )
 """The files of `trajflow/envs/` copied into the runtime layer, beside each other in /opt/trajflow (the runner imports
 its siblings flat there)."""
+CONTRACT_SOURCES: tuple[str, ...] = ("env_ids.py",)
+"""The stdlib-only files of `trajflow/contracts/` the runner imports, copied beside it too: the env id prefixes are
+defined once, for the host and the sandbox."""
 
 NLTK_DATA_DIR = ENVS_DIR / "nltk_data"
 NLTK_WORDS: tuple[str, ...] = ("corpora/words/README", "corpora/words/en", "corpora/words/en-basic")
@@ -106,8 +110,10 @@ RUNNER_SOCKET_DIR = "/run/trajflow"
 
 def runtime_sources() -> dict[str, bytes]:
     """The runtime layer's own files, by path in its build context: the runner and the env modules beside it
-    (`RUNTIME_SOURCES`), and NLTK's words corpus under `nltk_data/`. All of them are hashed into its tag."""
+    (`RUNTIME_SOURCES`, `CONTRACT_SOURCES`), and NLTK's words corpus under `nltk_data/`. All of them are hashed into
+    its tag."""
     files = {name: (ENVS_DIR / name).read_bytes() for name in RUNTIME_SOURCES}
+    files |= {name: (CONTRACTS_DIR / name).read_bytes() for name in CONTRACT_SOURCES}
     files |= {f"nltk_data/{rel}": (NLTK_DATA_DIR / rel).read_bytes() for rel in NLTK_WORDS}
     return files
 
@@ -148,7 +154,7 @@ def runtime_dockerfile(base_tag: str, wheel_names: list[str]) -> str:
         + f"""
 FROM {base_tag}
 COPY --from=build /opt/trajflow/site /opt/trajflow/site
-COPY {" ".join(RUNTIME_SOURCES)} /opt/trajflow/
+COPY {" ".join((*RUNTIME_SOURCES, *CONTRACT_SOURCES))} /opt/trajflow/
 COPY nltk_data/ {IMAGE_NLTK_DATA}/
 RUN mkdir -p {RUNNER_SOCKET_DIR} && chown {SANDBOX_UID}:{SANDBOX_UID} {RUNNER_SOCKET_DIR}
 ENV PYTHONPATH=/opt/trajflow/site HOME=/tmp MPLCONFIGDIR=/tmp/matplotlib PYTHONUNBUFFERED=1 \\

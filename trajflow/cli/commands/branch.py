@@ -93,9 +93,12 @@ def outcome(workflow_id: str, result: TrajectoryResult | None, error: str | None
     if result is None:
         return {"workflow_id": workflow_id, "status": "unknown", "reward": None, "turns": None, "error": error}
     return {
-        "workflow_id": workflow_id, "status": result.status.value, "reward": result.reward, "turns": result.turns,
+        "workflow_id": workflow_id,
+        "status": result.status.value,
+        "reward": result.reward,
+        "turns": result.turns,
         "error": result.error,
-    }  # fmt: skip
+    }
 
 
 async def branch_main(workflow_id: str, turn: int, n: int, wait: bool, timeout_s: float, as_json: bool) -> int:

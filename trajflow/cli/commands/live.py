@@ -65,8 +65,14 @@ async def describe(client: Client, workflow_id: str) -> tuple[str, str, dict[str
 async def trajectory_status(client: Client, workflow_id: str) -> dict[str, Any]:
     _, execution, attrs = await describe(client, workflow_id)
     progress, error = await _query(client, workflow_id, TrajectoryProgress)
-    return {"kind": "trajectory", "workflow_id": workflow_id, "execution_status": execution, "attributes": attrs,
-            "progress": progress, "query_error": error}  # fmt: skip
+    return {
+        "kind": "trajectory",
+        "workflow_id": workflow_id,
+        "execution_status": execution,
+        "attributes": attrs,
+        "progress": progress,
+        "query_error": error,
+    }
 
 
 async def run_status(client: Client, run_id: str, limit: int) -> dict[str, Any]:

@@ -132,9 +132,18 @@ def _cells(r: TrajectoryRow) -> tuple[str, ...]:
         return f"{v:g}" if isinstance(v, float) else str(v)
 
     return (
-        r.workflow_id, r.status, show(r.env), show(r.task), show(r.run), show(r.version), show(r.reward),
-        show(r.turns), show(r.env_failures), r.start_time, show(r.replay_of),
-    )  # fmt: skip
+        r.workflow_id,
+        r.status,
+        show(r.env),
+        show(r.task),
+        show(r.run),
+        show(r.version),
+        show(r.reward),
+        show(r.turns),
+        show(r.env_failures),
+        r.start_time,
+        show(r.replay_of),
+    )
 
 
 def format_table(rows: list[TrajectoryRow]) -> str:

@@ -76,9 +76,18 @@ async def replay_env(
         out(f"env-only replay {handle.id}: {inp.env_id} seed {inp.seed}, {len(inp.actions)} recorded actions")
     result = await _follow(handle, timeout_s, None if as_json else out, old.record.first_observation, recorded)
     if as_json:
-        out(json.dumps({"workflow_id": handle.id, "replay_of": workflow_id, **result.model_dump(mode="json"),
-                        "recorded_first_observation": old.record.first_observation,
-                        "recorded_observations": recorded}, indent=2))  # fmt: skip
+        out(
+            json.dumps(
+                {
+                    "workflow_id": handle.id,
+                    "replay_of": workflow_id,
+                    **result.model_dump(mode="json"),
+                    "recorded_first_observation": old.record.first_observation,
+                    "recorded_observations": recorded,
+                },
+                indent=2,
+            )
+        )
     else:
         out(f"\nsandbox {result.sandbox_id} on worker {result.worker_id}, image {result.image}")
         ended = (

@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from trajflow.contracts.env_ids import DATA_PREFIX
 from trajflow.envs.dataset import SUFFIXES, DatasetError, read_rows, splits
-from trajflow.envs.runner import DATA_PREFIX
 from trajflow.envs.user.source import MAX_SOURCE_BYTES, EnvSourceError
 from trajflow.envs.user.verifiers import VerifierSource, check_verifier
 

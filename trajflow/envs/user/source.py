@@ -33,9 +33,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from trajflow.contracts.env_ids import AGENT_CMD_PREFIX, AGENT_PREFIX, USER_PREFIX
 from trajflow.envs.agent_cmd import command_argv, file_problem
 from trajflow.envs.agent_verify import verifier_problem
-from trajflow.envs.runner import AGENT_CMD_PREFIX, AGENT_PREFIX, USER_PREFIX
 
 PREFIX = USER_PREFIX
 REQUIREMENTS_FILE = "requirements.txt"

@@ -19,12 +19,12 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from trajflow.contracts.scoring import ScoreInput
     from trajflow.contracts.trajectory import (
         EnvResetInput,
         GenerateResult,
         SandboxHandle,
         SaveTrajectoryInput,
-        ScoreInput,
         TrajectoryRequest,
         TrajectoryStatus,
         TurnSummary,

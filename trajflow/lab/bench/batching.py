@@ -251,9 +251,17 @@ def run(
             static, continuous = (
                 asyncio.run(run_mode(m, model, shape, observations, threads, dtype, device, cache_mb)) for m in MODES
             )
-            workloads.append({"workload": shape.name, "turns": shape.turns, "trajectories": shape.trajectories,
-                              "budgets": shape.budgets, "static": static, "continuous": continuous,
-                              **compare(static, continuous)})  # fmt: skip
+            workloads.append(
+                {
+                    "workload": shape.name,
+                    "turns": shape.turns,
+                    "trajectories": shape.trajectories,
+                    "budgets": shape.budgets,
+                    "static": static,
+                    "continuous": continuous,
+                    **compare(static, continuous),
+                }
+            )
     name = "tiny random Qwen2 (smoke test)" if tiny else "SmolLM2-135M-Instruct"
     if random_weights:
         name = "SmolLM2-135M architecture, random weights" if not tiny else "quick: 2 blocks, random (smoke test)"
@@ -293,8 +301,10 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"{w['workload']}: {w['trajectories']} trajectories x {w['turns']} turns, max_new_tokens {w['budgets']}"
         )
-        lines.append(f"  {'':<12} {'s':>8} {'tokens':>7} {'tok/s':>8} {'p50 s':>7} {'p99 s':>7} {'req/s':>7} "
-                     f"{'traj/s':>7} {'batch':>6}")  # fmt: skip
+        lines.append(
+            f"  {'':<12} {'s':>8} {'tokens':>7} {'tok/s':>8} {'p50 s':>7} {'p99 s':>7} {'req/s':>7} "
+            f"{'traj/s':>7} {'batch':>6}"
+        )
         for mode in MODES:
             r = w[mode]
             lines.append(
@@ -303,8 +313,9 @@ def render(report: dict[str, Any]) -> str:
                 f"{r['trajectories_per_s']:>7.3f} {r['mean_batch_size']:>6.1f}"
             )
         ratios = ", ".join(f"{k} {v}" for k, v in w["ratios"].items())
-        lines.append(f"  continuous/static: {ratios}; identical trajectories {w['identical_trajectories']}/"
-                     f"{w['trajectories']}")  # fmt: skip
+        lines.append(
+            f"  continuous/static: {ratios}; identical trajectories {w['identical_trajectories']}/{w['trajectories']}"
+        )
     return "\n".join(lines)
 
 
@@ -379,9 +390,16 @@ def cli(argv: list[str] | None = None) -> int:
 
         models_dir = load_settings().cache_dir / "models"
     return main(
-        args.quick, args.json, models_dir, args.threads, args.tiny, args.dtype, args.device, args.random_weights,
+        args.quick,
+        args.json,
+        models_dir,
+        args.threads,
+        args.tiny,
+        args.dtype,
+        args.device,
+        args.random_weights,
         args.prefix_cache_mb,
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

@@ -184,8 +184,16 @@ def run_alone(setting: str, model: Path, plan: dict[str, int]) -> dict[str, Any]
 
 
 def _decode_args(model: Path, plan: dict[str, int]) -> list[str]:
-    return ["--model", str(model), "--batch", str(plan["batch"]), "--new-tokens", str(plan["new_tokens"]),
-            "--rounds", str(plan["rounds"])]  # fmt: skip
+    return [
+        "--model",
+        str(model),
+        "--batch",
+        str(plan["batch"]),
+        "--new-tokens",
+        str(plan["new_tokens"]),
+        "--rounds",
+        str(plan["rounds"]),
+    ]
 
 
 def _median(values: list[float]) -> float | None:
@@ -230,14 +238,23 @@ def measure(
 def _machine() -> str:
     import platform
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())  # fmt: skip
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     return f"{cpu}, {os.cpu_count()} cores, {len(os.sched_getaffinity(0))} usable"
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [f"machine: {report['machine']}; load average before {report['loadavg_before'][0]:.2f}, "
-             f"after {report['loadavg_after'][0]:.2f}", "together (decode and trainer overlapping):"]  # fmt: skip
+    lines = [
+        f"machine: {report['machine']}; load average before {report['loadavg_before'][0]:.2f}, "
+        f"after {report['loadavg_after'][0]:.2f}",
+        "together (decode and trainer overlapping):",
+    ]
     for r in report["together"]:
         step = (
             f"{r['trainer_step_s']:.2f} s ({r['trainer_steps_inside']} steps)"
@@ -251,8 +268,10 @@ def render(report: dict[str, Any]) -> str:
         )
     lines.append("alone (one stage at a time, as sync runs them):")
     for r in report["alone"]:
-        lines.append(f"  {r['setting']:14} threads {r['threads']}: decode {r['decode_tokens_per_s']:7.1f} tok/s, "
-                     f"trainer step {r['trainer_step_s']:.2f} s")  # fmt: skip
+        lines.append(
+            f"  {r['setting']:14} threads {r['threads']}: decode {r['decode_tokens_per_s']:7.1f} tok/s, "
+            f"trainer step {r['trainer_step_s']:.2f} s"
+        )
     return "\n".join(lines)
 
 

@@ -70,8 +70,15 @@ SMOLLM2_135M = {
     "pad_token_id": 2,
 }
 """SmolLM2-135M-Instruct's architecture (the converted checkpoint's config.json, weights aside)."""
-QUICK = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}  # fmt: skip
+QUICK = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
 
 
 def build_random_model(out: Path, quick: bool) -> Path:
@@ -147,9 +154,17 @@ def check_decode(path: Path, device: str, batches: list[int], new_tokens: int) -
         finally:
             await engine.close()
 
-    rows = [{"batch": r.batch, "new_tokens": r.new_tokens, "tokens": r.tokens, "seconds": r.seconds,
-             "tokens_per_s": r.tokens_per_s, "first_round_tokens_per_s": cold.tokens_per_s}
-            for (r, _), cold in zip(asyncio.run(run()), first, strict=True)]  # fmt: skip
+    rows = [
+        {
+            "batch": r.batch,
+            "new_tokens": r.new_tokens,
+            "tokens": r.tokens,
+            "seconds": r.seconds,
+            "tokens_per_s": r.tokens_per_s,
+            "first_round_tokens_per_s": cold.tokens_per_s,
+        }
+        for (r, _), cold in zip(asyncio.run(run()), first, strict=True)
+    ]
     return {"dtype": precision.dtype, "dtype_reason": precision.reason, "batches": rows}
 
 
@@ -233,8 +248,10 @@ def run(device: str, quick: bool, new_tokens: int | None = None, steps: int | No
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [f"{report['model']} on {report['device']} (torch {report['torch']}, CUDA {report['cuda']})",
-             f"decode ({report['decode']['dtype']}):"]  # fmt: skip
+    lines = [
+        f"{report['model']} on {report['device']} (torch {report['torch']}, CUDA {report['cuda']})",
+        f"decode ({report['decode']['dtype']}):",
+    ]
     for row in report["decode"]["batches"]:
         took = (
             f"{row['tokens']} tokens in {row['seconds']:.2f} s; the first round {row['first_round_tokens_per_s']:.1f}"

@@ -62,8 +62,17 @@ def requests(n: int, seed: int = 0) -> list[dict[str, str]]:
 async def _measure(model: str, max_batch: int, bodies: list[dict[str, str]], port: int, say: Any) -> dict[str, Any]:
     import httpx
 
-    argv = python_module("trajflow.rewards.models.server", "--model", model, "--port", str(port),
-                         "--max-batch", str(max_batch), "--max-wait-ms", "20")  # fmt: skip
+    argv = python_module(
+        "trajflow.rewards.models.server",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--max-batch",
+        str(max_batch),
+        "--max-wait-ms",
+        "20",
+    )
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -88,8 +97,10 @@ async def _measure(model: str, max_batch: int, bodies: list[dict[str, str]], por
         "batch_sizes": {k: v for k, v in sizes.items() if v},
         "rewards": [a.json()["reward"] for a in answers],
     }
-    say(f"max-batch {max_batch}: {len(bodies)} requests in {seconds:.2f} s, {result['requests_per_s']} requests/s, "
-        f"batches {result['batch_sizes']}")  # fmt: skip
+    say(
+        f"max-batch {max_batch}: {len(bodies)} requests in {seconds:.2f} s, {result['requests_per_s']} requests/s, "
+        f"batches {result['batch_sizes']}"
+    )
     return result
 
 
@@ -115,8 +126,10 @@ def main(quick: bool, json_path: Path | None, n: int, max_batch: int, port: int)
         "max_reward_gap": gap,
         "same_rewards": gap <= MAX_REWARD_GAP,
     }
-    print(f"batching (max-batch {max_batch}) over max-batch 1: {report['speedup']}x requests/s; "
-          f"largest reward difference {gap:.2g} ({'same' if report['same_rewards'] else 'DIFFERENT'})")  # fmt: skip
+    print(
+        f"batching (max-batch {max_batch}) over max-batch 1: {report['speedup']}x requests/s; "
+        f"largest reward difference {gap:.2g} ({'same' if report['same_rewards'] else 'DIFFERENT'})"
+    )
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=1) + "\n")
     return 0 if report["same_rewards"] else 1

@@ -54,6 +54,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from trajflow.activities.env import EnvActivities
+from trajflow.contracts.env_ids import SHELL_PREFIX
 from trajflow.contracts.trajectory import (
     EnvCloseInput,
     EnvResetInput,
@@ -62,7 +63,6 @@ from trajflow.contracts.trajectory import (
     EnvStepResult,
     SandboxHandle,
 )
-from trajflow.envs.runner import SHELL_PREFIX
 from trajflow.infra.settings import Settings
 from trajflow.lab.bench.sandboxes_builds import measure_builds, measure_cached
 from trajflow.lab.bench.sandboxes_chaos import measure_chaos

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import docker
 import docker.errors
 
-from trajflow.envs.runner import SHELL_PREFIX
+from trajflow.contracts.env_ids import SHELL_PREFIX
 from trajflow.lab.bench.sandboxes_report import LAYERS
 from trajflow.sandbox.builder.base import base_image_tag, build_base_image
 from trajflow.sandbox.builder.docker_build import build_from_context

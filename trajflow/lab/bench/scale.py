@@ -134,10 +134,15 @@ class _Loop:
         sw = self.sw
         spec = SyntheticSpec(mean=sw.env_s, sigma=0.2 * sw.env_s, min_turns=sw.turns, max_turns=sw.turns)
         return TrajectoryRequest(
-            env_id=ENV_ID, seed=sw.seed * 1_000_000 + i, env_kwargs=spec.as_kwargs(), max_turns=sw.turns,
-            system_prompt="", sampling=SamplingParams(temperature=1.0, max_new_tokens=16), task=self.run_id,
+            env_id=ENV_ID,
+            seed=sw.seed * 1_000_000 + i,
+            env_kwargs=spec.as_kwargs(),
+            max_turns=sw.turns,
+            system_prompt="",
+            sampling=SamplingParams(temperature=1.0, max_new_tokens=16),
+            task=self.run_id,
             pools=StagePools(decode=self.st.pool, env=self.st.pool, reward=self.st.pool),
-        )  # fmt: skip
+        )
 
     def workflow_id(self, i: int) -> str:
         return f"{self.run_id}-{i:06d}"
@@ -180,8 +185,10 @@ class _Loop:
         completed, ended = now
         others: dict[str, int] = {}
         if ended > completed:
-            query = (f"TrajflowTask = '{self.run_id}' AND ExecutionStatus != 'Running' AND "
-                     "(ExecutionStatus != 'Completed' OR TrajflowStatus != 'completed')")  # fmt: skip
+            query = (
+                f"TrajflowTask = '{self.run_id}' AND ExecutionStatus != 'Running' AND "
+                "(ExecutionStatus != 'Completed' OR TrajflowStatus != 'completed')"
+            )
             async for wf in self.st.client.list_workflows(query, limit=1000):
                 status = wf.search_attributes.get("TrajflowStatus", ["?"])[0] if wf.search_attributes else "?"
                 key = f"{wf.status.name if wf.status else '?'}/{status}"
@@ -361,9 +368,13 @@ async def run(sw: ScaleWorkload, cache_dir: Path, say: Say) -> dict:
 
     levels: dict[str, dict] = {}
     async with scale_stack(
-        cache_dir, say, decode_s=sw.decode_s, trace_share=sw.trace_share, slots=4 * max(sw.levels),
+        cache_dir,
+        say,
+        decode_s=sw.decode_s,
+        trace_share=sw.trace_share,
+        slots=4 * max(sw.levels),
         workflow_cache=sw.workflow_cache,
-    ) as st:  # fmt: skip
+    ) as st:
         base = await floor(st.client, st.pids.get("server"))
         say(
             f"floor: {base['round_trip_ms']} ms per no-op activity round trip, alone, in sequence "

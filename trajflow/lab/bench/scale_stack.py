@@ -70,9 +70,14 @@ def _alive(procs: dict[str, subprocess.Popen[bytes]]) -> None:
 
 @asynccontextmanager
 async def scale_stack(
-    cache_dir: Path, say: Callable[[str], None], *, decode_s: float, trace_share: float, slots: int,
+    cache_dir: Path,
+    say: Callable[[str], None],
+    *,
+    decode_s: float,
+    trace_share: float,
+    slots: int,
     workflow_cache: int | None,
-) -> AsyncIterator[ScaleStack]:  # fmt: skip
+) -> AsyncIterator[ScaleStack]:
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
@@ -89,18 +94,39 @@ async def scale_stack(
     try:
         with child_output_to_devnull():
             env = await WorkflowEnvironment.start_local(
-                data_converter=pydantic_data_converter, dev_server_existing_path=temporal_binary(),
-                dev_server_extra_args=dev_server_args(), dev_server_log_level="error", runtime=quiet_runtime(),
-            )  # fmt: skip
+                data_converter=pydantic_data_converter,
+                dev_server_existing_path=temporal_binary(),
+                dev_server_extra_args=dev_server_args(),
+                dev_server_log_level="error",
+                runtime=quiet_runtime(),
+            )
         reward_proc, reward_url = await start_reward_service()
         tag = uuid.uuid4().hex[:8]
         pool, queue = f"scale{tag}", f"trajflow-scale-{tag}"
         common = [
-            "--address", env.client.service_client.config.target_host, "--queue", queue, "--pool", pool,
-            "--store", str(work), "--traces", str(traces), "--trace-share", str(trace_share),
-            "--decode-s", str(decode_s), "--slots", str(slots), "--activity-slots", str(slots),
-            "--reward-url", reward_url, "--cache-dir", str(cache_dir),
-        ]  # fmt: skip
+            "--address",
+            env.client.service_client.config.target_host,
+            "--queue",
+            queue,
+            "--pool",
+            pool,
+            "--store",
+            str(work),
+            "--traces",
+            str(traces),
+            "--trace-share",
+            str(trace_share),
+            "--decode-s",
+            str(decode_s),
+            "--slots",
+            str(slots),
+            "--activity-slots",
+            str(slots),
+            "--reward-url",
+            reward_url,
+            "--cache-dir",
+            str(cache_dir),
+        ]
         if workflow_cache is not None:
             common += ["--workflow-cache", str(workflow_cache)]
         log = (work / "workers.log").open("ab")

@@ -69,9 +69,14 @@ async def serve(a: argparse.Namespace) -> None:
         from trajflow.workers.decode import decode_workers
 
         engine = SimulatedEngine(
-            tokenizer(a.cache_dir), slots=a.slots, unit_s=a.decode_s, median_units=1.0, sigma=0.3, seed=0,
+            tokenizer(a.cache_dir),
+            slots=a.slots,
+            unit_s=a.decode_s,
+            median_units=1.0,
+            sigma=0.3,
+            seed=0,
             weights=PolicyStore(store, a.store / f"policies-{os.getpid()}", pointer_ttl_s=0.0),
-        )  # fmt: skip
+        )
         await engine.start()
         on_stop = engine.close
         workers = decode_workers(

@@ -210,6 +210,12 @@ def measure(cfg: TrainingRunConfig, s: TrainingState, layout: str, training: boo
     sh = s.sharded
     assert sh is not None
     return state_size.measure(
-        cfg, s, training, open_groups=len(sh.open) + sum(len(v) for v in sh.ready.values()),
-        groups_per_shard=cfg.shard_groups(), layout=layout, ranges=ranges(s), shards=len(sh.shards),
-    )  # fmt: skip
+        cfg,
+        s,
+        training,
+        open_groups=len(sh.open) + sum(len(v) for v in sh.ready.values()),
+        groups_per_shard=cfg.shard_groups(),
+        layout=layout,
+        ranges=ranges(s),
+        shards=len(sh.shards),
+    )

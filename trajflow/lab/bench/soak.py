@@ -103,14 +103,23 @@ async def _soak(st: BenchStack, sw: SoakWorkload, say: Say) -> dict:
 
     spec = SyntheticSpec(mean=1.0, sigma=0.2, min_turns=sw.turns, max_turns=sw.turns)
     task = TaskConfig(
-        name="synthetic", env_id=ENV_ID, env_kwargs=spec.as_kwargs(), max_turns=sw.turns, system_prompt="",
+        name="synthetic",
+        env_id=ENV_ID,
+        env_kwargs=spec.as_kwargs(),
+        max_turns=sw.turns,
+        system_prompt="",
         sampling=SamplingParams(temperature=1.0, max_new_tokens=16),
         pools=StagePools(decode=st.pool, env=st.pool, reward=st.pool),
-    )  # fmt: skip
+    )
     cfg = TrainingRunConfig(
-        steps=sw.steps, batch_size=sw.batch_size, group_size=sw.group_size, alpha=sw.alpha, trainer_pool=st.pool,
-        history_events_before_continue=sw.history_events, tasks=[task],
-    )  # fmt: skip
+        steps=sw.steps,
+        batch_size=sw.batch_size,
+        group_size=sw.group_size,
+        alpha=sw.alpha,
+        trainer_pool=st.pool,
+        history_events_before_continue=sw.history_events,
+        tasks=[task],
+    )
     run_id = f"soak-{uuid.uuid4().hex[:6]}"
     st.trainer.set_step_s(run_id, sw.train_s)  # type: ignore[attr-defined]
     t0 = time.monotonic()

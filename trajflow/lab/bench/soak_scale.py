@@ -167,14 +167,24 @@ async def _scale(st: BenchStack, sw: ScaleSoak, say: Say) -> dict:
 
     spec = SyntheticSpec(mean=1.0, sigma=0.2, min_turns=1, max_turns=1)
     task = TaskConfig(
-        name="synthetic", env_id=ENV_ID, env_kwargs=spec.as_kwargs(), max_turns=1, system_prompt="",
+        name="synthetic",
+        env_id=ENV_ID,
+        env_kwargs=spec.as_kwargs(),
+        max_turns=1,
+        system_prompt="",
         sampling=SamplingParams(temperature=1.0, max_new_tokens=16),
         pools=StagePools(decode=st.pool, env=st.pool, reward=st.pool),
-    )  # fmt: skip
+    )
     cfg = TrainingRunConfig(
-        steps=sw.steps, batch_size=sw.batch_size, group_size=sw.group_size, alpha=sw.alpha, trainer_pool=st.pool,
-        history_events_before_continue=sw.events(), groups_per_shard=sw.groups_per_shard, tasks=[task],
-    )  # fmt: skip
+        steps=sw.steps,
+        batch_size=sw.batch_size,
+        group_size=sw.group_size,
+        alpha=sw.alpha,
+        trainer_pool=st.pool,
+        history_events_before_continue=sw.events(),
+        groups_per_shard=sw.groups_per_shard,
+        tasks=[task],
+    )
     shard = cfg.shard_size()
     say(
         f"soak --scale: B = {sw.batch_size:,} ({sw.batch_size // sw.group_size:,} groups of {sw.group_size}), "

@@ -218,7 +218,7 @@ def _fill(book: Book, name: str, completed: int) -> None:
                 status=TrajectoryStatus.COMPLETED,
                 error=None,
                 won=reward > 0.5,
-            )  # fmt: skip
+            )
         )
 
 

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trajflow.contracts.trajectory import JsonScalar, ScoreRequest, ScoreResult
+from trajflow.contracts.scoring import ScoreRequest, ScoreResult
+from trajflow.contracts.trajectory import JsonScalar
 from trajflow.lab.bench.real_report import machine
 from trajflow.rewards import registry
 from trajflow.rewards.bounded import BoundedRunner

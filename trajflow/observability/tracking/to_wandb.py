@@ -20,9 +20,14 @@ class WandbTracker:
             raise missing("wandb", "wandb") from None
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
-            project=config.project, entity=config.entity, mode=config.mode, dir=str(run_dir), name=run_id,
-            id=run_id, resume="allow",
-        )  # fmt: skip
+            project=config.project,
+            entity=config.entity,
+            mode=config.mode,
+            dir=str(run_dir),
+            name=run_id,
+            id=run_id,
+            resume="allow",
+        )
         self.run.define_metric("version")
         self.run.define_metric("*", step_metric="version")
 

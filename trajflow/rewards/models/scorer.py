@@ -36,8 +36,10 @@ VERIFIER_SYSTEM = "You are a careful grader. Reply with Yes or No only."
 VERIFIER_PROMPT = (
     "Question: {prompt}\nProposed answer: {response}\n\nIs the proposed answer correct? Answer with Yes or No."
 )
-VERIFIER_REFERENCE = "Question: {prompt}\nReference answer: {reference}\nProposed answer: {response}\n\n" \
-    "Is the proposed answer correct? Answer with Yes or No."  # fmt: skip
+VERIFIER_REFERENCE = (
+    "Question: {prompt}\nReference answer: {reference}\nProposed answer: {response}\n\n"
+    "Is the proposed answer correct? Answer with Yes or No."
+)
 
 
 @dataclass(frozen=True)

@@ -278,8 +278,10 @@ class DecodeBatch:
         if cache is None or row.versions != [self.engine.version]:
             return
         tokens = [*row.request.prompt_ids, *row.tokens[:-1]]
-        layers = [(layer.keys[i, :, -len(tokens) :].clone(), layer.values[i, :, -len(tokens) :].clone())
-                  for layer in self.cache.layers]  # fmt: skip
+        layers = [
+            (layer.keys[i, :, -len(tokens) :].clone(), layer.values[i, :, -len(tokens) :].clone())
+            for layer in self.cache.layers
+        ]
         cache.add(tokens, layers)
 
 
