@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.unit.test_agent_env import _failure, _gone
-from tests.unit.test_envs_runner import RUNNER, Client, _wait_for_socket
+from tests.unit.test_envs_runner import Client, _wait_for_socket, runner
 from trajflow.envs.agent_cmd import CommandAgentEnv
 
 POST = r"""
@@ -163,7 +163,7 @@ def test_a_bad_command_is_refused_before_it_runs(
 def test_a_command_through_the_runner(make_env: Callable[..., CommandAgentEnv], tmp_path: Path) -> None:
     path = tmp_path / "env.sock"
     env = {**os.environ, "TMPDIR": str(tmp_path), "TRAJFLOW_ENV_HINT": "agent-cmd:talk.sh"}  # the layer: the fixture's
-    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)], env=env)
+    proc = subprocess.Popen([sys.executable, str(runner()), str(path)], env=env)
     try:
         _wait_for_socket(path, proc)
         client = Client(path, timeout_s=TIMEOUT_S * 2)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from trajflow.contracts.agent import AGENT_CMD_PREFIX, is_agent
+from trajflow.contracts.env_ids import AGENT_PREFIXES
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.trajectory import TrajectoryRequest
+from trajflow.envs import runner
 from trajflow.envs.agent_cmd import command_argv
-from trajflow.envs.runner import AGENT_CMD_PREFIX as RUNNER_AGENT_CMD_PREFIX
-from trajflow.envs.runner import AGENT_PREFIXES
 from trajflow.envs.user.packages import unpack
 from trajflow.envs.user.source import EnvSourceError, check_command, executable_files, has_source
 from trajflow.envs.user.submit import packaged, publish_request, publish_task
@@ -38,7 +38,8 @@ def cmd_dir(tmp_path: Path, files: dict[str, tuple[str, int]] | None = None) -> 
 
 
 def test_prefixes_agree_and_agent_cmd_is_an_agent_with_source() -> None:
-    assert AGENT_CMD_PREFIX == RUNNER_AGENT_CMD_PREFIX and AGENT_CMD_PREFIX in AGENT_PREFIXES
+    # one definition: the runner's prefixes are the contracts' objects, not a copy of their values
+    assert vars(runner)["AGENT_PREFIXES"] is AGENT_PREFIXES and AGENT_CMD_PREFIX in AGENT_PREFIXES
     assert (
         is_agent("agent-cmd:run.sh") and is_agent("agent:m:f") and not is_agent("agent-cmd") and not is_agent("py:m:C")
     )

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_envs_runner import RUNNER, Client, _wait_for_socket
+from tests.unit.test_envs_runner import Client, _wait_for_socket, runner
 from trajflow.envs.agent import AgentEnv, AgentError
 
 AGENTS = r"""
@@ -308,7 +308,7 @@ def test_an_agent_env_through_the_runner(tmp_path: Path) -> None:
         "TMPDIR": str(tmp_path),
         "TRAJFLOW_ENV_HINT": "agent:agents_under_test:two_calls",
     }
-    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)], env=env)
+    proc = subprocess.Popen([sys.executable, str(runner()), str(path)], env=env)
     try:
         _wait_for_socket(path, proc)
         client = Client(path, timeout_s=TIMEOUT_S * 2)
@@ -346,7 +346,7 @@ def test_an_agent_program_dies_with_a_killed_runner(tmp_path: Path) -> None:
     (tmp_path / "agents_under_test.py").write_text(AGENTS)
     path, pids = tmp_path / "env.sock", tmp_path / "pids"
     proc = subprocess.Popen(
-        [sys.executable, str(RUNNER), str(path)],
+        [sys.executable, str(runner()), str(path)],
         env={**os.environ, "PYTHONPATH": str(tmp_path), "TMPDIR": str(tmp_path)},
     )
     try:
@@ -370,7 +370,7 @@ def test_a_runner_that_reaps_orphans_keeps_no_zombies(tmp_path: Path) -> None:
     subreaper = (
         "import ctypes, os, sys; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); os.execv(sys.executable, sys.argv[1:])"
     )
-    argv = [sys.executable, "-c", subreaper, sys.executable, str(RUNNER), str(path)]
+    argv = [sys.executable, "-c", subreaper, sys.executable, str(runner()), str(path)]
     proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(tmp_path), "TMPDIR": str(tmp_path)})
     try:
         _wait_for_socket(path, proc)

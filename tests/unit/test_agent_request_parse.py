@@ -11,8 +11,8 @@ import pytest
 from trajflow.contracts.agent import AGENT_PREFIX, AgentRequest, AgentRequestError, answer_action, is_agent
 from trajflow.contracts.base import ChatMessage, ToolCall, ToolFunction
 from trajflow.contracts.trajectory import SamplingParams
+from trajflow.envs import runner
 from trajflow.envs.agent_http import normalize_request, parse_action
-from trajflow.envs.runner import AGENT_PREFIX as RUNNER_AGENT_PREFIX
 
 
 def observation(**body) -> str:
@@ -120,7 +120,7 @@ def test_the_answer_is_an_action_the_endpoint_reads_back():
     assert answer.usage == {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37}
     assert parse_action(answer_action("hi", "eos?", 1, 1)).finish_reason == "stop"
     assert is_agent("agent:repo_agent:solve") and not is_agent("py:m:C")
-    assert AGENT_PREFIX == RUNNER_AGENT_PREFIX
+    assert vars(runner)["AGENT_PREFIX"] is AGENT_PREFIX
 
 
 def test_the_workflows_budget_is_the_runners():

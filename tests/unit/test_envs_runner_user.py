@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_envs_runner import RUNNER, Client, _wait_for_socket
+from tests.unit.test_envs_runner import Client, _wait_for_socket, runner
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTOR = "py:factor_env:FactorEnv"
@@ -68,7 +68,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     (extra / "broken_env.py").write_text(BROKEN)
     path = extra / "env.sock"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "examples" / "factoring"), str(extra)])}
-    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)], env={**env, "TRAJFLOW_ENV_HINT": FACTOR})
+    proc = subprocess.Popen([sys.executable, str(runner()), str(path)], env={**env, "TRAJFLOW_ENV_HINT": FACTOR})
     try:
         _wait_for_socket(path, proc)
         c = Client(path)

@@ -60,7 +60,7 @@ if __package__:
     )
     from trajflow.envs.gem_loader import GemLoader, GemUnavailable
 else:  # beside the runner in the sandbox image (`env_ids.py` is the contracts' file, copied there)
-    from env_ids import (
+    from env_ids import (  # pyright: ignore[reportMissingImports]
         AGENT_CMD_PREFIX,
         AGENT_PREFIX,
         AGENT_PREFIXES,
