@@ -1,6 +1,6 @@
 """trajflow.lab.bench.gpu_check on the CPU at its quick size, so the GPU check cannot rot: it runs the engine and the
 trainer through `trajflow/rl/` without temporalio, docker or boto3 (made unimportable in its process) and reports sane
-figures; and the contention bench's settings give each child the environment they name."""
+figures."""
 
 from __future__ import annotations
 
@@ -9,10 +9,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-from trajflow.contracts.config import RunConfig
-from trajflow.infra.placement import worker_env
-from trajflow.lab.bench.contention import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 ABSENT = "import sys\nfor m in ('temporalio', 'docker', 'boto3'):\n    sys.modules[m] = None  # as if not installed\n"
@@ -35,12 +31,3 @@ def test_the_gpu_check_runs_on_the_cpu_without_the_services(tmp_path: Path) -> N
     assert train["device"] == "cpu" and train["median_step_s"] > 0 and train["loss_finite"] is True
     assert train["tokens_per_step"] == sum(160 + 60 * (1 + i % 4) for i in range(4))
     assert "batch   4:" in done.stdout
-
-
-def test_contention_settings_give_each_child_its_threads() -> None:
-    placed = child_env("placed", "decode")
-    wanted = worker_env(RunConfig(), "decode")
-    assert placed["OMP_NUM_THREADS"] == wanted["OMP_NUM_THREADS"] == placed["TRAJFLOW_THREADS"]
-    default = child_env("torch-default", "trainer")
-    assert "OMP_NUM_THREADS" not in default and "TRAJFLOW_THREADS" not in default
-    assert child_env("passive", "trainer")["OMP_WAIT_POLICY"] == "PASSIVE"

@@ -42,6 +42,17 @@ def test_no_module_is_over_the_limit() -> None:
     assert over == {}
 
 
+LAB_SHARE_MAX = 0.12
+"""The lab (benchmarks, chaos, analyses) is at most this share of the product's lines: a finished study keeps its
+results in docs/results and its code in git history, not in the tree."""
+
+
+def test_the_lab_stays_a_small_share_of_the_code() -> None:
+    lines = {p: len(p.read_text().splitlines()) for p in project_files()}
+    lab = sum(n for p, n in lines.items() if p.is_relative_to(ROOT / "trajflow" / "lab"))
+    assert lab > 0 and lab / sum(lines.values()) < LAB_SHARE_MAX, f"the lab is {lab / sum(lines.values()):.1%}"
+
+
 def test_no_module_escapes_the_formatter() -> None:
     """A module stays under the limit by splitting at its seams, not by packing lines the formatter would spread."""
     escapes = [

@@ -1,4 +1,4 @@
-"""Benchmarks: the pipeline benchmark (sync vs async on a synthetic workload), the sandbox benchmark, the GPU
-check (`gpu_check`), the decode/trainer contention benchmark (`contention`) and LoRA against the last-k-blocks
-trainer (`lora`), with their workloads, stacks, simulated pieces and reports; never imported by the core
-packages."""
+"""Benchmarks: the soak runs (a long training run on the simulated stack, direct and sharded, audited for lost
+trajectories), the state-size sizing of the training workflow, and the GPU check (`gpu_check`), with their
+workloads, stacks and simulated pieces; never imported by the core packages. Finished studies live in docs/results,
+their code in git history."""

@@ -35,10 +35,36 @@ from pathlib import Path
 from temporalio.client import WorkflowHandle
 
 from trajflow.contracts.training import TrainingResult
-from trajflow.lab.bench.scale_stack import cpu_s, server_pid
 from trajflow.lab.bench.soak_scale_audit import RunHistory, audit_sharded, run_history, wait_closed
 from trajflow.lab.bench.stack import BenchStack, embedded_stack
 from trajflow.lab.bench.workload import Workload
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (0 when it is gone). The command name in /proc/PID/stat may hold spaces
+    and parentheses, so the fields are counted from its closing parenthesis (utime and stime: fields 14 and 15)."""
+    try:
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_pid() -> int | None:
+    """The dev server this process started (a child running `temporal server start-dev`)."""
+    me = str(os.getpid())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if stat[1] == me and b"start-dev" in cmd:
+            return int(proc.name)
+    return None
+
 
 Say = Callable[[str], None]
 

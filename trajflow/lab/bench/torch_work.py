@@ -3,8 +3,8 @@ engine (`trajflow.rl.engines.hf.HFEngine`) and optimizer steps of the trainer (`
 samples shaped like the default job's (trajflow/configs/default.toml: GuessTheNumber, up to 4 turns of at most 32 new
 tokens).
 
-Used by `trajflow.lab.bench.gpu_check` (a GPU, random weights; the GPU tests, tests/gpu, through it) and
-`trajflow.lab.bench.contention` (two processes sharing the CPU). The rounds take the HF engine or the vLLM one. Imports
+Used by `trajflow.lab.bench.gpu_check` (a GPU, random weights; the GPU tests, tests/gpu, through it). The rounds
+take the HF engine or the vLLM one. Imports
 torch, transformers and `rl` only: no temporalio, docker or boto3, so it runs where only torch is installed.
 
 Sample shape (an estimate, not a recording): a 160-token prompt, then 1 to 4 turns (cycled over the batch) of 32

@@ -1,4 +1,4 @@
-"""The synthetic workload of `trajflow bench pipeline` and the arithmetic around it (pure: no Temporal, no I/O).
+"""The synthetic workload the soak benchmarks run on the simulated stack (pure: no Temporal, no I/O).
 
 Times are in workload units (one unit = the median LLM turn); `unit_s` converts them to seconds.
 
@@ -8,37 +8,13 @@ log-normal (median 1 unit, σ = 1.0, so E = e^0.5 ≈ 1.65 units) on a simulated
 each env step Gaussian(mean 5, σ) units clipped at 0; a training step takes 30% of the sync mode's mean
 generation phase (measured by a pilot).
 
-Ideal bound (what no scheduler can beat on this workload), per trainer step of B trajectories:
-
-    step time  >=  max( T ,  B · E[turns] · E[decode] / S )
-    ideal_tps   =  min( B / T ,  S / (E[turns] · E[decode]) )          [trajectories per unit]
-
-- T: the training step. Steps are serial (step k+1 trains on samples admitted under version k), so a run can
-  never take fewer than T units per step, however well generation overlaps it: the critical path.
-- S / (E[turns]·E[decode]): decode capacity. Every turn of every trajectory holds one of S slots for its decode
-  time, so S slots finish at most S / E[decode] turns per unit, i.e. that many / E[turns] trajectories.
-Env steps run on unbounded hosts and overlap everything, so they add latency, not a throughput bound.
-
-Admission bound per α (a diagnostic beside the ideal; α-specific): the training workflow keeps at most
-(α+1)·B samples admitted, and a group's n budget slots are held from its admission until the train step that
-consumes it ends (only then does the version advance and free them). By Little's law
-
-    tps(α)  <=  (α+1) · B / ( E[group latency] + T )
-
-where E[group latency] = E[max over the n members of Σ_turns (decode + env)] (no queueing), estimated by
-Monte Carlo from the workload. For the sync barrier the same law is exact with the whole batch:
-sync tps <= B / (E[max over the B members] + T).
-
-Not covered: Temporal's own latency and throughput limits (the bench measures those separately as the
-orchestration ceiling), decode time that depends on batch size or tokens.
+The ideal and admission bounds of the pipeline study (`trajflow bench pipeline`, a finished study: its results are
+in docs/benchmarks.md, its code and this module's arithmetic for it in git history at ade1a13) are not here.
 """
 
 from __future__ import annotations
 
 import math
-import random
-import statistics
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 
@@ -113,88 +89,3 @@ class Workload:
             description=self.describe(),
         )
         return out
-
-
-def quick_workload(**overrides: object) -> Workload:
-    """The `--quick` shape (a smoke run, under a minute here): B=8 in groups of 4, 2 steps, σ ∈ {1, 10}, 0.01 s units.
-
-    B is 8, not 16: at B=16 a quick run took 69-75 s on this shared 2-core machine, most of it Temporal round
-    trips (the training workflow starts its children one at a time, each awaiting its start)."""
-    fields: dict[str, object] = dict(
-        batch_size=8, group_size=4, steps=2, pilot_steps=1, sigmas=(1.0, 10.0), unit_s=0.01, quick=True
-    )
-    fields.update(overrides)
-    return Workload(**fields)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class IdealBound:
-    decode_capacity: float
-    """S / (E[turns]·E[decode]), trajectories per unit."""
-    train_bound: float
-    """B / T, trajectories per unit."""
-    ideal: float
-    """min of the two, trajectories per unit."""
-    limited_by: str
-
-    FORMULA = "ideal_tps = min(B/T, S/(E[turns]·E[decode]))  (per unit; ÷ unit_s for per second)"
-
-
-def ideal_bound(w: Workload, train_units: float) -> IdealBound:
-    decode = w.slots / (w.mean_turns * w.mean_decode)
-    train = w.batch_size / train_units if train_units > 0 else math.inf
-    return IdealBound(decode, train, min(decode, train), "decode capacity" if decode <= train else "train step")
-
-
-def group_latency_units(
-    w: Workload, sigma: float, members: int | None = None, samples: int = 2000, seed: int = 0
-) -> float:
-    """E[max over `members` trajectories (default: a group) of Σ_turns (decode + env)] in units, by Monte Carlo,
-    without queueing: how long a group (or, with members = B, a sync batch) takes at the very least."""
-    rng = random.Random(seed)
-    n = members or w.group_size
-    total = 0.0
-    for _ in range(samples):
-        worst = 0.0
-        for _ in range(n):
-            turns = rng.randint(w.min_turns, w.max_turns)
-            t = sum(
-                w.decode_median * math.exp(w.decode_sigma * rng.gauss(0, 1)) + max(0.0, rng.gauss(w.env_mean, sigma))
-                for _ in range(turns)
-            )
-            worst = max(worst, t)
-        total += worst
-    return total / samples
-
-
-def admission_bound(w: Workload, alpha: int, train_units: float, latency: float) -> float:
-    """(α+1)·B / (E[latency] + T): Little's law on the admission budget, trajectories per unit. `latency` is the
-    group latency for α ≥ 1 and the whole batch's (members = B) for the sync barrier, where it is exact:
-    sync tps <= B / (E[batch latency] + T)."""
-    return (alpha + 1) * w.batch_size / (latency + train_units)
-
-
-def generation_phases(step_times: Sequence[float], train_s: Sequence[float]) -> list[float]:
-    """Sync mode: step k's generation phase = its end − its train time − the previous step's end."""
-    phases, prev = [], 0.0
-    for t, tr in zip(step_times, train_s, strict=True):
-        phases.append(t - tr - prev)
-        prev = t
-    return phases
-
-
-def steady_tps(step_times: Sequence[float], batch_size: int) -> float:
-    """Trajectories trained per second between the end of step 1 and the end of the last step: B·(N−1)/(t_N − t_1).
-    Leaves out the first step, i.e. the pipeline fill (the same rule for every mode)."""
-    if len(step_times) < 2 or step_times[-1] <= step_times[0]:
-        raise ValueError("steady-state throughput needs two step times, increasing")
-    return batch_size * (len(step_times) - 1) / (step_times[-1] - step_times[0])
-
-
-def whole_run_tps(step_times: Sequence[float], batch_size: int) -> float:
-    """Trajectories trained per second over the whole run, fill included: B·N / t_N."""
-    return batch_size * len(step_times) / step_times[-1]
-
-
-def mean(xs: Sequence[float]) -> float:
-    return statistics.fmean(xs) if xs else 0.0
