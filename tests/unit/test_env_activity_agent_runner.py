@@ -21,7 +21,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from tests.unit.test_sandbox_client import RUNNER, FakeApi, FakeClient
+from tests.unit.test_envs_runner import runner as runtime_runner
+from tests.unit.test_sandbox_client import FakeApi, FakeClient
 from trajflow.activities.env import EnvActivities
 from trajflow.contracts import names
 from trajflow.contracts.trajectory import EnvResetInput, EnvResetResult, EnvStepInput
@@ -80,7 +81,7 @@ def acts() -> Iterator[EnvActivities]:
     (workdir / "userenv" / "programs.py").write_text(PROGRAMS)
     path = workdir / "env.sock"
     env = {**os.environ, "TRAJFLOW_USERENV_DIR": str(workdir / "userenv")}
-    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)], env=env)
+    proc = subprocess.Popen([sys.executable, str(runtime_runner()), str(path)], env=env)
     deadline, delay = time.monotonic() + 30, 0.005
     while not (path.exists() and _ping(path, 1.0)):
         assert time.monotonic() < deadline and proc.poll() is None, "runner did not come up"

@@ -15,10 +15,9 @@ from typing import Any, cast
 import docker
 import pytest
 
+from tests.unit.test_envs_runner import runner as runtime_runner
 from trajflow.sandbox.errors import EnvError, SandboxLost, SandboxStepTimeout
 from trajflow.sandbox.manager import Sandbox, _ping
-
-RUNNER = Path(__file__).resolve().parents[2] / "trajflow" / "envs" / "runner.py"
 
 
 @dataclass
@@ -47,7 +46,7 @@ class FakeClient:
 def runner() -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     workdir = Path(tempfile.mkdtemp(prefix="tf-sbc-"))
     path = workdir / "env.sock"
-    proc = subprocess.Popen([sys.executable, str(RUNNER), str(path)])
+    proc = subprocess.Popen([sys.executable, str(runtime_runner()), str(path)])
     deadline = time.monotonic() + 30
     delay = 0.005
     while not (path.exists() and _ping(path, 1.0)):
