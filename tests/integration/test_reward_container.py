@@ -23,8 +23,8 @@ import pytest
 
 from tests.conftest import free_port
 from trajflow.contracts.scoring import ScoreRequest
-from trajflow.infra.reward_image import REWARD_REQUIREMENTS, SERVICE_UID, ensure_reward_image
 from trajflow.rewards.client import RewardClient, RewardRequestRejected, RewardVerifierTimedOut
+from trajflow.sandbox.builder.reward_image import REWARD_REQUIREMENTS, SERVICE_UID, ensure_reward_image
 
 pytestmark = pytest.mark.integration
 
