@@ -3,6 +3,7 @@ line per host container, and stopping exactly those containers, their sandboxes 
 
 from __future__ import annotations
 
+from trajflow.contracts import names
 from trajflow.infra.hosts import LABEL_HOST, labelled_containers, layout_file, load_layout
 from trajflow.infra.settings import Settings
 from trajflow.infra.stack import Progress
@@ -49,11 +50,9 @@ def down(settings: Settings, progress: Progress) -> int:
         c.remove(force=True)
         stopped += 1
         progress(f"host {c.labels.get(LABEL_HOST)}: stopped and removed {c.name}")
-    from trajflow.sandbox import labels
-
     owners = {layout.container(h) for h in layout.hosts}
-    for sb in client.containers.list(all=True, filters={"label": f"{labels.SANDBOX}=1"}, ignore_removed=True):
-        if (sb.labels or {}).get(labels.OWNER_HOST) in owners:
+    for sb in client.containers.list(all=True, filters={"label": f"{names.LABEL_SANDBOX}=1"}, ignore_removed=True):
+        if (sb.labels or {}).get(names.LABEL_OWNER_HOST) in owners:
             try:
                 sb.remove(force=True)
             except docker.errors.NotFound:

@@ -36,6 +36,7 @@ import time
 import uuid
 from pathlib import Path
 
+from trajflow.contracts.engines import PolicyWeights
 from trajflow.contracts.trajectory import split_policy
 from trajflow.infra.layout import (
     dir_file_key,
@@ -46,7 +47,6 @@ from trajflow.infra.layout import (
     policy_version_prefix,
 )
 from trajflow.infra.store import ObjectNotFound, ObjectStore
-from trajflow.rl.engines.base import PolicyWeights
 
 
 class PolicyStore:

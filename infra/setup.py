@@ -1,17 +1,13 @@
-"""Preparing a machine for the stack: state directories, Docker reachable, sandbox images built.
+"""Preparing a machine for the stack: state directories, Docker reachable.
 
-Idempotent and cached: a second call finds everything ready in about a second. Installing Docker itself is
-the job of `scripts/bootstrap.sh` (it needs root and apt); here a missing engine is a clear error. The policy
-model is not prepared here (infra never imports torch): `trajflow.rl.engines.load.prepare_model` does it, called by the
-commands after `prepare`.
+Idempotent: a second call finds everything ready at once. Installing Docker itself is the job of
+`scripts/bootstrap.sh` (it needs root and apt); here a missing engine is a clear error. The sandbox images and the
+policy model are not prepared here (infra imports neither the sandbox nor torch): `trajflow setup` and `trajflow up`
+build them after this (`trajflow.cli.commands.setup`).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
-from trajflow.contracts.config import RunConfig
 from trajflow.infra.settings import Settings
 
 
@@ -30,11 +26,7 @@ def docker_client():
     return client
 
 
-def prepare(settings: Settings, config: RunConfig, say: Callable[[str], None]) -> None:
-    from trajflow.sandbox.images import ensure_runtime_image
-
+def prepare_dirs(settings: Settings) -> None:
+    """The stack's state, cache, log, run and sandbox directories."""
     for d in (settings.state_dir, settings.cache_dir, settings.log_dir, settings.run_dir, settings.sandbox_dir):
         d.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    image = ensure_runtime_image(docker_client(), settings.cache_dir / "images", progress=say)
-    say(f"sandbox image {image} ready ({time.monotonic() - t0:.1f}s)")

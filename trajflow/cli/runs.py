@@ -341,6 +341,7 @@ def chaos(
     Exit 0 only when nothing was lost, nothing consumed twice, no infra failure scored and every step done."""
     import uuid
 
+    from trajflow.cli.commands.train import follow_run
     from trajflow.infra import stack
     from trajflow.infra.settings import load_settings
     from trajflow.lab.chaos import harness as chaos_mod
@@ -366,7 +367,15 @@ def chaos(
     rid = run_id or f"chaos-{uuid.uuid4().hex[:8]}"
     report = asyncio.run(
         chaos_mod.run_chaos(
-            cfg, config, settings, _say, quick=quick, run_id=rid, kill_rate=container_kill_rate, seed=seed
+            cfg,
+            config,
+            settings,
+            _say,
+            quick=quick,
+            run_id=rid,
+            follow=follow_run,
+            kill_rate=container_kill_rate,
+            seed=seed,
         )
     )
     typer.echo(chaos_report.format_report(report))

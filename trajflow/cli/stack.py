@@ -285,8 +285,10 @@ def reward_model_serve(
     """Serve a reward model on POST /score for the reward service: a *ForSequenceClassification checkpoint's score,
     or a causal LM's P(Yes) as a yes/no verifier; concurrent requests are batched. Name it in a run config as
     \\[reward_models.NAME] with kind = "local" and url = "http://HOST:PORT"."""
+    from trajflow.infra.settings import load_settings
     from trajflow.rewards.models import server
 
     argv = ["--model", model, "--port", str(port), "--host", host, "--max-batch", str(max_batch)]
+    argv += ["--cache-dir", str(load_settings().cache_dir)]
     argv += ["--max-wait-ms", str(max_wait_ms), "--threads", str(threads), *(["--squash"] if squash else [])]
     server.main(argv)

@@ -1,6 +1,11 @@
-"""What a decode pool's engine says of itself (`llm.describe`), and the finish reason of a turn that had no room."""
+"""What a decode pool's engine says of itself (`llm.describe`), the finish reason of a turn that had no room, and
+the published weights an engine loads (named here so that the policy store, `trajflow.infra.policies`, and the
+engines, `trajflow.rl.engines`, share them without importing each other)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 from trajflow.contracts.base import Contract
 
@@ -31,3 +36,13 @@ def no_room(prompt_tokens: int, budget: int | None) -> str:
         f"the first prompt ({prompt_tokens} tokens) leaves no room in the context budget ({limit}): nothing to "
         "score. Shorten the system prompt or the task's first observation, or raise max_context_tokens"
     )
+
+
+@dataclass(frozen=True)
+class PolicyWeights:
+    """Published weights of one policy (a training run) at one version, downloaded to a local directory."""
+
+    policy: str
+    version: int
+    path: Path
+    """A Hugging Face checkpoint directory (config + safetensors) loadable by `from_pretrained`."""

@@ -74,6 +74,12 @@ SA_BRANCH_TURN = "TrajflowBranchTurn"
 dev server (SQLite visibility) allows 3 Int attributes and trajflow's three are taken; a Double still compares as a
 number (`TrajflowBranchTurn >= 2`)."""
 
+LABEL_SANDBOX = "trajflow.sandbox"
+"""The Docker label every sandbox container carries (`trajflow.sandbox.labels`), so whoever stops a host's workers
+(`trajflow.infra.host_admin`) finds the sandboxes they owned."""
+LABEL_OWNER_HOST = "trajflow.owner_host"
+"""The Docker label naming the host (`TRAJFLOW_HOST_NAME`) of the env worker that owns a sandbox."""
+
 SEARCH_ATTRIBUTES: dict[str, str] = {
     SA_ENV: "Keyword",
     SA_RUN: "Keyword",

@@ -248,6 +248,10 @@ def build_tiny_model(dest: Path, seed: int = 0) -> Path:
     return _build_atomically(dest, lambda tmp: _write_tiny(tmp, seed))
 
 
+NAMED_MODELS = ("smollm2", "tiny")
+"""The models `resolve_model` builds into its cache dir (any other name is a local checkpoint directory)."""
+
+
 def resolve_model(name_or_path: str, cache_dir: Path, progress: Progress | None = None) -> Path:
     """`smollm2` -> the converted SmolLM2 checkpoint, `tiny` -> the tiny test model, else a local HF dir."""
     cache_dir = Path(cache_dir)

@@ -24,13 +24,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-SANDBOX = "trajflow.sandbox"
+from trajflow.contracts import names
+
+SANDBOX = names.LABEL_SANDBOX
 OWNER = "trajflow.owner"
 OWNER_PID = "trajflow.owner_pid"
 OWNER_START = "trajflow.owner_start"
 OWNER_BOOT = "trajflow.owner_boot"
 OWNER_PIDNS = "trajflow.owner_pidns"
-OWNER_HOST = "trajflow.owner_host"
+OWNER_HOST = names.LABEL_OWNER_HOST
 OWNER_CONTAINER = "trajflow.owner_container"
 OWNER_CONTAINER_STARTED = "trajflow.owner_container_started"
 SANDBOX_ID = "trajflow.sandbox_id"

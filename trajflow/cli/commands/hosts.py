@@ -14,13 +14,13 @@ def up_hosts(settings: Settings, config: RunConfig, config_path: Path, say: Call
     """Start the layout; returns the exit code (1 with the reason on stderr when it could not start)."""
     from docker.errors import DockerException
 
+    from trajflow.cli.commands.setup import prepare_machine
     from trajflow.infra import hosts
     from trajflow.infra.setup import docker_client
-    from trajflow.infra.setup import prepare as prepare_machine
     from trajflow.sandbox.builder.worker_image import ensure_worker_image
 
     try:
-        prepare_machine(settings, config, say)  # directories, Docker, the sandbox layers env hosts start from
+        prepare_machine(settings, say)  # directories, Docker, the sandbox layers env hosts start from
         image = ensure_worker_image(docker_client(), settings.cache_dir / "images", say)
         gpu_hosts = [h.name for h in hosts.hosts_of(config) if h.gpu_ids()]
         cuda_image = None

@@ -145,12 +145,12 @@ async def collect(client, store, run_id: str, steps_completed: int, steps_config
     import asyncio
 
     from trajflow.activities.batches import step_refs
-    from trajflow.cli.commands.visibility import trajectory_query
 
     # The raw search attributes, not `visibility.row_of`: that one shows a cancelled trajectory's execution status
     # in place of its recorded one, and here a closed trajectory without a recorded outcome must count as lost.
     rows = []
-    async for wf in client.list_workflows(trajectory_query(run=run_id)):
+    query = f"WorkflowType = '{names.TRAJECTORY_WORKFLOW}' AND {names.SA_RUN} = '{run_id}'"
+    async for wf in client.list_workflows(query):
         sa = wf.search_attributes
         rows.append(
             TrajectoryRow(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,8 @@ from trajflow.lab.chaos.audit import ChaosCounts, audit, collect
 from trajflow.lab.chaos.containers import ContainerKills, kill_sandboxes, sleep_or
 
 Say = Callable[[str], None]
+Follow = Callable[[Any, Say], Awaitable[TrainingResult]]
+"""Follows a training run's handle to its result, saying its progress, riding out restarts of the stack."""
 PROCESS_FAULTS = ("decode", "env", "reward", "orchestrator", "temporal", "trainer")
 """The trainer last: its recovery (a heartbeat timeout, a restart, the step again) is the longest."""
 TAIL_STEPS = 2
@@ -323,11 +325,13 @@ async def run_chaos(
     *,
     quick: bool,
     run_id: str,
+    follow: Follow,
     kill_rate: float = 0.1,
     seed: int = 0,
     settle_s: float = 180.0,
 ) -> ChaosReport:
-    from trajflow.cli.commands.train import follow_run
+    """Train `config` under faults and audit what it left. `follow` follows the run to its result through the
+    faults (`trajflow train`'s own follower, handed over by the CLI: the lab imports nothing of the CLI)."""
     from trajflow.client import start_training
     from trajflow.infra.store import open_store_from
 
@@ -346,7 +350,7 @@ async def run_chaos(
         kill_sandboxes(client, run_id, chaos.containers, done, kill_rate=kill_rate, rng=random.Random(seed))
     )
     faults = asyncio.create_task(chaos.inject_process_faults(done))
-    result = await follow_run(chaos.handle, say)
+    result = await follow(chaos.handle, say)
     done.set()
     chaos.finish(result)
     not_injected = await faults

@@ -80,7 +80,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights' dtype")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument(
-        "--cache-dir", type=Path, default=None, help="where `smollm2` is converted (default: $TRAJFLOW_STATE_DIR/cache)"
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where `smollm2` or `tiny` is converted (needed for them; `trajflow reward-model serve` passes its own)",
     )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     return parser.parse_args(argv)
@@ -91,16 +94,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     import torch
     import uvicorn
 
-    from trajflow.infra.settings import load_settings
-    from trajflow.rl.models import resolve_model
+    from trajflow.rl.models import NAMED_MODELS, resolve_model
 
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    cache_dir = args.cache_dir or load_settings().cache_dir
+    if args.cache_dir is None and args.model in NAMED_MODELS:
+        raise SystemExit(
+            f"--cache-dir: where to convert {args.model!r} (`trajflow reward-model serve` passes the stack's)"
+        )
     try:
-        path = resolve_model(args.model, cache_dir / "models")
+        path = resolve_model(args.model, (args.cache_dir or Path(".")) / "models")
     except ValueError as e:
         raise SystemExit(f"--model: {e}") from None
     scorer = Scorer(path, dtype=getattr(torch, args.dtype), squash=args.squash)

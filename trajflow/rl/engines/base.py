@@ -15,9 +15,9 @@ Not here: batching, sampling, logprob computation (each engine's own job).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from trajflow.contracts.engines import PolicyWeights
 from trajflow.contracts.trajectory import SamplingParams
 
 
@@ -40,16 +40,6 @@ class Completion:
     """Seconds the request waited before its batch started (None: the engine does not say)."""
     batch_tokens_per_s: float | None = None
     """Tokens the whole batch generated per second of its run (None: the engine does not say)."""
-
-
-@dataclass(frozen=True)
-class PolicyWeights:
-    """Published weights of one policy (a training run) at one version, downloaded to a local directory."""
-
-    policy: str
-    version: int
-    path: Path
-    """A Hugging Face checkpoint directory (config + safetensors) loadable by `from_pretrained`."""
 
 
 class EngineError(Exception):
