@@ -265,8 +265,8 @@ def store(tmp_path: Path):
 @pytest.fixture()
 def package_images(docker_client, cache_dir, store):
     """An image resolver as an env worker makes one: `py:` and `data:` envs from their packages in `store`."""
-    from trajflow.envs.user.packages import unpack
     from trajflow.sandbox.images import ImageResolver
+    from trajflow.sandbox.user.packages import unpack
 
     images = cache_dir / "images"
     return ImageResolver(docker_client, images, unpack=lambda uri: unpack(store, uri, images))

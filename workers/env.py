@@ -6,7 +6,7 @@ Temporal workers, a sweep (`workers/sandbox_sweep.py`) runs every quarter lease 
 removes this worker's sandboxes whose trajectory no longer runs or that sat idle too long, and the orphans of dead
 env workers on this engine. A warm pool keeps `sandbox_warm_pool` started sandboxes waiting for each env it has
 served, and takes back the sandboxes of reusable envs for up to `sandbox_reuse` trajectories each. A user's
-`py:` env gets its image layer from its package in the object store on first use (`trajflow/envs/user/`,
+`py:` env gets its image layer from its package in the object store on first use (`trajflow/sandbox/user/`,
 `trajflow/sandbox/user_images.py`).
 """
 
@@ -21,12 +21,12 @@ from temporalio.worker import Worker
 
 from trajflow.activities.env import EnvActivities
 from trajflow.contracts import names
-from trajflow.envs.user.packages import unpack
 from trajflow.infra.settings import Settings
 from trajflow.infra.store import open_store_from
 from trajflow.sandbox.images import ImageResolver
 from trajflow.sandbox.manager import SandboxLimits, SandboxManager
 from trajflow.sandbox.pool import WarmPool
+from trajflow.sandbox.user.packages import unpack
 from trajflow.workers.common import connect_worker, new_worker_id, run_until_signalled
 from trajflow.workers.sandbox_sweep import Sweeper
 
@@ -100,7 +100,7 @@ async def serve(settings: Settings, pools: Sequence[str]) -> None:
     sweeper = Sweeper(manager, client, settings.sandbox_lease_s, warm)
     await sweeper.sweep_logged()  # dead workers' orphans go before this worker starts sandboxes of its own
     sweeping = asyncio.create_task(sweeper.run_forever())
-    store = open_store_from(settings)  # where `py:` envs' packages are (trajflow/envs/user/)
+    store = open_store_from(settings)  # where `py:` envs' packages are (trajflow/sandbox/user/)
     image_cache = settings.cache_dir / "images"
     images = ImageResolver(
         manager.client, image_cache, progress=log.info, unpack=lambda uri: unpack(store, uri, image_cache)

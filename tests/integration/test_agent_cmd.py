@@ -22,8 +22,8 @@ from tests.integration.test_agent_trajectory import run_killing_its_sandbox
 from tests.integration.test_trajectory import GatedEngine
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
-from trajflow.envs.user.submit import package_env
 from trajflow.rl.engines.scripted import ScriptedEngine
+from trajflow.sandbox.user.submit import package_env
 from trajflow.sandbox.user_images import USER_ROOT
 
 pytestmark = pytest.mark.integration

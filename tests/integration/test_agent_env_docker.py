@@ -16,7 +16,7 @@ from trajflow.activities.env import EnvActivities
 from trajflow.contracts import names
 from trajflow.contracts.agent import STEP_MARGIN_S
 from trajflow.contracts.trajectory import EnvResetInput, EnvResetResult, EnvStepInput
-from trajflow.envs.user.submit import package_env
+from trajflow.sandbox.user.submit import package_env
 from trajflow.sandbox.user_images import USER_REPO
 
 pytestmark = pytest.mark.integration

@@ -18,9 +18,9 @@ from tests.conftest import running_stack, submitted_offline
 from trajflow.cli.replay.env_only import replay_env
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
-from trajflow.envs.user.submit import package_env
 from trajflow.rl.engines.scripted import ScriptedEngine
 from trajflow.rl.models import TOOLS_TEMPLATE
+from trajflow.sandbox.user.submit import package_env
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,8 @@ from trajflow.cli.replay.env_only import replay_env
 from trajflow.contracts import names
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
-from trajflow.envs.user.submit import package_env
 from trajflow.rl.engines.scripted import ScriptedEngine
+from trajflow.sandbox.user.submit import package_env
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from tests.integration.test_user_env import script
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import TrajectoryStatus
 from trajflow.envs.dataset import HELD_OUT_FROM
-from trajflow.envs.user.submit import package_env
+from trajflow.sandbox.user.submit import package_env
 
 pytestmark = pytest.mark.integration
 

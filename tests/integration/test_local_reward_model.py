@@ -29,9 +29,9 @@ from tests.integration.test_user_env import script
 from trajflow.contracts.reward_models import LocalModelConfig, LocalScoreRequest
 from trajflow.contracts.scoring import ScoreRequest
 from trajflow.contracts.trajectory import TrajectoryStatus
-from trajflow.envs.user.submit import package_env
 from trajflow.rewards.client import RewardClient
 from trajflow.rewards.models.scorer import verifier_text
+from trajflow.sandbox.user.submit import package_env
 
 pytestmark = pytest.mark.integration
 

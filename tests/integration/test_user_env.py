@@ -17,9 +17,9 @@ from trajflow.cli.replay.env_only import replay_env
 from trajflow.contracts import names
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import TrajectoryStatus
-from trajflow.envs.user.submit import package_env
 from trajflow.rl.engines.scripted import ScriptedEngine
 from trajflow.sandbox.pool import WarmPool
+from trajflow.sandbox.user.submit import package_env
 from trajflow.sandbox.user_images import USER_REPO
 
 pytestmark = pytest.mark.integration

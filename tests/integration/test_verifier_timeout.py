@@ -16,7 +16,7 @@ from tests.conftest import ROOT, running_stack
 from tests.integration.test_user_env import script
 from trajflow.contracts import names
 from trajflow.contracts.trajectory import TrajectoryStatus
-from trajflow.envs.user.submit import package_env
+from trajflow.sandbox.user.submit import package_env
 
 pytestmark = pytest.mark.integration
 

@@ -17,11 +17,11 @@ from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.trajectory import TrajectoryRequest
 from trajflow.envs import runner
 from trajflow.envs.agent_cmd import command_argv
-from trajflow.envs.user.packages import unpack
-from trajflow.envs.user.source import EnvSourceError, check_command, executable_files, has_source
-from trajflow.envs.user.submit import packaged, publish_request, publish_task
 from trajflow.infra.store import LocalStore
 from trajflow.sandbox.images import ImageResolver, UnknownTask
+from trajflow.sandbox.user.packages import unpack
+from trajflow.sandbox.user.source import EnvSourceError, check_command, executable_files, has_source
+from trajflow.sandbox.user.submit import packaged, publish_request, publish_task
 from trajflow.sandbox.user_images import user_image_tag
 
 SCRIPT = "#!/bin/sh\necho hi\n"

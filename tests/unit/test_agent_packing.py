@@ -9,12 +9,12 @@ import pytest
 
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.trajectory import TrajectoryRequest
-from trajflow.envs.user.packages import publish, unpack
-from trajflow.envs.user.source import EnvSourceError, check_source, has_source, split_env_id
-from trajflow.envs.user.submit import packaged, publish_request, publish_task
 from trajflow.infra.store import LocalStore
 from trajflow.sandbox.errors import ImageBuildError
 from trajflow.sandbox.images import ImageResolver, UnknownTask
+from trajflow.sandbox.user.packages import publish, unpack
+from trajflow.sandbox.user.source import EnvSourceError, check_source, has_source, split_env_id
+from trajflow.sandbox.user.submit import packaged, publish_request, publish_task
 
 AGENT = """
 import json, os, urllib.request

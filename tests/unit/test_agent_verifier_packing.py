@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from trajflow.contracts.tasks import TaskConfig
-from trajflow.envs.user.source import EnvSourceError, check_agent_verifier
-from trajflow.envs.user.submit import publish_task
 from trajflow.infra.store import LocalStore
+from trajflow.sandbox.user.source import EnvSourceError, check_agent_verifier
+from trajflow.sandbox.user.submit import publish_task
 
 PROGRAM = "def solve(task, seed):\n    open('out.txt', 'w').write('done')\n"
 CHECKS = """

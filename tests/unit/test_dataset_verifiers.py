@@ -14,9 +14,9 @@ import pytest
 from trajflow.contracts.scoring import ScoreRequest
 from trajflow.contracts.trajectory import JsonScalar
 from trajflow.envs.dataset import DatasetEnv, DatasetError
-from trajflow.envs.user.datasets import check_dataset
-from trajflow.envs.user.source import EnvSourceError
 from trajflow.rewards import registry
+from trajflow.sandbox.user.datasets import check_dataset
+from trajflow.sandbox.user.source import EnvSourceError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "arithmetic"

@@ -13,9 +13,9 @@ from trajflow.contracts.scoring import ScoreRequest
 from trajflow.contracts.training import EvalConfig
 from trajflow.envs import verify
 from trajflow.envs.dataset import HELD_OUT_FROM, DatasetEnv, DatasetError, read_rows, splits
-from trajflow.envs.user.datasets import check_dataset
-from trajflow.envs.user.source import EnvSourceError
 from trajflow.rewards import registry
+from trajflow.sandbox.user.datasets import check_dataset
+from trajflow.sandbox.user.source import EnvSourceError
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "examples" / "arithmetic" / "chain_sum.jsonl"

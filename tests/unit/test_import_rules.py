@@ -22,6 +22,10 @@ NOT_CORE = {"trajflow.lab", "trajflow.cli", "trajflow.client", "trajflow.__main_
 """Beside the core: the lab (benchmarks, chaos), the CLI with its commands and replay, the client and the public
 face (`from trajflow import ...`)."""
 
+UPPER = {"trajflow.infra", "trajflow.activities", "trajflow.workers", "trajflow.workflows"} | NOT_CORE
+"""What the lower layers (rl, sandbox, envs, rewards, observability) never import, not even inside a function:
+infra, the Temporal side and everything beside the core. What they need of a store or an engine is a contract."""
+
 # package (dotted) -> (allowed modules besides the stdlib, or None for "anything"), forbidden ones. A file belongs to
 # the longest package that holds it; an entry covers that module and everything under it (`trajflow` alone means
 # the public face only: every package lives under it).
@@ -38,8 +42,8 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
         },
         {"torch", "docker", "boto3", "trajflow.activities", "transformers"},
     ),
-    "trajflow.rl": (None, {"temporalio", "docker", "boto3"} | NOT_CORE),
-    "trajflow.sandbox": (None, {"torch", "temporalio", "transformers"} | NOT_CORE),
+    "trajflow.rl": (None, {"temporalio", "docker", "boto3"} | UPPER),
+    "trajflow.sandbox": (None, {"torch", "temporalio", "transformers"} | UPPER),
     # image building: content-hashed docker builds from files and wheels, nothing else of the project
     "trajflow.sandbox.builder": ({"docker", "trajflow.sandbox.builder", "packaging"}, set()),
     # `gem_loader`, `shell`, `gym_adapter`, `gym_text`, `dataset`, `verify`, `agent`, `agent_http` and `agent_verify`
@@ -70,18 +74,17 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     ),
     # user envs are read with ast and packed with the stdlib: nothing of the sandbox, the workers or Temporal
     # (a dataset's rows are read by the dataset env's own reader, trajflow.envs.dataset)
-    "trajflow.envs.user": (
-        {"trajflow.envs", "trajflow.contracts", "trajflow.sandbox.builder", "trajflow.infra", "packaging"},
+    "trajflow.sandbox.user": (
+        {"trajflow.sandbox.user", "trajflow.envs", "trajflow.contracts", "trajflow.sandbox.builder", "packaging"},
         set(),
     ),
-    "trajflow.rewards": (None, {"torch", "docker", "temporalio", "transformers", "trajflow.rewards.models"} | NOT_CORE),
+    "trajflow.rewards": (None, {"torch", "docker", "temporalio", "transformers", "trajflow.rewards.models"} | UPPER),
     # local reward models: torch and a web server; nothing of Temporal, Docker or the reward service
     "trajflow.rewards.models": (
         {
             "trajflow.rewards.models",
             "trajflow.contracts",
             "trajflow.rl",
-            "trajflow.infra",
             "torch",
             "transformers",
             "fastapi",
@@ -102,15 +105,18 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
         set(),
     ),
     "trajflow.activities": (None, NOT_CORE),
-    # infra never imports torch, not even inside a function (DESIGN.md "Layout"); rl only through TORCH_FREE_RL
+    # infra never imports torch, not even inside a function (DESIGN.md "Layout"), nor the layers below it that
+    # build images and run models (what it shares with them is a contract)
     "trajflow.infra": (
         None,
-        {"trajflow.workflows", "trajflow.activities", "torch", "transformers", "accelerate", "vllm"} | NOT_CORE,
+        {"trajflow.workflows", "trajflow.activities", "trajflow.sandbox", "trajflow.rl", "trajflow.envs"}
+        | {"torch", "transformers", "accelerate", "vllm"}
+        | NOT_CORE,
     ),
     "trajflow.workers": (None, NOT_CORE),
     "trajflow.lab": (set(), set()),
     "trajflow.lab.bench": (None, {"trajflow.lab.chaos", "trajflow.cli"}),
-    "trajflow.lab.chaos": (None, {"trajflow.lab.bench", "trajflow.cli.replay"}),
+    "trajflow.lab.chaos": (None, {"trajflow.lab.bench", "trajflow.cli"}),
     "trajflow.lab.analysis": (None, {"trajflow.lab.bench", "trajflow.lab.chaos", "trajflow.cli"}),
     "trajflow.cli.replay": (None, {"trajflow.lab", "trajflow.cli.commands"}),
     "trajflow.cli.commands": (None, {"trajflow.lab"}),
@@ -280,10 +286,11 @@ def test_module_level_excludes_function_bodies(tmp_path: Path) -> None:
 
 def test_cli_imports_nothing_heavy() -> None:
     heavy = {"torch", "transformers", "docker", "temporalio", "boto3", "trajflow.rl", "trajflow.sandbox"}
+    light = {"trajflow.sandbox.user"}  # a user's env packed on the host: ast and the stdlib, no Docker
     deferred = {"trajflow.lab", "trajflow.cli.commands", "trajflow.cli.replay", "trajflow.workers", "trajflow.infra"}
     for path in sorted((ROOT / "trajflow" / "cli").glob("*.py")):
         mods = imported_modules(path)
-        assert not [m for m in mods if any(covers(h, m) for h in heavy)], path
+        assert not [m for m in mods if any(covers(h, m) for h in heavy) and not any(covers(x, m) for x in light)], path
         # what a command runs is imported inside that command, so --help loads none of it
         at_load = imported_modules(path, module_level_only=True)
         assert not [m for m in at_load if any(covers(d, m) for d in deferred)], path

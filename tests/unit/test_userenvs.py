@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trajflow.envs.user.packages import PackageError, digest_of, extract_files, pack, package_key, publish, unpack
-from trajflow.envs.user.source import EnvSourceError, check_source, split_env_id
 from trajflow.infra.store import LocalStore
+from trajflow.sandbox.user.packages import PackageError, digest_of, extract_files, pack, package_key, publish, unpack
+from trajflow.sandbox.user.source import EnvSourceError, check_source, split_env_id
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = """

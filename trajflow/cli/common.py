@@ -80,9 +80,9 @@ def load_worker_config(path: Path) -> RunConfig:
 
 def publish_envs(config: RunConfig) -> RunConfig:
     """`config` with its `py:` tasks' envs (and `data:` tasks' files) checked, their requirements resolved and
-    their packages put into the stack's object store (`trajflow/envs/user/`); a bad one exits 2 saying what to fix,
+    their packages put into the stack's object store (`trajflow/sandbox/user/`); a bad one exits 2 saying what to fix,
     before anything starts."""
-    from trajflow.envs.user.submit import packaged, publish_config
+    from trajflow.sandbox.user.submit import packaged, publish_config
 
     check_tools(config)
     if not any(packaged(t.env_id) or t.env_path for t in config.tasks):
@@ -117,12 +117,12 @@ def check_tools(config: RunConfig, tasks: list[TaskConfig] | None = None) -> Non
 
 
 def published(publish: Callable[[Any, Path], T]) -> T:
-    """`publish(store, wheel_cache)` (a `trajflow.envs.user.submit` step) on the stack's object store (an
+    """`publish(store, wheel_cache)` (a `trajflow.sandbox.user.submit` step) on the stack's object store (an
     `trajflow.infra.store.ObjectStore`, not imported here: the CLI's module level stays light) and wheel cache; a bad
     env definition exits 2 with its message."""
-    from trajflow.envs.user.source import EnvSourceError
     from trajflow.infra.settings import load_settings
     from trajflow.infra.store import open_store_from
+    from trajflow.sandbox.user.source import EnvSourceError
 
     settings = load_settings()
     try:

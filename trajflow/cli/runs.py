@@ -79,7 +79,7 @@ def _publish_request(
 ) -> TrajectoryRequest:
     """`req` with its `py:`/`agent:`/`agent-cmd:`/`data:` env packaged: from --env-path, else (the config's own env)
     the task's env_path."""
-    from trajflow.envs.user.submit import packaged, publish_request
+    from trajflow.sandbox.user.submit import packaged, publish_request
 
     if env is None:  # the config's own task: refused here if it passes tools the model cannot render
         _check_tools(config, [next(t for t in config.tasks if task is None or t.name == task)])
@@ -367,15 +367,7 @@ def chaos(
     rid = run_id or f"chaos-{uuid.uuid4().hex[:8]}"
     report = asyncio.run(
         chaos_mod.run_chaos(
-            cfg,
-            config,
-            settings,
-            _say,
-            quick=quick,
-            run_id=rid,
-            follow=follow_run,
-            kill_rate=container_kill_rate,
-            seed=seed,
+            cfg, config, settings, _say, follow_run, quick=quick, run_id=rid, kill_rate=container_kill_rate, seed=seed
         )
     )
     typer.echo(chaos_report.format_report(report))

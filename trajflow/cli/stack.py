@@ -37,12 +37,9 @@ def setup(config: ConfigOpt = DEFAULT_CONFIG) -> None:
 @app.command("reward-image")
 def reward_image() -> None:
     """Build (or find cached) the reward service's container image, for any platform that serves HTTP containers."""
-    from trajflow.infra.settings import load_settings
-    from trajflow.infra.setup import docker_client
-    from trajflow.sandbox.builder.reward_image import ensure_reward_image
+    from trajflow.cli.commands.images import build_reward
 
-    tag = ensure_reward_image(docker_client(), load_settings().cache_dir / "images", progress=_say)
-    typer.echo(tag)
+    typer.echo(build_reward(_say))
 
 
 @app.command()

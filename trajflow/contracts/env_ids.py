@@ -8,7 +8,7 @@ GYM_PREFIX = "gym:"
 """Env ids `gym:<ID>` are gymnasium envs (`trajflow/envs/gym_adapter.py`), hosted without GEM."""
 USER_PREFIX = "py:"
 """Env ids `py:MODULE:CLASS` are a user's own env class, imported from the image's PYTHONPATH (its layer holds the
-user's source and requirements: `trajflow/envs/user/`, `trajflow/sandbox/user_images.py`), hosted without GEM."""
+user's source and requirements: `trajflow/sandbox/user/`, `trajflow/sandbox/user_images.py`), hosted without GEM."""
 DATA_PREFIX = "data:"
 """Env ids `data:NAME` are dataset tasks (`trajflow/envs/dataset.py`): NAME.jsonl or NAME.parquet in the user env
 layer."""

@@ -60,7 +60,7 @@ EnvId = Annotated[str, Field(min_length=3, max_length=MAX_ENV_ID_CHARS), AfterVa
 `data:NAME` or `gym:<gymnasium id>`;
 checked for form here, for existence by the env worker."""
 EnvPackage = Annotated[str, Field(max_length=MAX_ID_CHARS)]
-"""A user env's or dataset's package: an object-store URI (`trajflow.envs.user.packages`), or empty."""
+"""A user env's or dataset's package: an object-store URI (`trajflow.sandbox.user.packages`), or empty."""
 SystemPrompt = Annotated[str, Field(max_length=MAX_SYSTEM_PROMPT_CHARS)]
 WorkflowIdRef = Annotated[str, Field(max_length=MAX_ID_CHARS)]
 Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]

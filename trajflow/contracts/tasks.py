@@ -26,10 +26,10 @@ class TaskConfig(Contract):
     env_path: str = ""
     """A `py:MODULE:CLASS` env's or `agent:MODULE:FUNCTION`/`agent-cmd:FILE` program's source directory (relative to
     the config file; made absolute when it is loaded): MODULE (or FILE), its package and an optional requirements.txt
-    (`trajflow.envs.user.source`); a `data:NAME` task's file."""
+    (`trajflow.sandbox.user.source`); a `data:NAME` task's file."""
     env_package: EnvPackage = ""
     """Set when the run is submitted: the object-store URI of the env's packed source
-    (`trajflow.envs.user.packages`)."""
+    (`trajflow.sandbox.user.packages`)."""
     tools: bool = False
     """An `agent:` task whose program passes tools (`tools` in its chat requests): the run is refused at submission
     unless the model's chat template renders tools. A request with tools on a task without it is answered where the

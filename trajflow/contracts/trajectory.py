@@ -113,7 +113,8 @@ class TrajectoryRequest(Contract):
     """Overrides passed to `gem.make` (e.g. `{"max_turns": 20}`), or to a user env class."""
     env_package: EnvPackage = ""
     """A `py:MODULE:CLASS` env's or `agent:`/`agent-cmd:` program's packed source (a `data:NAME` task's file): its
-    object-store URI, set when the run or rollout is submitted (`trajflow/envs/user/`); empty for every other kind."""
+    object-store URI, set when the run or rollout is submitted (`trajflow/sandbox/user/`); empty for every other
+    kind."""
     max_turns: Annotated[int, Field(ge=1, le=200)] = 8
     """Turn limit on our side; the episode ends as completed (truncated) when it is reached."""
     max_context_tokens: limits.ContextBudget = None

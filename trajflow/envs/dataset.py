@@ -8,11 +8,11 @@ from it on index the test rows, so training never sees the held-out prompts and 
 
 Every reply is judged here: by the checker `check` (`trajflow/envs/verify.py`: math, exact or regex), or by the task's
 own `verifier` ("MODULE:FUNCTION", a function of the user's package on the image's path,
-`trajflow/envs/user/verifiers.py`), whose value (True is 1.0) is the verdict. Single-turn by default: one reply ends the
-episode with the verdict as the env reward, and the reference and verdict (`answer`, `verified`) in the final info for
-the reward service (`trajflow.rewards.registry`: `math_verify`, `exact_match`, `regex_match` judge the reference again;
-`verifier` takes the verdict). With `attempts` > 1 a verdict of at least 1.0 ends the episode, a lower one gets "not
-correct" and another try, and the last one ends it with its verdict.
+`trajflow/sandbox/user/verifiers.py`), whose value (True is 1.0) is the verdict. Single-turn by default: one reply ends
+the episode with the verdict as the env reward, and the reference and verdict (`answer`, `verified`) in the final info
+for the reward service (`trajflow.rewards.registry`: `math_verify`, `exact_match`, `regex_match` judge the reference
+again; `verifier` takes the verdict). With `attempts` > 1 a verdict of at least 1.0 ends the episode, a lower one gets
+"not correct" and another try, and the last one ends it with its verdict.
 Limits: the whole file is read at reset (datasets of tens of MB at most; the package limit is 20 MiB).
 """
 

@@ -324,7 +324,7 @@ class ImageResolver:
         self.cache_dir = Path(cache_dir)
         self.progress = progress
         self.unpack = unpack
-        """A user env's package URI -> the directory it is unpacked in (`trajflow.envs.user.packages.unpack` on the
+        """A user env's package URI -> the directory it is unpacked in (`trajflow.sandbox.user.packages.unpack` on the
         worker's store); None: this worker hosts no `py:` envs."""
         self._tags: dict[str, str] = {}
         self._lock = threading.Lock()

@@ -1,5 +1,5 @@
-"""The image layer of a user's own env (`py:MODULE:CLASS`, `trajflow/envs/user/`): its unpacked source and the wheels of
-its requirements on the runtime layer, named `trajflow-userenv:<hash>`; a dataset task's (`data:NAME`) is the same
+"""The image layer of a user's own env (`py:MODULE:CLASS`, `trajflow/sandbox/user/`): its unpacked source and the wheels
+of its requirements on the runtime layer, named `trajflow-userenv:<hash>`; a dataset task's (`data:NAME`) is the same
 layer holding its one file.
 
 The hash covers the runtime tag, every source file (and which are executable: they stay so in the layer, for
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import docker
 
-from trajflow.envs.user.source import executable_files, read_requirements, source_files
 from trajflow.sandbox.builder import wheels
 from trajflow.sandbox.builder.docker_build import Progress, build_from_context, build_lock, digest, image_exists, quiet
 from trajflow.sandbox.images import ensure_runtime_image
+from trajflow.sandbox.user.source import executable_files, read_requirements, source_files
 
 USER_REPO = "trajflow-userenv"
 USER_FORMAT = 1

@@ -13,7 +13,14 @@ from trajflow.infra.setup import docker_client
 from trajflow.sandbox.images import Progress, UnknownTask
 from trajflow.sandbox.layers import build_all, list_images, prune_images
 
-__all__ = ["UnknownTask", "build", "build_worker", "listing", "prune"]
+__all__ = ["UnknownTask", "build", "build_reward", "build_worker", "listing", "prune"]
+
+
+def build_reward(progress: Progress) -> str:
+    """Build (or find cached) the reward service's container image; returns its tag."""
+    from trajflow.sandbox.builder.reward_image import ensure_reward_image
+
+    return ensure_reward_image(docker_client(), load_settings().cache_dir / "images", progress=progress)
 
 
 def build_worker(progress: Progress, cuda: bool = False) -> str:

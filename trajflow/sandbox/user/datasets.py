@@ -10,8 +10,8 @@ from pathlib import Path
 
 from trajflow.contracts.env_ids import DATA_PREFIX
 from trajflow.envs.dataset import SUFFIXES, DatasetError, read_rows, splits
-from trajflow.envs.user.source import MAX_SOURCE_BYTES, EnvSourceError
-from trajflow.envs.user.verifiers import VerifierSource, check_verifier
+from trajflow.sandbox.user.source import MAX_SOURCE_BYTES, EnvSourceError
+from trajflow.sandbox.user.verifiers import VerifierSource, check_verifier
 
 PREFIX = DATA_PREFIX
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")

@@ -10,11 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trajflow.contracts.config import RunConfig
+from trajflow.contracts.store import ObjectStore
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.trajectory import TrajectoryRequest
-from trajflow.envs.user.datasets import check_dataset, is_dataset
-from trajflow.envs.user.packages import publish
-from trajflow.envs.user.source import (
+from trajflow.sandbox.builder import wheels
+from trajflow.sandbox.user.datasets import check_dataset, is_dataset
+from trajflow.sandbox.user.packages import publish
+from trajflow.sandbox.user.source import (
     REQUIREMENTS_FILE,
     EnvSource,
     EnvSourceError,
@@ -25,9 +27,7 @@ from trajflow.envs.user.source import (
     is_command_env,
     is_user_env,
 )
-from trajflow.envs.user.verifiers import VerifierSource
-from trajflow.infra.store import ObjectStore
-from trajflow.sandbox.builder import wheels
+from trajflow.sandbox.user.verifiers import VerifierSource
 
 Say = Callable[[str], None]
 

@@ -18,7 +18,7 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from trajflow.infra.store import ObjectStore
+from trajflow.contracts.store import ObjectStore
 
 KEY_PREFIX = "env-packages"
 MARKER = ".trajflow-package"

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trajflow.envs.user.source import (
+from trajflow.sandbox.user.source import (
     REQUIREMENTS_FILE,
     EnvSourceError,
     bound_at_top_level,
