@@ -39,7 +39,7 @@ def cmd_dir(tmp_path: Path, files: dict[str, tuple[str, int]] | None = None) -> 
 
 def test_prefixes_agree_and_agent_cmd_is_an_agent_with_source() -> None:
     # one definition: the runner's prefixes are the contracts' objects, not a copy of their values
-    assert vars(runner)["AGENT_PREFIXES"] is AGENT_PREFIXES and AGENT_CMD_PREFIX in AGENT_PREFIXES
+    assert vars(runner)["env_ids"].AGENT_PREFIXES is AGENT_PREFIXES and AGENT_CMD_PREFIX in AGENT_PREFIXES
     assert (
         is_agent("agent-cmd:run.sh") and is_agent("agent:m:f") and not is_agent("agent-cmd") and not is_agent("py:m:C")
     )

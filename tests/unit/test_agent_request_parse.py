@@ -120,7 +120,7 @@ def test_the_answer_is_an_action_the_endpoint_reads_back():
     assert answer.usage == {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37}
     assert parse_action(answer_action("hi", "eos?", 1, 1)).finish_reason == "stop"
     assert is_agent("agent:repo_agent:solve") and not is_agent("py:m:C")
-    assert vars(runner)["AGENT_PREFIX"] is AGENT_PREFIX
+    assert vars(runner)["env_ids"].AGENT_PREFIX is AGENT_PREFIX
 
 
 def test_the_workflows_budget_is_the_runners():

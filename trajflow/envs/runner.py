@@ -48,28 +48,10 @@ from types import ModuleType
 from typing import Any
 
 if __package__:
-    from trajflow.contracts.env_ids import (
-        AGENT_CMD_PREFIX,
-        AGENT_PREFIX,
-        AGENT_PREFIXES,
-        DATA_PREFIX,
-        GYM_PREFIX,
-        NO_GEM_PREFIXES,
-        SHELL_PREFIX,
-        USER_PREFIX,
-    )
+    from trajflow.contracts import env_ids
     from trajflow.envs.gem_loader import GemLoader, GemUnavailable
 else:  # beside the runner in the sandbox image (`env_ids.py` is the contracts' file, copied there)
-    from env_ids import (  # pyright: ignore[reportMissingImports]
-        AGENT_CMD_PREFIX,
-        AGENT_PREFIX,
-        AGENT_PREFIXES,
-        DATA_PREFIX,
-        GYM_PREFIX,
-        NO_GEM_PREFIXES,
-        SHELL_PREFIX,
-        USER_PREFIX,
-    )
+    import env_ids  # pyright: ignore[reportMissingImports]
     from gem_loader import GemLoader, GemUnavailable
 
 DEFAULT_SOCKET = "/run/trajflow/env.sock"
@@ -136,15 +118,15 @@ class EnvHost:
         env_kwargs = request.get("env_kwargs") or {}
         if not isinstance(env_kwargs, dict):
             raise RequestError("BadRequest", "env_kwargs must be a JSON object")
-        if env_id.startswith(SHELL_PREFIX):
-            return self._reset_shell(env_id[len(SHELL_PREFIX) :], seed, env_kwargs)
-        if env_id.startswith(USER_PREFIX):
+        if env_id.startswith(env_ids.SHELL_PREFIX):
+            return self._reset_shell(env_id[len(env_ids.SHELL_PREFIX) :], seed, env_kwargs)
+        if env_id.startswith(env_ids.USER_PREFIX):
             return self._reset_user(env_id, seed, env_kwargs)
-        if env_id.startswith(DATA_PREFIX):
-            return self._reset_data(env_id[len(DATA_PREFIX) :], seed, env_kwargs)
-        if env_id.startswith(GYM_PREFIX):
-            return self._reset_gym(env_id[len(GYM_PREFIX) :], seed, env_kwargs)
-        if env_id.startswith(AGENT_PREFIXES):
+        if env_id.startswith(env_ids.DATA_PREFIX):
+            return self._reset_data(env_id[len(env_ids.DATA_PREFIX) :], seed, env_kwargs)
+        if env_id.startswith(env_ids.GYM_PREFIX):
+            return self._reset_gym(env_id[len(env_ids.GYM_PREFIX) :], seed, env_kwargs)
+        if env_id.startswith(env_ids.AGENT_PREFIXES):
             return self._reset_agent(env_id, seed, env_kwargs)
         if self._loader.light and env_id.startswith("rg:"):
             raise RequestError("BadRequest", f"this sandbox was started for a non-rg env and cannot host {env_id!r}")
@@ -175,7 +157,7 @@ class EnvHost:
         return self._begin(env, seed, f"shell task {task!r}")
 
     def _reset_user(self, env_id: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
-        module_name, _, cls_name = env_id[len(USER_PREFIX) :].partition(":")
+        module_name, _, cls_name = env_id[len(env_ids.USER_PREFIX) :].partition(":")
         self._drop_env()
         try:
             module = importlib.import_module(module_name)
@@ -244,14 +226,14 @@ class EnvHost:
         return self._begin(env, seed, f"gymnasium environment {name!r}")
 
     def _reset_agent(self, env_id: str, seed: int, env_kwargs: dict[str, Any]) -> Response:
-        command = env_id.startswith(AGENT_CMD_PREFIX)
+        command = env_id.startswith(env_ids.AGENT_CMD_PREFIX)
         agent = _sibling("agent_cmd" if command else "agent")
         self._drop_env()
         try:
             if command:
-                env = agent.CommandAgentEnv(env_id[len(AGENT_CMD_PREFIX) :], **env_kwargs)
+                env = agent.CommandAgentEnv(env_id[len(env_ids.AGENT_CMD_PREFIX) :], **env_kwargs)
             else:
-                env = agent.AgentEnv(env_id[len(AGENT_PREFIX) :], **env_kwargs)
+                env = agent.AgentEnv(env_id[len(env_ids.AGENT_PREFIX) :], **env_kwargs)
         except (TypeError, ValueError) as e:
             raise RequestError("BadRequest", f"bad env id or env_kwargs for {env_id}: {e}") from e
         try:
@@ -377,7 +359,7 @@ def serve(path: str, *, preload: bool = True) -> None:
     host = EnvHost(loader)
     server = _Server(path, host)
     os.chmod(path, 0o666)  # the host side may connect as another user
-    if preload and not hint.startswith(NO_GEM_PREFIXES):  # shell tasks, gym, user envs and datasets need no GEM
+    if preload and not hint.startswith(env_ids.NO_GEM_PREFIXES):  # shell tasks, gym, user envs and datasets need no GEM
         loader.start()
     try:
         server.serve_forever()
