@@ -54,19 +54,19 @@ import torch
 import torch.nn.functional as F
 
 from trajflow.rl.engines.base import Completion
-from trajflow.rl.engines.hf import left_padded
+from trajflow.rl.engines.batches import Request, left_padded
 from trajflow.rl.engines.prefix_cache import batch_past
 from trajflow.rl.engines.sampling import draw_tokens, row_generator, uniform
 
 if TYPE_CHECKING:
-    from trajflow.rl.engines.hf import HFEngine, _Request
+    from trajflow.rl.engines.hf import HFEngine
 
 
 @dataclass(eq=False)
 class Row:
     """One running request: what it generated so far and where it stands in the engine's counters."""
 
-    request: _Request
+    request: Request
     generator: torch.Generator | None
     admitted: float
     tokens_before: int
@@ -132,7 +132,7 @@ class DecodeBatch:
     def clear(self) -> None:
         self.rows, self.cache, self.stale = [], None, False
 
-    def step(self, admit: list[_Request], drop: list[Row]) -> StepResult:
+    def step(self, admit: list[Request], drop: list[Row]) -> StepResult:
         started = time.monotonic()
         engine = self.engine
         with torch.inference_mode():
@@ -194,7 +194,7 @@ class DecodeBatch:
         self._append(output.logits[:, -1].float(), self.rows)
         return len(self.rows)
 
-    def _prefill(self, admit: list[_Request]) -> int:
+    def _prefill(self, admit: list[Request]) -> int:
         from transformers import DynamicCache
 
         engine = self.engine
@@ -294,7 +294,7 @@ def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return F.pad(tensor, pad)
 
 
-def _admissions(engine: HFEngine, batch: DecodeBatch) -> list[_Request]:
+def _admissions(engine: HFEngine, batch: DecodeBatch) -> list[Request]:
     """The waiting requests that join the batch at its next step (FIFO, same policy, up to `max_batch` rows)."""
     live = [r for r in engine._pending if not r.future.done()]
     if batch.stale:
@@ -302,7 +302,7 @@ def _admissions(engine: HFEngine, batch: DecodeBatch) -> list[_Request]:
         return []
     policy = batch.policy if batch.rows else (live[0].policy if live else None)
     room = engine.max_batch - len(batch.rows)
-    admit: list[_Request] = []
+    admit: list[Request] = []
     for request in live:
         if request.policy != policy or len(admit) == room:
             break  # another policy's request waits for this batch to drain

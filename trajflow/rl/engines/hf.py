@@ -59,7 +59,6 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -67,57 +66,11 @@ import torch
 
 from trajflow.contracts.trajectory import SamplingParams
 from trajflow.rl.engines.base import Completion, WeightSource, config_positions, eos_ids, trim_at_eos
+from trajflow.rl.engines.batches import EngineStats, Request, left_padded
 from trajflow.rl.engines.prefix_cache import PrefixCache, batch_past, keep_batch
 from trajflow.rl.engines.sampling import LogprobRecorder, SeededSampler
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Stats:
-    requests: int = 0
-    batches: int = 0
-    batched_requests: int = 0
-    completion_tokens: int = 0
-    busy_s: float = 0.0
-    weight_loads: int = 0
-    prompt_tokens: int = 0
-    reused_tokens: int = 0
-    """Prompt tokens whose keys and values came from the prefix cache instead of a forward pass."""
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "weight_loads": float(self.weight_loads),
-            "requests": float(self.requests),
-            "batches": float(self.batches),
-            "mean_batch_size": self.batched_requests / self.batches if self.batches else 0.0,
-            "completion_tokens": float(self.completion_tokens),
-            "busy_s": self.busy_s,
-            "tokens_per_s": self.completion_tokens / self.busy_s if self.busy_s > 0 else 0.0,
-            "prompt_tokens": float(self.prompt_tokens),
-            "prefix_reused_tokens": float(self.reused_tokens),
-        }
-
-
-def left_padded(prompts: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids (rows, width) of `prompts` left-padded with `pad_id` to the longest, and their attention mask (1 on
-    each prompt's tokens): the layout of a batch for `generate` and for the continuous loop's prefill."""
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-        mask[row, width - len(prompt) :] = 1
-    return input_ids, mask
-
-
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: asyncio.Future[Completion]
-    policy: str = ""
-    enqueued: float = field(default_factory=time.monotonic)
 
 
 class HFEngine:
@@ -166,12 +119,12 @@ class HFEngine:
         self.model: Any = None
         self._eos: list[int] = eos_ids(self.tokenizer)
         self._pad_id: int = self._pick_pad_id()
-        self._pending: list[_Request] = []
-        self._running: list[_Request] = []
+        self._pending: list[Request] = []
+        self._running: list[Request] = []
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-engine")
-        self._stats = _Stats()
+        self._stats = EngineStats()
         self.continuous = continuous
         self.interrupt_on_update = interrupt_on_update
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
@@ -235,7 +188,7 @@ class HFEngine:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
-        request = _Request(list(prompt_ids), params, future, policy)
+        request = Request(list(prompt_ids), params, future, policy)
         self._pending.append(request)
         self._stats.requests += 1
         self._wakeup.set()
@@ -289,7 +242,7 @@ class HFEngine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout=remaining)
 
-    def _take_batch(self) -> list[_Request]:
+    def _take_batch(self) -> list[Request]:
         live = [r for r in self._pending if not r.future.done()]
         if not live:
             self._pending.clear()
@@ -300,7 +253,7 @@ class HFEngine:
         self._pending = [r for r in live if id(r) not in taken]
         return batch
 
-    def _record(self, batch: list[_Request], results: list[Completion], started: float, seconds: float) -> None:
+    def _record(self, batch: list[Request], results: list[Completion], started: float, seconds: float) -> None:
         self._stats.batches += 1
         self._stats.batched_requests += len(batch)
         self._stats.busy_s += seconds
