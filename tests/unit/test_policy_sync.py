@@ -42,7 +42,14 @@ async def test_engine_follows_published_versions(tiny_model, tmp_path, prefix_ca
     store = LocalStore(tmp_path / "store")
     follower = PolicyStore(store, tmp_path / "decode-cache", pointer_ttl_s=0.0)
     publisher = PolicyStore(store, tmp_path / "trainer-cache")
-    engine = HFEngine(tiny_model, max_batch=4, batch_wait_ms=1, weights=follower, prefix_cache_bytes=prefix_cache_bytes)
+    engine = HFEngine(
+        tiny_model,
+        max_batch=4,
+        batch_wait_ms=1,
+        weights=follower,
+        prefix_cache_bytes=prefix_cache_bytes,
+        weight_slots=1,  # one set of weights: going back to the initial model reloads it (test_weight_slots: two)
+    )
     await engine.start()
     try:
         greedy = SamplingParams(temperature=0.0, max_new_tokens=6)

@@ -139,6 +139,11 @@ class ModelConfig(Contract):
     next turn (which extends its last prompt and completion) and a task's shared instructions are not recomputed
     (`trajflow.rl.engines.prefix_cache`); cleared at every new policy version. 0 turns it off. vLLM has its own
     (`vllm.enable_prefix_caching`)."""
+    weight_slots: Annotated[int, Field(ge=1, le=8)] | None = None
+    """How many policies' weights the `hf` engine holds at once, each a full copy of the model with its own prefix
+    cache (`trajflow.rl.engines.slots`): with two, an eval during training (pinned to an earlier version) and
+    training's turns do not reload each other's weights at every batch. None: two when a copy takes at most a quarter
+    of the decode device's free memory at load, else one. vLLM reloads its own."""
 
     @model_validator(mode="after")
     def _engine_sections_match_engine(self) -> ModelConfig:

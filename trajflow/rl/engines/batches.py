@@ -24,6 +24,8 @@ class EngineStats:
     completion_tokens: int = 0
     busy_s: float = 0.0
     weight_loads: int = 0
+    slot_switches: int = 0
+    """Switches to weights a parked slot held, with nothing loaded."""
     prompt_tokens: int = 0
     reused_tokens: int = 0
     """Prompt tokens whose keys and values came from the prefix cache instead of a forward pass."""
@@ -31,6 +33,7 @@ class EngineStats:
     def as_dict(self) -> dict[str, float]:
         return {
             "weight_loads": float(self.weight_loads),
+            "slot_switches": float(self.slot_switches),
             "requests": float(self.requests),
             "batches": float(self.batches),
             "mean_batch_size": self.batched_requests / self.batches if self.batches else 0.0,

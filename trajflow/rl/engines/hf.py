@@ -42,13 +42,13 @@ Weights: with a `WeightSource`, each request names a policy (a training run id; 
 Batches never mix policies. Right before a batch runs, in the same worker thread that runs batches (so never
 during one), the engine asks the source for the newest version of the batch's policy and, if it differs from
 what is loaded, copies it into the model in place (`trajflow.rl.weights.apply_weights`). Every completion carries
-the version that generated it. Switching between two policies reloads each time: one engine serves one run at
-a time well.
+the version that generated it. Switching to a policy whose weights no slot holds reloads; with two weight slots
+(`weight_slots`, `trajflow.rl.engines.slots`) a version an eval pins and the one training follows each keep their own.
 
 Prefix cache (`prefix_cache_bytes` > 0, `trajflow.rl.engines.prefix_cache`): each batch's prompts and completions keep
 their keys and values, and a later prompt that extends one (a trajectory's next turn; another episode's identical
 instructions) is fed to the model only from where it differs. Completions are the ones the engine gives without
-it (float32: logprobs within ~1e-5). Cleared whenever other weights are loaded.
+it (float32: logprobs within ~1e-5). Cleared whenever other weights are loaded into its slot.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ from trajflow.rl.engines.base import Completion, WeightSource, config_positions,
 from trajflow.rl.engines.batches import EngineStats, Request, left_padded
 from trajflow.rl.engines.prefix_cache import PrefixCache, batch_past, keep_batch
 from trajflow.rl.engines.sampling import LogprobRecorder, SeededSampler
+from trajflow.rl.engines.slots import Slot, WeightSlots, auto_capacity
 
 _log = logging.getLogger(__name__)
 
@@ -89,13 +90,15 @@ class HFEngine:
         prefix_cache_bytes: int = 0,
         continuous: bool = False,
         interrupt_on_update: bool = False,
+        weight_slots: int | None = None,
     ) -> None:
         """`device` a torch device (`cpu`, `cuda`, `cuda:N`; `trajflow.rl.devices.resolve_device` turns a setting such
         as `auto` into one); `dtype` None keeps the checkpoint's dtype (bfloat16 for SmolLM2, float32 for the tiny
         model); `weights` None serves the initial model only; `prefix_cache_bytes` > 0 keeps up to that many bytes of
         keys and values of earlier prompts and completions (`trajflow.rl.engines.prefix_cache`; 0: none); `continuous`
         batches continuously (see the module docstring); `interrupt_on_update` (continuous only)
-        moves running generations to a newly published version instead of letting them finish on theirs."""
+        moves running generations to a newly published version instead of letting them finish on theirs;
+        `weight_slots` how many policies' weights are held at once (None: auto, see `trajflow.rl.engines.slots`)."""
         from transformers import AutoConfig, AutoTokenizer
 
         if max_batch < 1:
@@ -128,6 +131,9 @@ class HFEngine:
         self.continuous = continuous
         self.interrupt_on_update = interrupt_on_update
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self._slot_count = weight_slots
+        self.slots = WeightSlots(weight_slots or 1, prefix_cache_bytes)
+        """The weights held besides the running ones (`self.model`); sized when the model is loaded."""
 
     def _pick_pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
@@ -159,6 +165,7 @@ class HFEngine:
                 _log.warning("%s has sliding-window layers: static batches instead of continuous", self.name)
                 self.continuous = False
         self.model = model
+        self.slots.capacity = self._slot_count or auto_capacity(model, self.device)
 
     async def close(self) -> None:
         """Stop the loop, fail waiting requests, release the thread. The engine cannot be restarted after it."""
@@ -274,13 +281,24 @@ class HFEngine:
         want = (newest.policy, newest.version) if newest else ("", 0)
         if want == (self.policy, self.version):
             return
-        from trajflow.rl.weights import apply_weights
+        running = Slot(self.model, self.policy, self.version, self.prefix_cache)
+        slot, load = self.slots.take(running, want)
+        if load:
+            from trajflow.rl.weights import apply_weights
 
-        apply_weights(self.model, newest.path if newest else self.model_path)
-        self.policy, self.version = want
-        self._stats.weight_loads += 1
-        if self.prefix_cache is not None:
-            self.prefix_cache.clear()  # computed with the weights just replaced
+            apply_weights(slot.model, newest.path if newest else self.model_path)
+            slot.policy, slot.version = want
+            self._stats.weight_loads += 1
+            if slot.prefix_cache is not None:
+                slot.prefix_cache.clear()  # computed with the weights just replaced
+        else:
+            self._stats.slot_switches += 1
+        self.model, self.policy, self.version, self.prefix_cache = (
+            slot.model,
+            slot.policy,
+            slot.version,
+            slot.prefix_cache,
+        )
 
     def _run_batch(
         self,

@@ -85,6 +85,7 @@ def load_engine(
         prefix_cache_bytes=model.prefix_cache_mb * 2**20,
         continuous=model.batching == "continuous",
         interrupt_on_update=model.interrupt_on_update,
+        weight_slots=model.weight_slots,
     )
 
 
