@@ -7,6 +7,12 @@ Temporal does not know counts as closed), (2) removes what `trajflow.sandbox.lea
 host's earlier runs, another host's dead worker); it also (4) closes the sandboxes that came back to the warm pool
 past its size and waited a lease (`WarmPool.trim`). The first round runs before the worker starts sandboxes.
 
+Timing: a round asks about all its sandboxes at once and has every answer within `query_timeout_s` (a quarter of
+a lease, at most `DESCRIBE_TIMEOUT_S`); a renewal is dated from the round's start, when the runs were seen, not
+from the answer. So a slow answer (a busy workflow worker) neither holds the next round back by more than that nor
+extends the lease of a run that ended meanwhile: its sandbox goes within 1.5 leases of the run's end (the lease, an
+interval, a round's answers), plus the time Docker takes to remove it.
+
 Errors: a round that fails (Docker or Temporal unreachable, anything else) is logged and the next round tries
 again; the sweep never stops the worker. Limits: one engine (this host's); a sandbox used by no activity for
 `IDLE_CAP_LEASES` leases is removed even while its trajectory runs (it restores by replay).
@@ -34,6 +40,7 @@ from trajflow.sandbox.reaper import reap_orphans
 
 log = logging.getLogger("trajflow.sweep")
 DESCRIBE_TIMEOUT_S = 10.0
+"""The longest the sweep waits for Temporal's answers about one run (less where a quarter of the lease is less)."""
 MIN_INTERVAL_S = 0.5
 
 
@@ -67,6 +74,7 @@ class Sweeper:
         self.cap_s = cap_for(lease_s)
         self.warm = warm
         self.interval_s = max(lease_s / 4, MIN_INTERVAL_S)
+        self.query_timeout_s = min(DESCRIBE_TIMEOUT_S, lease_s / 4)
         self.stats = SweepStats()
         self.meter = meter_of(client) if client is not None else MetricMeter.noop
         """Where removals are counted (`trajflow_sandboxes_swept_total`, by reason)."""
@@ -92,11 +100,12 @@ class Sweeper:
         leases = self.manager.leases.snapshot()
         holders = {lease.sandbox_id: _holder(lease, waiting) for lease in leases}
         asked = [x for x in leases if needs_run_state(x, holders[x.sandbox_id], self.lease_s)]
+        seen_at = self.manager.leases.now()  # every answer below describes its run at this time or later
         states = await asyncio.gather(*(self.run_state(x.workflow_id, x.run_id, x.sandbox_id) for x in asked))
         runs = {x.sandbox_id: state for x, state in zip(asked, states, strict=True)}
         for lease in leases:
             run = runs.get(lease.sandbox_id, RunState.UNKNOWN)
-            if run is RunState.WAITING and self.manager.leases.renew(lease.sandbox_id, lease.workflow_id):
+            if run is RunState.WAITING and self.manager.leases.renew(lease.sandbox_id, lease.workflow_id, seen_at):
                 self.stats.renewed += 1
                 continue
             verdict = lease_verdict(lease, holders[lease.sandbox_id], run, self.lease_s, self.cap_s)
@@ -134,16 +143,19 @@ class Sweeper:
     async def run_state(self, workflow_id: str, run_id: str, sandbox_id: str = "") -> RunState:
         """The owning run's state; UNKNOWN without a client or when Temporal cannot answer. WAITING: running with a
         model call pending, and (its `progress` query says) `sandbox_id` is the sandbox it will step next, not one it
-        left after a failure."""
+        left after a failure, or the query did not answer in time (a workflow worker too busy to answer is no sign of
+        an abandoned sandbox: kept, and removed once the run ends)."""
         if self.client is None:
             return RunState.UNKNOWN
+        deadline = asyncio.get_running_loop().time() + self.query_timeout_s  # for both calls together
         try:
-            described = await asyncio.wait_for(describe(self.client, workflow_id, run_id or None), DESCRIBE_TIMEOUT_S)
+            async with asyncio.timeout_at(deadline):
+                described = await describe(self.client, workflow_id, run_id or None)
         except RPCError as e:
             log.warning("cannot describe workflow %s run %s: %s", workflow_id, run_id, e)
             return RunState.UNKNOWN
         except TimeoutError:
-            log.warning("describing workflow %s run %s timed out", workflow_id, run_id)
+            log.warning("describing workflow %s run %s took over %.1fs", workflow_id, run_id, self.query_timeout_s)
             return RunState.UNKNOWN
         if described is None or described.status != WorkflowExecutionStatus.RUNNING:  # None: Temporal knows no such run
             return RunState.CLOSED
@@ -152,10 +164,12 @@ class Sweeper:
             return RunState.RUNNING
         handle = self.client.get_workflow_handle(workflow_id, run_id=run_id or None)
         try:
-            progress = await asyncio.wait_for(
-                handle.query(names.QUERY_PROGRESS, result_type=TrajectoryProgress), DESCRIBE_TIMEOUT_S
-            )
-        except Exception as e:  # no workflow worker to answer, a timeout: judged as running (the cap applies)
+            async with asyncio.timeout_at(deadline):
+                progress = await handle.query(names.QUERY_PROGRESS, result_type=TrajectoryProgress)
+        except TimeoutError:  # a busy (or absent) workflow worker: the model call is pending, so it waits
+            log.info("workflow %s run %s did not answer its progress query in time", workflow_id, run_id)
+            return RunState.WAITING
+        except Exception as e:  # the query failed (not a timeout): judged as running (the cap applies)
             log.warning("cannot query workflow %s run %s: %r", workflow_id, run_id, e)
             return RunState.RUNNING
         return RunState.WAITING if progress.sandbox == sandbox_id else RunState.RUNNING

@@ -123,6 +123,8 @@ async def test_a_terminated_trajectory_loses_its_sandbox_within_two_leases_and_t
         done = subprocess.run([*terminate, "--reason", "test"], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
         terminated = time.monotonic()
+        # the sweep's bound is 1.5 leases (its last renewal is dated before the terminate, its rounds wait at most a
+        # quarter lease for answers: workers/sandbox_sweep.py) plus Docker's removal; the rest is slack for a busy CPU
         wait_for(
             lambda: not sandbox_containers(docker_client, **{labels.SANDBOX_ID: sandbox_id}),
             2 * LEASE_S,

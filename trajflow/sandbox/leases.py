@@ -146,14 +146,20 @@ class LeaseBook:
             entry.workflow_id, entry.run_id, entry.last_used = "", "", self._clock()
             return True
 
-    def renew(self, sandbox_id: str, workflow_id: str) -> bool:
-        """Renew the lease of a sandbox that `workflow_id` still holds (idle from now); False when another holds it,
-        nobody does, or it is unknown."""
+    def now(self) -> float:
+        """The book's clock, for `renew`'s `seen_at`."""
+        return self._clock()
+
+    def renew(self, sandbox_id: str, workflow_id: str, seen_at: float | None = None) -> bool:
+        """Renew the lease of a sandbox that `workflow_id` still holds: idle from `seen_at` (the book's clock: when
+        its run was seen waiting; now if None), never moved back. False when another holds it, nobody does, or it is
+        unknown. A renewal dated by when the state was seen, not by when a slow answer came back, cannot outlast a
+        run that ended meanwhile by more than one lease."""
         with self._lock:
             entry = self._entries.get(sandbox_id)
             if entry is None or not workflow_id or entry.workflow_id != workflow_id:
                 return False
-            entry.last_used = self._clock()
+            entry.last_used = max(entry.last_used, self._clock() if seen_at is None else seen_at)
             return True
 
     def holder(self, sandbox_id: str) -> str | None:
