@@ -1,6 +1,6 @@
 """An LLM judge through a real OpenAI-compatible server: `vllm serve` (from `.vllm-venv`, as in
-`test_openai_engine.py`, whose module-scoped server fixture this reuses) serving the tiny random model, called by the
-reward service for `reward_fn = "model:judge"`.
+`test_openai_engine.py`: the `vllm_server` fixture of tests/integration/conftest.py) serving the tiny random model,
+called by the reward service for `reward_fn = "model:judge"`.
 
 The tiny model's judgement means nothing, so the plumbing is asserted: the same chat request sent straight to the
 server (temperature 0) gives the reply the service saw; when that reply holds a number, the reward is that number
@@ -13,7 +13,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.integration.test_openai_engine import API_KEY, Server, vllm_server  # noqa: F401  (the fixture)
+from tests.integration.vllm_serve import API_KEY, Server
 from trajflow.contracts.reward_models import JudgeModelConfig
 from trajflow.contracts.scoring import ScoreRequest
 from trajflow.rewards.judge import judge_prompt, normalise, parse_score
@@ -31,7 +31,7 @@ def spec(server: Server, key_env: str = "TRAJFLOW_TEST_JUDGE_KEY") -> JudgeModel
     )  # fmt: skip
 
 
-async def test_the_reward_is_what_the_judges_reply_says(vllm_server: Server, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+async def test_the_reward_is_what_the_judges_reply_says(vllm_server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAJFLOW_TEST_JUDGE_KEY", API_KEY)
     judge = spec(vllm_server)
     req = ScoreRequest(
@@ -61,7 +61,7 @@ async def test_the_reward_is_what_the_judges_reply_says(vllm_server: Server, mon
         assert res.json()["details"]["judge_score"] == raw and res.json()["details"]["judge_reply"] == reply[-200:]
 
 
-async def test_a_wrong_api_key_is_a_judge_failure(vllm_server: Server, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+async def test_a_wrong_api_key_is_a_judge_failure(vllm_server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAJFLOW_TEST_JUDGE_KEY", "wrong-key")
     req = ScoreRequest(env_id="data:x", reward_fn="model:judge", reward_model=spec(vllm_server), actions=["5"],
                        observations=["2 + 3"])  # fmt: skip

@@ -13,20 +13,14 @@ start on a shared 2-core CPU.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
-import subprocess
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
-from tests.conftest import free_port, running_stack, wait_for
+from tests.conftest import free_port, running_stack
+from tests.integration.vllm_serve import API_KEY, Server
 from trajflow.contracts.config import OpenAIServerConfig
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
 from trajflow.rl.engines.base import Engine, EngineMisconfigured, EngineRequestRejected, EngineUnavailable
@@ -34,73 +28,11 @@ from trajflow.rl.engines.openai import OpenAIEngine
 
 pytestmark = pytest.mark.integration
 
-API_KEY = "trajflow-test-key"
 VERSION = 3
 """The policy version the engine is configured to report (the served weights are the tiny model's)."""
 LOGPROB_TOL = 1e-3
 """Max |server - HF| per token in float32 (vLLM's own test measures 1e-6 on this model)."""
-SERVER_START_S = 600
 PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 7, 250, 9, 12, 13], [300]]
-
-
-@dataclass
-class Server:
-    base_url: str
-    model_path: Path
-    start_s: float
-    """Seconds from launching the server to its first answer."""
-
-
-def vllm_python() -> Path:
-    """The vLLM venv's Python, or a skip (a failure under TRAJFLOW_REQUIRE_VLLM=1)."""
-    from trajflow.infra.settings import Settings
-
-    python = Settings().resolved_vllm_python
-    if python.exists():
-        return python
-    why = f"{python} does not exist: build the vLLM venv with `make vllm-venv`"
-    if os.environ.get("TRAJFLOW_REQUIRE_VLLM") == "1":
-        pytest.fail(f"TRAJFLOW_REQUIRE_VLLM=1 but {why}")
-    pytest.skip(why)
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    python = vllm_python()
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
-    argv = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
-        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--api-key", API_KEY,
-        "--dtype", "float32", "--logprobs-mode", "processed_logprobs", "--max-model-len", "512",
-        "--kv-cache-memory-bytes", str(2**28), "--max-num-seqs", "16", "--enforce-eager", "--seed", "0",
-    ]  # fmt: skip
-    started = time.monotonic()
-    with log_path.open("wb") as log:
-        # Its own session: the server's engine-core and worker processes are ended with it, by its group id.
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base_url = f"http://127.0.0.1:{port}/v1"
-
-    def up() -> bool:
-        assert proc.poll() is None, f"vllm serve exited {proc.returncode}:\n{log_path.read_text()[-3000:]}"
-        try:
-            return httpx.get(f"{base_url}/models", headers={"authorization": f"Bearer {API_KEY}"}, timeout=2).is_success
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(up, SERVER_START_S, interval_s=0.5, what="vllm serve to answer")
-        start_s = time.monotonic() - started
-        print(f"vllm serve answered after {start_s:.1f} s")
-        yield Server(base_url, tiny_model, start_s)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
 
 
 def server_config(server: Server, **fields) -> OpenAIServerConfig:
