@@ -1,4 +1,5 @@
-"""Fixtures of the integration tests beyond tests/conftest.py's: the `vllm serve` of the tiny model."""
+"""Fixtures of the integration tests beyond tests/conftest.py's: the `vllm serve` of the tiny model, one a session
+(it takes 40 s to start on an idle 2-core CPU, and idles between the modules that use it)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.conftest import free_port, wait_for
 from tests.integration.vllm_serve import API_KEY, SERVER_START_S, Server, vllm_python
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     python = vllm_python()
     port = free_port()

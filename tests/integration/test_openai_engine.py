@@ -6,8 +6,8 @@ that uses the engine, with the real Temporal dev server, Docker sandboxes and re
 
 The tests run in the main venv; only the server runs from `.vllm-venv` (`make vllm-venv`; vLLM's pins clash
 with the project's). Without that venv they skip, unless `TRAJFLOW_REQUIRE_VLLM=1` (CI sets it, after building
-the venv), which turns the skip into a failure. One server serves the module: it takes one to three minutes to
-start on a shared 2-core CPU.
+the venv), which turns the skip into a failure. One server (tests/integration/conftest.py) serves the session,
+this module and `test_judge_vllm.py`: it takes one to three minutes to start on a shared 2-core CPU.
 """
 
 from __future__ import annotations
