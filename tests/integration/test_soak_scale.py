@@ -1,9 +1,10 @@
-"""`trajflow bench soak --scale --batch 512` end to end (the CI size of the scale mode), on the real Temporal dev
-server, reward service and store with the simulated engine, one-turn synthetic env and simulated trainer: a sharded
-run (1,024 in flight at α = 1, past the 512 that a direct run may hold: shards of 64 groups) of three steps of 512
-trajectories that continues as new at least twice, passes the loss audit, and reports each step's time taken apart
-and what the dev server carried. At B = 1,024 this test took 537 s of a 58-minute CI run on a 2-core AVX2 EPYC; at
-512 the bench took 376 s there while a CI run shared the machine. Larger sizes: the bench's (docs/capacity.md)."""
+"""`trajflow bench soak --scale --batch 256 --groups-per-shard 16` end to end (the CI size of the scale mode), on the
+real Temporal dev server, reward service and store with the simulated engine, one-turn synthetic env and simulated
+trainer: a sharded run (512 in flight at α = 1, in shards of 16 groups) of three steps of 256 trajectories that
+continues as new at least twice, passes the loss audit, and reports each step's time taken apart and what the dev
+server carried. At B = 512 (shards of 64, the run's default past 512 in flight) this test took 261 s of a 45-minute
+pytest run on a 2-core AVX2 EPYC; B = 256 took 131 s there. Larger sizes and the default shard size: the bench's
+(docs/capacity.md)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 TRAJFLOW = str(Path(sys.executable).parent / "trajflow")
-B = 512
+B = 256
+GROUPS_PER_SHARD = 16
 
 
-def test_steps_of_512_in_shards_lose_nothing_and_say_where_the_time_goes(tmp_path: Path) -> None:
+def test_steps_of_256_in_shards_lose_nothing_and_say_where_the_time_goes(tmp_path: Path) -> None:
     out = tmp_path / "soak-scale.json"
     proc = subprocess.run(
-        [TRAJFLOW, "bench", "soak", "--scale", "--batch", str(B), "--json", str(out)],
+        [TRAJFLOW, "bench", "soak", "--scale", "--batch", str(B), "--groups-per-shard", str(GROUPS_PER_SHARD)]
+        + ["--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -38,9 +41,9 @@ def test_steps_of_512_in_shards_lose_nothing_and_say_where_the_time_goes(tmp_pat
     assert c["consumed"] == 3 * B and c["started"] == c["completed"] == c["consumed"] + c["dropped_stale"], c
     assert c["failed"] == c["infra_failed"] == c["groups_abandoned"] == c["cancelled"] == 0, c
     assert s["trajectories_by_status"] == {"COMPLETED": c["started"]}
-    # auto shards of 64 groups (a few smaller at the end), every one completed
-    assert s["groups_per_shard"] == 64 and set(s["shards_by_status"]) == {"COMPLETED"}
-    assert s["shards"] * 64 >= c["started"] // 8
+    # shards of 16 groups (a few smaller at the end), every one completed
+    assert s["groups_per_shard"] == GROUPS_PER_SHARD and set(s["shards_by_status"]) == {"COMPLETED"}
+    assert s["shards"] * GROUPS_PER_SHARD >= c["started"] // 8
     for step in s["per_step"]:
         assert step["trajectories"] == B
         assert step["wall_s"] > 0 and step["load_s"] > 0 and step["compute_s"] >= 1.0 and step["rest_s"] > 0, step

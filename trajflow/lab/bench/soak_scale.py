@@ -82,7 +82,7 @@ class ScaleSoak:
     groups_per_shard: int | None = None
     """None: the run's default (shards of 64 groups past 512 trajectories in flight)."""
     history_events: int | None = None
-    """The training workflow continues as new at this many events; None: twice the groups of a step (at least 200),
+    """The training workflow continues as new at this many events; None: twice the groups of a step (at least 100),
     about once a step."""
     slots: int = 4_096
     """The simulated engine's concurrent sequences (more than the dev server lets run at once)."""
@@ -95,7 +95,7 @@ class ScaleSoak:
             )
 
     def events(self) -> int:
-        return self.history_events or max(200, 2 * self.batch_size // self.group_size)
+        return self.history_events or max(100, 2 * self.batch_size // self.group_size)
 
 
 def breakdown(records: list, seen: dict[int, tuple[float, int]], start: float) -> list[dict]:
