@@ -82,7 +82,7 @@ def test_a_slow_answer_renews_as_of_the_asking_so_a_run_ended_meanwhile_loses_it
     book.grant("s1", "wf-a", "run-1")
     clock.now += LEASE_S + 40  # idle past the lease: the sweep asks about its run
     asked_at = clock.now
-    runs = {"state": waiting_run()}
+    runs: dict[str, SimpleNamespace | None] = {"state": waiting_run()}
 
     async def describe(client, workflow_id, run_id):
         return runs["state"]
