@@ -69,5 +69,5 @@ def test_each_step_is_taken_apart_and_signals_averaged() -> None:
 
 
 def test_the_scale_mode_continues_as_new_about_once_a_step() -> None:
-    assert ScaleSoak().events() == 2_048 and ScaleSoak(batch_size=64).events() == 200
+    assert ScaleSoak().events() == 2_048 and ScaleSoak(batch_size=64).events() == 100
     assert ScaleSoak(history_events=999).events() == 999
