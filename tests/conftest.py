@@ -73,6 +73,16 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+class ManualClock:
+    """A clock a test moves by hand (`clock.now += 5`), for code that takes a monotonic `clock`."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def free_port() -> int:
     """A port for a server a test starts later (below the ephemeral range: `trajflow.infra.ports.free_port`)."""
     from trajflow.infra.ports import free_port as pick

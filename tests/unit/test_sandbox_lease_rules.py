@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import ManualClock
 from trajflow.sandbox import labels
 from trajflow.sandbox.leases import (
     IDLE_CAP_LEASES,
@@ -67,16 +68,8 @@ def test_temporal_is_asked_only_when_its_answer_decides() -> None:
     assert cap_for(LEASE_S) == LEASE_S * IDLE_CAP_LEASES
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_book_renews_on_every_use_and_counts_a_busy_sandbox_as_never_idle() -> None:
-    clock = Clock()
+    clock = ManualClock()
     book = LeaseBook(clock)
     book.add("s1")
     clock.now += 10
@@ -100,7 +93,7 @@ def test_the_book_renews_on_every_use_and_counts_a_busy_sandbox_as_never_idle() 
 
 
 def test_take_idle_rechecks_against_a_use_since_the_snapshot() -> None:
-    clock = Clock()
+    clock = ManualClock()
     book = LeaseBook(clock)
     book.add("s1")
     clock.now += 100
@@ -115,7 +108,7 @@ def test_take_idle_rechecks_against_a_use_since_the_snapshot() -> None:
 
 
 def test_a_release_ends_the_lease_unless_a_request_is_in_flight() -> None:
-    clock = Clock()
+    clock = ManualClock()
     book = LeaseBook(clock)
     book.add("s1")
     book.grant("s1", "wf-a", "run-1")
@@ -171,7 +164,7 @@ def test_labels_name_the_owner_container_only_when_there_is_one() -> None:
 
 
 def test_a_renewal_counts_only_for_the_sandboxs_holder() -> None:
-    clock = Clock()
+    clock = ManualClock()
     book = LeaseBook(clock)
     book.add("s1")
     book.grant("s1", "wf-a", "run-1")

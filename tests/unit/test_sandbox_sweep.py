@@ -13,6 +13,7 @@ from typing import Any, cast
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 
+from tests.conftest import ManualClock
 from trajflow.contracts import names
 from trajflow.contracts.trajectory import TrajectoryProgress
 from trajflow.sandbox.leases import LeaseBook, RunState
@@ -20,14 +21,6 @@ from trajflow.workers import sandbox_sweep
 from trajflow.workers.sandbox_sweep import Sweeper
 
 LEASE_S = 60.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def waiting_run() -> SimpleNamespace:
@@ -76,7 +69,7 @@ def no_reaper(monkeypatch) -> None:
 def test_a_slow_answer_renews_as_of_the_asking_so_a_run_ended_meanwhile_loses_its_sandbox_a_lease_later(
     monkeypatch,
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     book = LeaseBook(clock)
     book.add("s1")
     book.grant("s1", "wf-a", "run-1")
@@ -147,7 +140,7 @@ def test_a_failed_progress_query_counts_as_running_and_a_slow_describe_as_unknow
 
 
 def test_a_renewal_never_moves_the_last_use_back() -> None:
-    clock = Clock()
+    clock = ManualClock()
     book = LeaseBook(clock)
     book.add("s1")
     book.grant("s1", "wf-a", "run-1")

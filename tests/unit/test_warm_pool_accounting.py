@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from tests.conftest import ManualClock
 from trajflow.sandbox.errors import SandboxLost
 from trajflow.sandbox.manager import Sandbox, SandboxManager
 from trajflow.sandbox.pool import WarmPool
@@ -140,16 +141,8 @@ def test_a_dead_waiting_sandbox_is_discarded_and_replaced() -> None:
         pool.close()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_key_nobody_asks_for_is_forgotten_and_a_take_asks_for_it_again() -> None:
-    manager, clock = Manager(), Clock()
+    manager, clock = Manager(), ManualClock()
     pool = WarmPool(cast(SandboxManager, manager), size=1, reuse=3, unused_s=60, clock=clock)
     try:
         assert pool.wait_full(GAME, timeout_s=5) and pool.wait_full(OTHER, timeout_s=5) and manager.started == 2
