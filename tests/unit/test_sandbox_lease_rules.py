@@ -176,3 +176,15 @@ def test_a_renewal_counts_only_for_the_sandboxs_holder() -> None:
     book.release("s1")
     clock.now += 10
     assert not book.renew("s1", "wf-a")  # released: nobody holds it
+
+
+def test_a_renewal_never_moves_the_last_use_back() -> None:
+    clock = ManualClock()
+    book = LeaseBook(clock)
+    book.add("s1")
+    book.grant("s1", "wf-a", "run-1")
+    clock.now += 100
+    assert book.renew("s1", "wf-a", seen_at=clock.now - 40)
+    assert book.snapshot()[0].idle_s == 40
+    assert book.renew("s1", "wf-a", seen_at=clock.now - 70)  # seen before the last renewal: changes nothing
+    assert book.snapshot()[0].idle_s == 40

@@ -137,15 +137,3 @@ def test_a_failed_progress_query_counts_as_running_and_a_slow_describe_as_unknow
     assert asyncio.run(sweeper.run_state("wf-a", "run-1", "s1")) is RunState.RUNNING
     slow["describe"] = True
     assert asyncio.run(asyncio.wait_for(sweeper.run_state("wf-a", "run-1", "s1"), 5)) is RunState.UNKNOWN
-
-
-def test_a_renewal_never_moves_the_last_use_back() -> None:
-    clock = ManualClock()
-    book = LeaseBook(clock)
-    book.add("s1")
-    book.grant("s1", "wf-a", "run-1")
-    clock.now += 100
-    assert book.renew("s1", "wf-a", seen_at=clock.now - 40)
-    assert book.snapshot()[0].idle_s == 40
-    assert book.renew("s1", "wf-a", seen_at=clock.now - 70)  # seen before the last renewal: changes nothing
-    assert book.snapshot()[0].idle_s == 40
