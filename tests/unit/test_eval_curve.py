@@ -118,7 +118,7 @@ def a_curve(
     tracker = Recorder()
     curve = EvalCurve(
         run_eval, every=kw.get("every", 2), steps=kw.get("steps", 10), episodes=4, run_dir=tmp_path,
-        trackers=Fanout([("rec", tracker)], said.append), say=said.append, holds=holds,
+        trackers=Fanout([("rec", tracker)], said.append), say=said.append, holds=holds, defer=kw.get("defer", False),
     )  # fmt: skip
     return curve, tracker
 
@@ -141,6 +141,19 @@ async def test_each_due_version_is_held_evaluated_once_in_order_and_recorded(tmp
     assert [step for step, _ in tracker.logged] == [2, 4]
     assert tracker.logged[0][1] == {"eval_curve/success_rate": 0.5, "eval_curve/mean_reward": 0.5}
     assert any(line.startswith("held-out v4: greedy success 2/4 (50%)") for line in said)
+
+
+async def test_deferred_evals_wait_for_the_end_of_training_holding_their_versions(tmp_path: Path) -> None:
+    holds, evaluated, said = FakeHolds(), [], []
+    curve, _ = a_curve(tmp_path, holds, evaluated, said, defer=True)
+    curve.seen(5)
+    curve.ended(7)
+    await asyncio.sleep(0.05)
+    assert evaluated == [] and {2, 4, 6} <= holds.now  # nothing evaluated while the run trained; its versions kept
+    points = await curve.close(None, None)
+    assert evaluated == [2, 4, 6] and [p.version for p in points] == [2, 4, 6]
+    assert holds.now == set()
+    assert any(line.startswith("held-out v6: greedy success 2/4 (50%)") and "after training" in line for line in said)
 
 
 async def test_the_run_ending_awaits_the_eval_in_flight(tmp_path: Path) -> None:

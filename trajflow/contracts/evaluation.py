@@ -31,6 +31,12 @@ class EvalConfig(_Model):
     """Episodes of each eval during training: the held-out seeds first_seed .. first_seed + during_episodes - 1, the
     same every time (a subset of the evals before and after, so their first seeds give the curve's first and last
     points). None: min(episodes, 20). At most `episodes`."""
+    defer: bool = False
+    """Evaluate the due versions after training instead of beside it: each is held in the store until the run ends,
+    then evaluated, after the eval after training; the curve is the same (every eval is pinned to its version). An
+    eval beside training shares the decode worker and the CPU with it and costs it several times its own time on a
+    small CPU (2 cores: a 10-episode eval that takes seconds alone made 10 steps 12% longer); deferred, it costs
+    its own time once training is done. False: beside training, as the versions are published."""
 
     @model_validator(mode="after")
     def _periodic(self) -> EvalConfig:

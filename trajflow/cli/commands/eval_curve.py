@@ -1,6 +1,7 @@
 """Held-out success by step while a run trains (`[train.eval] every` = N > 0): `trajflow train` and `trajflow attach`
 evaluate versions N, 2N, ... (below the last step, which the eval after training covers) greedily on the first
-`during_episodes` held-out seeds, one eval at a time, in the background of the live view.
+`during_episodes` held-out seeds, one eval at a time, in the background of the live view; with `[train.eval] defer`,
+after training instead (each due version held until then), once the eval after training is done.
 
 Each due version is held in the store (`trajflow.infra.policies.PolicyStore.reserve`) from before the run starts until
 its eval is done, so the trainer's pruning (it keeps the newest two versions) cannot remove it before the live view,
@@ -110,8 +111,12 @@ class EvalCurve:
         trackers: Fanout,
         say: Say,
         holds: Holds,
+        defer: bool = False,
     ) -> None:
         self.run_eval, self.every, self.steps, self.episodes = run_eval, every, steps, episodes
+        self.deferred = defer
+        """Queue the due versions while the run trains and evaluate them in `close` (after the eval after training)."""
+        self._hold_back = defer
         self.run_dir, self.trackers, self.say, self.holds = run_dir, trackers, say, holds
         self.done = {p.version: p for p in read_points(run_dir)}
         self.queued: list[int] = []
@@ -138,7 +143,10 @@ class EvalCurve:
                 self.say(f"held-out v{v}: not evaluated, its weights are not in the store (pruned before it was held)")
                 continue
             self.queued.append(v)
-        if self.queued and (self.task is None or self.task.done()):
+        self._start()
+
+    def _start(self) -> None:
+        if self.queued and not self._hold_back and (self.task is None or self.task.done()):
             self.task = asyncio.create_task(self._drain())
 
     async def _drain(self) -> None:
@@ -157,9 +165,10 @@ class EvalCurve:
             with (self.run_dir / CURVE_FILE).open("a") as f:
                 f.write(point.model_dump_json() + "\n")
             self.trackers.scalars(version, curve_scalars(point))
+            when = "after" if self.deferred else "during"
             self.say(
                 f"held-out v{version}: greedy success {point.successes}/{point.episodes} ({point.rate:.0%}), "
-                f"mean reward {point.mean_reward:.3f} ({point.seconds:.0f}s, during training)"
+                f"mean reward {point.mean_reward:.3f} ({point.seconds:.0f}s, {when} training)"
             )
 
     def ended(self, version: int) -> None:
@@ -178,7 +187,9 @@ class EvalCurve:
     async def close(self, before: EvalResult | None, after: EvalResult | None) -> list[CurvePoint]:
         """Await the eval in flight and those queued; the curve: every eval during training and, on the same seeds,
         the evals before and after (logged to the trackers here) where no eval during training took that version,
-        in version order."""
+        in version order. Deferred evals run here."""
+        self._hold_back = False
+        self._start()
         while self.task is not None and not self.task.done():
             await self.task
         self.release_unreached()
@@ -216,7 +227,8 @@ def start_curve(
         prefix = f"{run_id}-curve-v{version}-{uuid.uuid4().hex[:6]}"
         return await evaluate(client, subset, _quiet, policy=run_id, version=version, id_prefix=prefix)
 
-    say(f"held-out evals during training: every {run.eval.every} versions, {episodes} greedy episodes each")
+    when = "after training (defer)" if run.eval.defer else "during training"
+    say(f"held-out evals {when}: every {run.eval.every} versions, {episodes} greedy episodes each")
     return EvalCurve(
         run_eval,
         every=run.eval.every,
@@ -226,6 +238,7 @@ def start_curve(
         trackers=trackers,
         say=say,
         holds=RunHolds(settings, run_id),
+        defer=run.eval.defer,
     )
 
 
