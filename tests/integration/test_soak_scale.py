@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.own_stack]
 TRAJFLOW = str(Path(sys.executable).parent / "trajflow")
 B = 256
 GROUPS_PER_SHARD = 16

@@ -94,7 +94,7 @@ def test_setup_scripts_answer_help_without_doing_anything() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    for script in ("scripts/bootstrap.sh", "scripts/vllm_venv.sh"):
+    for script in ("scripts/bootstrap.sh", "scripts/vllm_venv.sh", "scripts/test.sh"):
         proc = subprocess.run(["bash", str(root / script), "--help"], capture_output=True, text=True, timeout=10)
         assert proc.returncode == 0, (script, proc.stderr)
         assert "Usage: scripts/" in proc.stdout, (script, proc.stdout)
