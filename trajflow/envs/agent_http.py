@@ -4,7 +4,8 @@
 A chat request is checked and normalised into the turn's observation (`normalize_request`), posted to the env as an
 `Exchange`, and its handler thread waits until the env answers it with the model's `Answer`: a `chat.completion`
 object, or for `stream: true` an SSE stream of `chat.completion.chunk` objects ending with `data: [DONE]`, as the
-`openai` client parses them. A malformed request gets HTTP 400 with an OpenAI-style error body, and the env hears of it.
+`openai` client parses them. A malformed request gets HTTP 400 with an OpenAI-style error body, and the env hears of it;
+so does a body over MAX_BODY_BYTES, with HTTP 413 before a byte of it is read.
 
 Limits: stdlib only (it runs beside the runner in the sandbox). Requests are served one at a time in arrival order
 (concurrent requests queue); `model` is ignored (echoed back); only n = 1; no logprobs, no legacy completions or
@@ -28,6 +29,10 @@ MODEL_ID = "trajflow-policy"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 STREAM_PIECE = 16
 """Characters of content or tool-call arguments per streamed delta (the stream must reassemble, not be fast)."""
+MAX_BODY_BYTES = 32 * 1024 * 1024
+"""The largest request body read (Content-Length); a larger one gets HTTP 413 unread, so a program (or a command it
+runs) cannot make the endpoint hold more than this in the sandbox's memory. A 128k-token conversation with its tool
+definitions is a few MB of JSON."""
 REQUEST_TIMEOUT_S = 60.0
 """Socket timeout of a connection's reads and writes (never of the wait for the model's answer)."""
 Event = tuple[str, Any]
@@ -207,6 +212,12 @@ class Endpoint:
         self.events.put(("request", exchange))
         return exchange
 
+    def refuse(self, message: str) -> None:
+        """A request refused before it was read (its body's size): posted to the env as malformed."""
+        with self._lock:
+            if not self._closed:
+                self.events.put(("malformed", f"call {self._calls + 1}: {message}"))
+
     def done(self, exchange: Exchange) -> None:
         with self._lock:
             if exchange in self._open:
@@ -275,11 +286,18 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.split("?")[0].rstrip("/") != "/v1/chat/completions":
             self._send_json(404, error_body(f"no route POST {self.path}", "not_found_error"))
             return
+        endpoint = self.server.endpoint
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
-            length = 0
-        endpoint = self.server.endpoint
+            length = -1
+        if not 0 <= length <= MAX_BODY_BYTES:
+            said = f"a Content-Length of {length}" if length >= 0 else "no valid Content-Length"
+            message = f"request body: {said}; the endpoint reads 0 to {MAX_BODY_BYTES} bytes"
+            endpoint.refuse(message)
+            self.close_connection = True  # the body is never read: the connection cannot carry another request
+            self._send_json(413 if length > MAX_BODY_BYTES else 400, error_body(message))
+            return
         try:
             exchange = endpoint.receive(self.rfile.read(length))
         except MalformedRequest as e:
