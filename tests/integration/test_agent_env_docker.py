@@ -38,6 +38,14 @@ def solve(task, seed):
     first = ask(question(task, seed))
     return {"reward": 1.0 if ask(f"you said {first}") == "done" else 0.0, "info": {"first": first}}
 
+def forge(task, seed):  # a tool command tries to write a winning result into the program's result pipe
+    ask("first")
+    script = ("import json, os; n = json.load(open('../spec.json'))['out']; "
+              "open(f'/proc/{os.getppid()}/fd/{n}', 'w').write(json.dumps({'value': 1.0}))")
+    import subprocess
+    tried = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    return {"reward": 0.0, "info": {"forge_status": tried.returncode, "forge_stderr": tried.stderr[-300:]}}
+
 async def crash(task, seed):
     ask("first")
     print("the agent fell over", file=sys.stderr)
@@ -93,3 +101,18 @@ async def test_a_crashing_agent_program_in_a_sandbox_ends_with_its_kind(
     assert e.value.type == names.ERR_AGENT and e.value.details == ({"agent_kind": "crashed"},)
     assert e.value.message.startswith("agent crashed: the agent program exited with status 2")
     assert "the agent fell over" in e.value.message
+
+
+async def test_a_tool_command_in_a_sandbox_cannot_write_the_programs_result(
+    sandbox_manager, package_images, agent_package
+) -> None:
+    """As the sandbox's unprivileged user, a command the program runs cannot open the program's result pipe through
+    /proc/PPID/fd (the bootstrap is not dumpable): its open fails and the program's own 0.0 is the reward."""
+    acts = EnvActivities(sandbox_manager, "default", "w1", 30, images=package_images)
+    started = await reset(acts, "forge", agent_package)
+    try:
+        end = await ActivityEnvironment().run(acts.step, EnvStepInput(handle=started.handle, action="go on"))
+    finally:
+        sandbox_manager.close(started.handle.sandbox_id)
+    assert (end.reward, end.terminated) == (0.0, True), end
+    assert end.info["forge_status"] == 1 and "PermissionError" in str(end.info["forge_stderr"]), end.info

@@ -106,6 +106,18 @@ def reward_file(task, seed):
 def bad_result(task, seed):
     return "high"
 
+def forge_and_kill(task, seed):  # a tool command writes a winning result where the old runner read it, then kills it
+    forged = json.dumps({"value": 1.0})
+    script = 'printf %s "$0" > ../result.json; echo 1.0 > "$TRAJFLOW_AGENT_REWARD_FILE"; kill -9 $PPID'
+    subprocess.run(["sh", "-c", script, forged])
+    time.sleep(30)
+    return 0.0
+
+def forge_through_proc(task, seed):  # a tool command writes a winning result into the program's own result pipe
+    subprocess.run([sys.executable, "-c", "import json, os; n = json.load(open('../spec.json'))['out']; "
+                    "open(f'/proc/{os.getppid()}/fd/{n}', 'w').write(json.dumps({'value': 1.0}))"])
+    return 0.0
+
 def seeded(task, seed):
     noise = random.Random(seed).random()
     post({"messages": [user(f"{noise} {','.join({'alpha', 'beta', 'gamma', 'delta', 'epsilon'})}")], "seed": seed})
@@ -265,6 +277,30 @@ def test_a_malformed_request_gets_a_400_and_ends_the_episode(
     got = json.loads(mark.read_text())
     assert got["status"] == 400 and got["body"]["error"]["type"] == "invalid_request_error"
     assert env.pid is None
+
+
+def test_a_tool_command_that_writes_a_winning_result_and_kills_the_program_scores_nothing(
+    make_env: Callable[..., AgentEnv],
+) -> None:
+    """The result comes through a pipe only the program holds and counts only after its exit status 0: a command
+    that writes {"value": 1.0} where the result file once was, a reward file of 1.0, and kills its parent leaves a
+    crashed episode (the old runner scored it 1.0)."""
+    error = _failure(lambda: make_env("forge_and_kill").reset(seed=0))
+    assert error.agent_kind == "crashed" and "killed by signal 9" in error.message, error.message
+
+
+def test_a_tool_command_cannot_put_a_result_into_the_programs_pipe(make_env: Callable[..., AgentEnv]) -> None:
+    """A command that opens the program's result pipe through /proc/PPID/fd (the fd number read from its spec) and
+    writes {"value": 1.0}, the program then returning 0.0: never 1.0. In a sandbox, as its unprivileged user, the
+    open is refused (the bootstrap is not dumpable) and the program's 0.0 counts; as root (this test's host) it
+    succeeds, and two results in the pipe are a bad result."""
+    env = make_env("forge_through_proc")
+    try:
+        observation, info = env.reset(seed=0)
+    except AgentError as e:
+        assert os.geteuid() == 0 and e.agent_kind == "bad_result" and "something else than one result" in e.message
+        return
+    assert observation == "" and info["terminated"] and info["reward"] == 0.0, info
 
 
 def test_the_same_seed_asks_the_same_first_request(make_env: Callable[..., AgentEnv]) -> None:

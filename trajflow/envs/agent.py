@@ -15,11 +15,13 @@ The program: `FUNCTION(task, seed)` in MODULE (found on the sandbox's PYTHONPATH
 `task` is `env_kwargs["task"]` (any JSON value, None when absent) and `seed` the reset's int; it may be `async`. It runs
 as a child process (its own process group, a fresh empty cwd, stdin closed) with OPENAI_BASE_URL, OPENAI_API_KEY (a
 dummy), TRAJFLOW_AGENT_REWARD_FILE, TRAJFLOW_AGENT_TASK (the task as JSON text) and TRAJFLOW_AGENT_SEED set. Its
-reward: the return value, a number or {"reward": number, "info": {..}}; or, when it returns None and exits with status
-0, the same written as JSON to TRAJFLOW_AGENT_REWARD_FILE; or, with `env_kwargs["verifier"] = "MODULE:FUNCTION"`,
-what that returns when run after a program that exited with status 0, in its work directory (`agent_verify.py`: its
-`result` argument, its budget, its failures). A command line (`agent-cmd:FILE`, `agent_cmd.py`) runs the
-same way, its reward from its exit status and reward file.
+reward, only when it exits with status 0 (a program killed, say by a command it ran, crashed whatever it sent): the
+return value, a number or {"reward": number, "info": {..}}, sent to the runner through a pipe that no command the
+program runs can write (`ResultPipe`); or, when it returns None, the same written as JSON to TRAJFLOW_AGENT_REWARD_FILE
+(a file, which the program's commands can write too: a program that trusts none of them returns its reward); or,
+with `env_kwargs["verifier"] = "MODULE:FUNCTION"`, what that returns when run after a program that exited with status
+0, in its work directory (`agent_verify.py`: its `result` argument, its budget, its failures). A command line
+(`agent-cmd:FILE`, `agent_cmd.py`) runs the same way, its reward from its exit status and reward file.
 
 An action is a JSON object {"content": str|null, "tool_calls": [...]?, "finish_reason"?, "usage"?} or plain text
 (the content). A JSON object is read as an answer only when it has "content" or "tool_calls" and no other keys than
@@ -69,6 +71,8 @@ DEFAULT_BUDGET_S = 600.0
 MALFORMED_GRACE_S = 2.0
 """How long a program that sent a malformed request may take to exit on its own before its group is killed."""
 STDERR_TAIL = 2000
+MAX_RESULT_BYTES = 16 * 1024 * 1024
+"""The most a result pipe keeps (a return value or verdict as JSON); more is a bad result."""
 REAP_S = 2.0
 """How long closing waits for the killed group's members orphaned to the runner to be reaped."""
 API_KEY = "trajflow-sandbox"
@@ -79,19 +83,30 @@ GUARD = r"""
 import json, os, sys
 
 spec = json.load(open(sys.argv[1]))
+out = spec.get("out")
+if isinstance(out, int):  # the result pipe's write end: closed in every program this process execs
+    os.set_inheritable(out, False)
 if os.fork() == 0:  # the guard: once the runner's end of the pipe closes (the runner died), it ends the group
+    if isinstance(out, int):
+        os.close(out)
     try:
         os.read(spec["guard"], 1)
     finally:
         os.killpg(0, 9)
 os.close(spec["guard"])
+try:  # not dumpable: another process of the sandbox's user cannot open this one's pipes through /proc/PID/fd
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+except (ImportError, OSError, AttributeError):
+    pass
 """
-"""The start of every bootstrap (this one's and `agent_cmd.py`'s): it forks the guard."""
+"""The start of every bootstrap (this one's, `agent_cmd.py`'s and `agent_verify.py`'s): it forks the guard and makes
+the process undumpable (an exec resets that for the programs it runs)."""
 CALL = r"""
 import asyncio, importlib
 
 
-def call(module, function, args, out):  # FUNCTION(*args) of MODULE, awaited if async: {"value": ...} to `out`
+def call(module, function, args, out):  # FUNCTION(*args) of MODULE, awaited if async: {"value": ...} to the fd `out`
     sys.argv = [module]
     value = getattr(importlib.import_module(module), function)(*args)
     if asyncio.iscoroutine(value):
@@ -100,12 +115,60 @@ def call(module, function, args, out):  # FUNCTION(*args) of MODULE, awaited if 
         text = json.dumps({"value": value}, allow_nan=False)
     except (TypeError, ValueError):
         text = json.dumps({"unserializable": repr(value)[:1000]})
-    with open(out + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(out + ".tmp", out)
+    view = memoryview(text.encode())
+    while view:
+        view = view[os.write(out, view):]
+    os.close(out)
 """
 """After GUARD in the bootstraps that call a user's function (this one's, `agent_verify.py`'s): `call(...)`."""
-BOOTSTRAP = GUARD + CALL + 'call(spec["module"], spec["function"], (spec["task"], spec["seed"]), spec["result"])\n'
+BOOTSTRAP = GUARD + CALL + 'call(spec["module"], spec["function"], (spec["task"], spec["seed"]), spec["out"])\n'
+
+
+class ResultPipe:
+    """The channel of a bootstrap's result (`call`'s JSON) to the runner: a pipe whose write end only the bootstrap
+    holds (not inherited by what it execs, closed in the guard, unreachable through /proc as the bootstrap is not
+    dumpable), so no command the model makes the program run can write it, as it could a file of the same user. A
+    thread drains the read end until EOF (at most MAX_RESULT_BYTES kept); `outcome` reads what came."""
+
+    def __init__(self) -> None:
+        self._read, self.write_fd = os.pipe()
+        self._data = bytearray()
+        self._over = False
+        self._thread = threading.Thread(target=self._drain, name="agent-result", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        with open(self._read, "rb", buffering=0, closefd=True) as pipe:
+            while chunk := pipe.read(65536):
+                if len(self._data) + len(chunk) > MAX_RESULT_BYTES:
+                    self._over = True
+                else:
+                    self._data += chunk
+
+    def join(self, wait_s: float = REAP_S) -> bool:
+        """Wait for EOF (every holder of the write end gone) up to `wait_s`; whether it came."""
+        self._thread.join(wait_s)
+        return not self._thread.is_alive()
+
+    def sent(self) -> None:
+        """The child has the write end: close ours, so that EOF comes when the child's last holder closes it."""
+        os.close(self.write_fd)
+
+    def outcome(self, source: str, wait_s: float = REAP_S) -> dict[str, Any] | None:
+        """The result, once every holder of the write end is gone (None: nothing was sent); raises
+        AgentError(bad_result) when what came is not one result of `call`."""
+        if not self.join(wait_s):
+            raise AgentError("bad_result", f"{source}: its result pipe was still open {wait_s:g} s after it ended")
+        if not self._data and not self._over:
+            return None
+        try:
+            outcome = json.loads(self._data) if not self._over else None
+        except ValueError:
+            outcome = None
+        if not isinstance(outcome, dict) or len(outcome) != 1 or not {"value", "unserializable"} & set(outcome):
+            said = f"over {MAX_RESULT_BYTES} bytes" if self._over else f"{bytes(self._data[:200])!r}"
+            raise AgentError("bad_result", f"{source}: its result pipe carried something else than one result: {said}")
+        return outcome
 
 
 class AgentError(Exception):
@@ -159,6 +222,7 @@ class AgentEnv:
         self._watcher: threading.Thread | None = None
         self._dir: Path | None = None
         self._guard: int | None = None
+        self._result: ResultPipe | None = None
         self._events: queue.Queue[Event] = queue.Queue()
         self._pending: Exchange | None = None
         self._calls = 0
@@ -195,9 +259,12 @@ class AgentEnv:
             watcher, self._watcher = self._watcher, None
             workdir, self._dir = self._dir, None
             guard, self._guard = self._guard, None
+            result, self._result = self._result, None
             self._pending = None
         if proc is not None:
             kill_group(proc)
+        if result is not None:
+            result.join()  # EOF: the group that held its write end is gone
         if guard is not None:
             os.close(guard)
         if watcher is not None:
@@ -218,16 +285,18 @@ class AgentEnv:
         work.mkdir()
         spec = {**self._spec(), "task": self.task, "seed": seed}
         guard, self._guard = os.pipe()  # the runner holds the write end: its death is the guard's EOF
-        spec.update(guard=guard, result=str(self._dir / "result.json"))
+        self._result = result = ResultPipe()
+        spec.update(guard=guard, out=result.write_fd)
         (self._dir / "spec.json").write_text(json.dumps(spec))
         env = {**user_environment(seed), "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": API_KEY}
         env.update(TRAJFLOW_AGENT_REWARD_FILE=str(self._dir / "reward.json"))
         env.update(TRAJFLOW_AGENT_TASK=json.dumps(self.task), TRAJFLOW_AGENT_SEED=str(seed))
         env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, ["127.0.0.1,localhost", env.get("NO_PROXY")]))
         try:
-            return spawn(self.bootstrap, self._dir / "spec.json", work, env, self._dir / "stderr.log", guard)
+            return spawn(self.bootstrap, self._dir / "spec.json", work, env, self._dir / "stderr.log", guard, result)
         finally:
             os.close(guard)
+            result.sent()
 
     def _spec(self) -> dict[str, Any]:
         """What the bootstrap needs to run this program, besides its task, seed, guard and result file."""
@@ -273,18 +342,20 @@ class AgentEnv:
     def _ending(self, status: int) -> tuple[float, dict[str, Any]]:
         """The program exited with `status`: its reward and info (the env is closed either way; a verifier runs in
         its work directory after its group is killed and before the directory is removed)."""
-        scratch = self._dir
-        assert scratch is not None
-        result, reward_file = scratch / "result.json", scratch / "reward.json"
+        scratch, result = self._dir, self._result
+        assert scratch is not None and result is not None
+        reward_file = scratch / "reward.json"
         with open(scratch / "stderr.log", "rb") as log:
             log.seek(max(log.seek(0, os.SEEK_END) - STDERR_TAIL, 0))
             stderr = log.read().decode(errors="replace")
         try:
-            outcome = json.loads(result.read_text()) if result.is_file() else None
-            written = reward_file.read_text() if reward_file.is_file() else None
+            self._dir = None  # close() leaves the work directory to this method (and the verifier)
+            self.close()  # the group is killed: nothing of it holds the result pipe any more
+            # a result counts only from a program that exited with status 0: one killed (by a command it ran, say)
+            # after a result reached the pipe crashed
+            outcome = result.outcome("the agent program") if status == 0 else None
+            written = reward_file.read_text() if reward_file.is_file() and status == 0 else None
             if self.verifier is not None and status == 0 and "unserializable" not in (outcome or {}):
-                self._dir = None  # close() leaves the work directory to the verifier
-                self.close()
                 verify, parsed = _verify(), None if written is None else _json_or_text(written)
                 own = verify.program_result((outcome or {}).get("value"), status, parsed)
                 return verify.run_verifier(
@@ -309,9 +380,11 @@ class AgentEnv:
         raise crashed(status, stderr, how="{} without a result")
 
 
-def spawn(bootstrap: str, spec: Path, cwd: Path, env: dict[str, str], log: Path, guard: int) -> subprocess.Popen[bytes]:
+def spawn(
+    bootstrap: str, spec: Path, cwd: Path, env: dict[str, str], log: Path, guard: int, result: ResultPipe
+) -> subprocess.Popen[bytes]:
     """`python -c BOOTSTRAP SPEC` in its own session and process group, stdin closed, stdout discarded, stderr to
-    `log`, holding the guard pipe's read end `guard`."""
+    `log`, holding the guard pipe's read end `guard` and the write end of `result`."""
     with open(log, "wb") as stderr:
         return subprocess.Popen(
             [sys.executable, "-c", bootstrap, str(spec)],
@@ -321,7 +394,7 @@ def spawn(bootstrap: str, spec: Path, cwd: Path, env: dict[str, str], log: Path,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             start_new_session=True,
-            pass_fds=(guard,),
+            pass_fds=(guard, result.write_fd),
         )
 
 

@@ -29,15 +29,25 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from trajflow.envs.agent import CALL, GUARD, STDERR_TAIL, AgentError, kill_group, reward_of, spawn, user_environment
+    from trajflow.envs.agent import (
+        CALL,
+        GUARD,
+        STDERR_TAIL,
+        AgentError,
+        ResultPipe,
+        kill_group,
+        reward_of,
+        spawn,
+        user_environment,
+    )
 else:  # beside the runner in the sandbox image
-    from agent import CALL, GUARD, STDERR_TAIL, AgentError, kill_group, reward_of, spawn, user_environment
+    from agent import CALL, GUARD, STDERR_TAIL, AgentError, ResultPipe, kill_group, reward_of, spawn, user_environment
 
 BOOTSTRAP = (
     GUARD
     + CALL
     + 'module, _, function = spec["verifier"].partition(":")\n'
-    + 'call(module, function, (spec["task"], spec["seed"], spec["result"]), spec["verdict"])\n'
+    + 'call(module, function, (spec["task"], spec["seed"], spec["result"]), spec["out"])\n'
 )
 """The verifier's child program (`python -c BOOTSTRAP SPEC_FILE`): it forks the guard, then calls the verifier."""
 
@@ -60,19 +70,21 @@ def run_verifier(
 ) -> tuple[float, dict[str, Any]]:
     """Run `verifier` on the program's `result` in `cwd` (its spec, verdict and stderr in `scratch`): the episode's
     (reward, info); raises AgentError(bad_result) naming it."""
-    spec_file, verdict = scratch / "verifier.json", scratch / "verdict.json"
+    spec_file = scratch / "verifier.json"
     guard, keep = os.pipe()  # the runner holds the write end: its death is the guard's EOF
+    verdict = ResultPipe()  # the verifier's return value, which nothing the program left behind can write
     try:
-        spec = {"verifier": verifier, "task": task, "seed": seed, "result": result, "verdict": str(verdict)}
+        spec = {"verifier": verifier, "task": task, "seed": seed, "result": result, "out": verdict.write_fd}
         spec_file.write_text(json.dumps({**spec, "guard": guard}))
         env = user_environment(seed)
         env.update(TRAJFLOW_AGENT_TASK=json.dumps(task), TRAJFLOW_AGENT_SEED=str(seed))
-        proc = spawn(BOOTSTRAP, spec_file, cwd, env, scratch / "verifier.log", guard)
+        proc = spawn(BOOTSTRAP, spec_file, cwd, env, scratch / "verifier.log", guard, verdict)
     except BaseException:
         os.close(keep)
         raise
     finally:
         os.close(guard)
+        verdict.sent()
     try:
         status = proc.wait(timeout=budget_s)
     except subprocess.TimeoutExpired:
@@ -80,12 +92,13 @@ def run_verifier(
     finally:
         kill_group(proc)  # what it left running too
         os.close(keep)
+        verdict.join()
     if status is None:
         raise AgentError(
             "bad_result",
             f"the verifier {verifier} did not finish within budget_s={budget_s:g} s; its process group was killed",
         )
-    outcome = json.loads(verdict.read_text()) if status == 0 and verdict.is_file() else None
+    outcome = verdict.outcome(f"the verifier {verifier}") if status == 0 else None
     if outcome is None:
         with open(scratch / "verifier.log", "rb") as log:
             log.seek(max(log.seek(0, os.SEEK_END) - STDERR_TAIL, 0))
