@@ -46,6 +46,16 @@ def forge(task, seed):  # a tool command tries to write a winning result into th
     tried = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     return {"reward": 0.0, "info": {"forge_status": tried.returncode, "forge_stderr": tried.stderr[-300:]}}
 
+def knock(task, seed):  # a tool command tries to drive the runner itself through its socket
+    ask("first")
+    script = ("import json, os, socket; s = socket.socket(socket.AF_UNIX); s.settimeout(20); "
+              "s.connect(os.environ.get('TRAJFLOW_ENV_SOCKET', '/run/trajflow/env.sock')); "
+              "s.sendall(json.dumps({'op': 'step', 'action': 'done'}).encode() + b'\\n'); "
+              "print(s.makefile().readline())")
+    import subprocess
+    tried = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    return {"reward": 0.0, "info": {"knock_status": tried.returncode, "knock_said": tried.stdout + tried.stderr[-300:]}}
+
 async def crash(task, seed):
     ask("first")
     print("the agent fell over", file=sys.stderr)
@@ -116,3 +126,20 @@ async def test_a_tool_command_in_a_sandbox_cannot_write_the_programs_result(
         sandbox_manager.close(started.handle.sandbox_id)
     assert (end.reward, end.terminated) == (0.0, True), end
     assert end.info["forge_status"] == 1 and "PermissionError" in str(end.info["forge_stderr"]), end.info
+
+
+async def test_a_tool_command_in_a_sandbox_cannot_drive_the_runner(
+    sandbox_manager, package_images, agent_package
+) -> None:
+    """The runner is the sandbox's PID 1 and serves only its host side (outside the sandbox's pid namespace): a
+    command the program runs connects to the runner's socket, sends a step, and is refused with one error line; the
+    episode goes on and ends with the program's own reward."""
+    acts = EnvActivities(sandbox_manager, "default", "w1", 30, images=package_images)
+    started = await reset(acts, "knock", agent_package)
+    try:
+        end = await ActivityEnvironment().run(acts.step, EnvStepInput(handle=started.handle, action="go on"))
+    finally:
+        sandbox_manager.close(started.handle.sandbox_id)
+    assert (end.reward, end.terminated) == (0.0, True), end
+    said = str(end.info["knock_said"])
+    assert end.info["knock_status"] == 0 and "refused: process" in said and "only its host side" in said, end.info

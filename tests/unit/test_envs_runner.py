@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -296,3 +298,32 @@ def test_a_runner_started_for_a_gym_env_imports_no_gem(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("host_side_only", [True, False], ids=["in-a-sandbox", "elsewhere"])
+def test_a_runner_in_a_sandbox_refuses_connections_from_inside_it(tmp_path: Path, host_side_only: bool) -> None:
+    """As its sandbox's PID 1 the runner serves only peers outside its pid namespace (SO_PEERCRED pid 0): this
+    process, in the runner's own namespace, is refused with one error line and disconnected. Elsewhere (a runner
+    started by hand, these tests) anyone who can reach the socket is served. The real namespaces: the Docker test
+    `test_a_tool_command_in_a_sandbox_cannot_drive_the_runner`."""
+    from trajflow.envs.gem_loader import GemLoader
+    from trajflow.envs.runner import EnvHost, _Server, peer_pid
+
+    path = tmp_path / "env.sock"
+    server = _Server(str(path), EnvHost(GemLoader("")), host_side_only=host_side_only)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    client = Client(path, timeout_s=10)
+    try:
+        assert peer_pid(client.sock) == os.getpid()  # the runner, here this process, as its peer sees it
+        answer = client(op="ping")
+        if host_side_only:
+            assert answer["ok"] is False and answer["error"]["type"] == "BadRequest", answer
+            assert f"process {os.getpid()} is inside the sandbox" in answer["error"]["message"]
+            assert client.file.readline() == b""  # disconnected
+        else:
+            assert answer == {"ok": True, "loaded": False}
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()

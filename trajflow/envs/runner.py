@@ -26,7 +26,10 @@ GEM's registry imports reasoning_gym (and with it sympy: ~1.2 CPU-seconds, 6x th
 to list the `rg:` ids; when the container is started for another env (`TRAJFLOW_ENV_HINT`, set by the env
 worker), a stand-in that lists no `rg:` ids is used instead, and such a sandbox refuses `rg:` ids.
 A shell task or a `gym:` env imports no GEM (their modules are imported at their first reset; gymnasium's
-import takes ~0.1 s). No authentication: the socket's directory is the access control. One environment per process.
+import takes ~0.1 s). No authentication; access: the socket's directory (a host directory mounted into the sandbox),
+and, where the runner is its pid namespace's first process (its sandbox's PID 1), only peers outside that namespace (the
+host side; `SO_PEERCRED` gives them pid 0): a process inside the sandbox (one an agent program's command started, say)
+gets one error line and is disconnected. One environment per process.
 SIGTERM ends the runner after closing its env (an agent program's process group is killed with it).
 
 Usage: `python3 runner.py [SOCKET_PATH]` (or env `TRAJFLOW_ENV_SOCKET`; default `/run/trajflow/env.sock`).
@@ -38,7 +41,9 @@ import importlib
 import json
 import os
 import signal
+import socket
 import socketserver
+import struct
 import sys
 import threading
 import time
@@ -57,6 +62,10 @@ else:  # beside the runner in the sandbox image (`env_ids.py` is the contracts' 
 DEFAULT_SOCKET = "/run/trajflow/env.sock"
 MAX_INFO_CHARS = 1000
 MAX_SLEEP_S = 3600.0
+REFUSED_LINE_BYTES = 65536
+"""How much of a refused peer's first line is read before its refusal (the rest is not)."""
+REFUSED_WAIT_S = 5.0
+"""How long a refused peer's first line is waited for."""
 USERENV_DIR = "/opt/trajflow/userenv"
 """Where a user env layer holds its package (`trajflow/sandbox/user_images.py`; env TRAJFLOW_USERENV_DIR overrides)."""
 STEP_RESULT = "(observation, reward, terminated, truncated, info)"
@@ -334,6 +343,17 @@ class _Handler(socketserver.StreamRequestHandler):
     server: _Server
 
     def handle(self) -> None:
+        if self.server.host_side_only and (pid := peer_pid(self.connection)) != 0:
+            # a process inside the sandbox: its first line (bounded, within seconds) is answered with a refusal, then
+            # it is cut off
+            message = f"refused: process {pid} is inside the sandbox; only its host side may connect"
+            self.connection.settimeout(REFUSED_WAIT_S)
+            try:
+                self.rfile.readline(REFUSED_LINE_BYTES)
+                self.wfile.write((json.dumps(_error("BadRequest", message)) + "\n").encode())
+            except OSError:
+                pass
+            return
         for line in self.rfile:
             if not line.strip():
                 continue
@@ -342,11 +362,24 @@ class _Handler(socketserver.StreamRequestHandler):
             self.wfile.flush()
 
 
+def peer_pid(connection: socket.socket) -> int:
+    """The pid of the process at the other end of a Unix socket connection, as this process's pid namespace sees it
+    (SO_PEERCRED): 0 for a process outside that namespace."""
+    pid, _uid, _gid = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return pid
+
+
 class _Server(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
 
-    def __init__(self, path: str, host: EnvHost) -> None:
+    host_side_only: bool
+    """The runner is its sandbox's first process: a connection from inside the sandbox (a process the env or an
+    agent program started, of the sandbox's own user) is refused; the host side connects from outside the sandbox's
+    pid namespace."""
+
+    def __init__(self, path: str, host: EnvHost, host_side_only: bool) -> None:
         self.host = host
+        self.host_side_only = host_side_only
         super().__init__(path, _Handler)
 
 
@@ -357,7 +390,8 @@ def serve(path: str, *, preload: bool = True) -> None:
     hint = os.environ.get("TRAJFLOW_ENV_HINT", "")
     loader = GemLoader(hint)
     host = EnvHost(loader)
-    server = _Server(path, host)
+    # in a sandbox the runner is its pid namespace's first process, and only the host side (outside it) may connect
+    server = _Server(path, host, host_side_only=os.getpid() == 1)
     os.chmod(path, 0o666)  # the host side may connect as another user
     if preload and not hint.startswith(env_ids.NO_GEM_PREFIXES):  # shell tasks, gym, user envs and datasets need no GEM
         loader.start()
