@@ -29,9 +29,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 if __package__:
-    from trajflow.envs.agent import DEFAULT_BUDGET_S, GUARD, USERENV_DIR, AgentEnv, AgentError, crashed
+    from trajflow.envs.agent import DEFAULT_BUDGET_S, AgentEnv
+    from trajflow.envs.agent_process import GUARD, USERENV_DIR, AgentError, crashed
 else:  # beside the runner in the sandbox image
-    from agent import DEFAULT_BUDGET_S, GUARD, USERENV_DIR, AgentEnv, AgentError, crashed
+    from agent import DEFAULT_BUDGET_S, AgentEnv
+    from agent_process import GUARD, USERENV_DIR, AgentError, crashed
 
 EXEC_BOOTSTRAP = (
     GUARD

@@ -29,19 +29,20 @@ from pathlib import Path
 from typing import Any
 
 if __package__:
-    from trajflow.envs.agent import (
+    from trajflow.envs.agent import reward_of
+    from trajflow.envs.agent_process import (
         CALL,
         GUARD,
         STDERR_TAIL,
         AgentError,
         ResultPipe,
         kill_group,
-        reward_of,
         spawn,
         user_environment,
     )
 else:  # beside the runner in the sandbox image
-    from agent import CALL, GUARD, STDERR_TAIL, AgentError, ResultPipe, kill_group, reward_of, spawn, user_environment
+    from agent import reward_of
+    from agent_process import CALL, GUARD, STDERR_TAIL, AgentError, ResultPipe, kill_group, spawn, user_environment
 
 BOOTSTRAP = (
     GUARD

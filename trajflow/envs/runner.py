@@ -26,10 +26,9 @@ GEM's registry imports reasoning_gym (and with it sympy: ~1.2 CPU-seconds, 6x th
 to list the `rg:` ids; when the container is started for another env (`TRAJFLOW_ENV_HINT`, set by the env
 worker), a stand-in that lists no `rg:` ids is used instead, and such a sandbox refuses `rg:` ids.
 A shell task or a `gym:` env imports no GEM (their modules are imported at their first reset; gymnasium's
-import takes ~0.1 s). No authentication; access: the socket's directory (a host directory mounted into the sandbox),
-and, where the runner is its pid namespace's first process (its sandbox's PID 1), only peers outside that namespace (the
-host side; `SO_PEERCRED` gives them pid 0): a process inside the sandbox (one an agent program's command started, say)
-gets one error line and is disconnected. One environment per process.
+import takes ~0.1 s). No authentication; access: the socket's directory, and where the runner is its sandbox's PID 1,
+only peers outside its pid namespace (the host side): a process inside the sandbox (an agent's tool command, say) gets
+one error line and is disconnected. One environment per process.
 SIGTERM ends the runner after closing its env (an agent program's process group is killed with it).
 
 Usage: `python3 runner.py [SOCKET_PATH]` (or env `TRAJFLOW_ENV_SOCKET`; default `/run/trajflow/env.sock`).
@@ -37,6 +36,7 @@ Usage: `python3 runner.py [SOCKET_PATH]` (or env `TRAJFLOW_ENV_SOCKET`; default 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -62,10 +62,7 @@ else:  # beside the runner in the sandbox image (`env_ids.py` is the contracts' 
 DEFAULT_SOCKET = "/run/trajflow/env.sock"
 MAX_INFO_CHARS = 1000
 MAX_SLEEP_S = 3600.0
-REFUSED_LINE_BYTES = 65536
-"""How much of a refused peer's first line is read before its refusal (the rest is not)."""
-REFUSED_WAIT_S = 5.0
-"""How long a refused peer's first line is waited for."""
+REFUSED_LINE_BYTES, REFUSED_WAIT_S = 65536, 5.0  # how much of a refused peer's first line is read, and how long for
 USERENV_DIR = "/opt/trajflow/userenv"
 """Where a user env layer holds its package (`trajflow/sandbox/user_images.py`; env TRAJFLOW_USERENV_DIR overrides)."""
 STEP_RESULT = "(observation, reward, terminated, truncated, info)"
@@ -344,15 +341,12 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         if self.server.host_side_only and (pid := peer_pid(self.connection)) != 0:
-            # a process inside the sandbox: its first line (bounded, within seconds) is answered with a refusal, then
-            # it is cut off
+            # a process inside the sandbox: its first line is answered with a refusal, then it is cut off
             message = f"refused: process {pid} is inside the sandbox; only its host side may connect"
             self.connection.settimeout(REFUSED_WAIT_S)
-            try:
+            with contextlib.suppress(OSError):
                 self.rfile.readline(REFUSED_LINE_BYTES)
                 self.wfile.write((json.dumps(_error("BadRequest", message)) + "\n").encode())
-            except OSError:
-                pass
             return
         for line in self.rfile:
             if not line.strip():
@@ -363,19 +357,13 @@ class _Handler(socketserver.StreamRequestHandler):
 
 
 def peer_pid(connection: socket.socket) -> int:
-    """The pid of the process at the other end of a Unix socket connection, as this process's pid namespace sees it
-    (SO_PEERCRED): 0 for a process outside that namespace."""
+    """The pid of a Unix socket's peer in this process's pid namespace (SO_PEERCRED): 0 for one outside it."""
     pid, _uid, _gid = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     return pid
 
 
 class _Server(socketserver.ThreadingUnixStreamServer):
     daemon_threads = True
-
-    host_side_only: bool
-    """The runner is its sandbox's first process: a connection from inside the sandbox (a process the env or an
-    agent program started, of the sandbox's own user) is refused; the host side connects from outside the sandbox's
-    pid namespace."""
 
     def __init__(self, path: str, host: EnvHost, host_side_only: bool) -> None:
         self.host = host

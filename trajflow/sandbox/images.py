@@ -81,6 +81,8 @@ RUNTIME_SOURCES: tuple[str, ...] = (
     "agent.py",
     "agent_cmd.py",
     "agent_http.py",
+    "agent_chat.py",
+    "agent_process.py",
     "agent_verify.py",
 )
 """The files of `trajflow/envs/` copied into the runtime layer, beside each other in /opt/trajflow (the runner imports
