@@ -46,9 +46,9 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     "trajflow.sandbox": (None, {"torch", "temporalio", "transformers"} | UPPER),
     # image building: content-hashed docker builds from files and wheels, nothing else of the project
     "trajflow.sandbox.builder": ({"docker", "trajflow.sandbox.builder", "packaging"}, set()),
-    # `gem_loader`, `shell`, `gym_adapter`, `gym_text`, `dataset`, `verify`, `agent`, `agent_http`, `agent_chat`,
-    # `agent_process` and `agent_verify` are trajflow.envs modules as the runner imports them inside the sandbox image
-    # (sibling files, no package); gymnasium only for `gym:` envs;
+    # `gem_loader`, `shell`, `gym_adapter`, `gym_text`, `dataset`, `verify` and the agent env's modules (`agent`,
+    # `agent_http`, `agent_chat`, `agent_messages`, `agent_process`, `agent_verify`) are trajflow.envs modules as the
+    # runner imports them inside the sandbox image (sibling files, no package); gymnasium only for `gym:` envs;
     # pyarrow and math_verify are in the runtime layer (imported lazily)
     "trajflow.envs": (
         {
@@ -59,6 +59,7 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
             "agent",
             "agent_http",
             "agent_chat",
+            "agent_messages",
             "agent_process",
             "agent_verify",
             "shell",

@@ -203,6 +203,7 @@ class AgentEnv:
         spec.update(guard=guard, out=result.write_fd)
         (self._dir / "spec.json").write_text(json.dumps(spec))
         env = {**user_environment(seed), "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": API_KEY}
+        env.update(ANTHROPIC_BASE_URL=base_url.removesuffix("/v1"), ANTHROPIC_API_KEY=API_KEY)
         env.update(TRAJFLOW_AGENT_REWARD_FILE=str(self._dir / "reward.json"))
         env.update(TRAJFLOW_AGENT_TASK=json.dumps(self.task), TRAJFLOW_AGENT_SEED=str(seed))
         env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, ["127.0.0.1,localhost", env.get("NO_PROXY")]))

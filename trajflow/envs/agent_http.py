@@ -1,16 +1,18 @@
-"""The OpenAI-compatible endpoint of an `agent:` env (`trajflow/envs/agent.py`): `POST /v1/chat/completions` and
-`GET /v1/models` on 127.0.0.1 (an ephemeral port), served by `http.server.ThreadingHTTPServer` in a thread.
+"""The endpoint of an `agent:` env (`trajflow/envs/agent.py`) on 127.0.0.1 (an ephemeral port), served by
+`http.server.ThreadingHTTPServer` in a thread, in two dialects: OpenAI's Chat Completions (`POST /v1/chat/completions`)
+and Anthropic's Messages (`POST /v1/messages`, translated to a chat body by `agent_messages.py`), with `GET /v1/models`.
 
-A chat request is checked and normalised into the turn's observation (`normalize_request`), posted to the env as an
-`Exchange`, and its handler thread waits until the env answers it with the model's `Answer`: a `chat.completion`
-object, or for `stream: true` an SSE stream of `chat.completion.chunk` objects ending with `data: [DONE]`, as the
-`openai` client parses them. A malformed request gets HTTP 400 with an OpenAI-style error body, and the env hears of it;
-so does a body over MAX_BODY_BYTES, with HTTP 413 before a byte of it is read.
+A request is checked and normalised into the turn's observation (`normalize_request`; a Messages request's has `api`),
+posted to the env as an `Exchange`, and its handler thread waits until the env answers it with the model's `Answer`:
+for chat a `chat.completion` object, or for `stream: true` an SSE stream of `chat.completion.chunk` objects ending with
+`data: [DONE]` (`agent_chat.py`); for Messages a `message`, or its named events (`agent_messages.py`), as the `openai`
+and `anthropic` clients parse them. A malformed request gets HTTP 400 with the dialect's error body, and the env hears
+of it; so does a body over MAX_BODY_BYTES, with HTTP 413 before a byte of it is read.
 
 Limits: stdlib only (it runs beside the runner in the sandbox). Requests are served one at a time in arrival order
 (concurrent requests queue); `model` is ignored (echoed back); only n = 1; no logprobs, no legacy completions or
-function-calling fields are produced. HTTP/1.0: one request per connection. No authentication: it listens on loopback
-inside the sandbox, and the program is the only client.
+function-calling fields are produced. OpenAI's Responses API is not served yet. HTTP/1.0: one request per connection.
+No authentication: it listens on loopback inside the sandbox.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 if __package__:
-    from trajflow.envs.agent_chat import Answer, chunks, completion
+    from trajflow.envs import agent_messages
+    from trajflow.envs.agent_chat import STREAM_PIECE, Answer, chunks, completion
 else:  # beside the runner in the sandbox image
-    from agent_chat import Answer, chunks, completion
+    import agent_messages
+    from agent_chat import STREAM_PIECE, Answer, chunks, completion
 
 MODEL_ID = "trajflow-policy"
 """The one model `GET /v1/models` lists; a request may name any model (it is echoed back, never used)."""
@@ -37,6 +41,15 @@ runs) cannot make the endpoint hold more than this in the sandbox's memory. A 12
 definitions is a few MB of JSON."""
 REQUEST_TIMEOUT_S = 60.0
 """Socket timeout of a connection's reads and writes (never of the wait for the model's answer)."""
+ROUTES = {"/v1/chat/completions": "chat", "/v1/messages": agent_messages.API}
+"""POST routes and the API each speaks."""
+MESSAGES_ERRORS = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    503: "overloaded_error",
+}
+"""The Messages API's error type for each status the endpoint answers with."""
 Event = tuple[str, Any]
 """What the endpoint posts to its env: ("request", Exchange) or ("malformed", message)."""
 
@@ -45,13 +58,17 @@ class MalformedRequest(ValueError):
     """A chat request that cannot be a turn; its message is the 400's and the env's."""
 
 
+def _json(body: bytes) -> object:
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise MalformedRequest(f"the request body is not JSON: {e}") from e
+
+
 def normalize_request(body: bytes, call: int) -> tuple[dict[str, Any], str, bool]:
     """A chat-completions body -> (the turn's observation, the model named, whether usage is streamed); raises
     MalformedRequest."""
-    try:
-        request = json.loads(body)
-    except ValueError as e:
-        raise MalformedRequest(f"the request body is not JSON: {e}") from e
+    request = _json(body)
     if not isinstance(request, dict):
         raise MalformedRequest("the request body must be a JSON object")
     messages = request.get("messages")
@@ -107,7 +124,8 @@ def error_body(message: str, kind: str = "invalid_request_error") -> dict[str, A
 class Exchange:
     """One chat request waiting for its answer; `reply(None)` refuses it (the env is closing)."""
 
-    def __init__(self, observation: dict[str, Any], model: str, include_usage: bool) -> None:
+    def __init__(self, observation: dict[str, Any], model: str, include_usage: bool, api: str = "chat") -> None:
+        self.api = api
         self.observation = observation
         self.model = model
         self.include_usage = include_usage
@@ -140,19 +158,23 @@ class Endpoint:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
 
-    def receive(self, body: bytes) -> Exchange | None:
+    def receive(self, body: bytes, api: str = "chat") -> Exchange | None:
         """A request's exchange, posted to the env (None: the endpoint is closing); raises MalformedRequest, posted
-        to the env first."""
+        to the env first. `api`: "chat" (a chat-completions body) or `agent_messages.API` (a Messages body)."""
         with self._lock:
             if self._closed:
                 return None
             try:
+                if api == agent_messages.API:
+                    body = json.dumps(agent_messages.to_chat(_json(body))).encode()
                 observation, model, include_usage = normalize_request(body, self._calls + 1)
-            except MalformedRequest as e:
+            except (MalformedRequest, agent_messages.BadMessages) as e:
                 self.events.put(("malformed", f"call {self._calls + 1}: {e}"))
-                raise
+                raise MalformedRequest(str(e)) from e
+            if api != "chat":
+                observation["api"] = api
             self._calls += 1
-            exchange = Exchange(observation, model, include_usage)
+            exchange = Exchange(observation, model, include_usage, api)
             self._open.append(exchange)
         self.events.put(("request", exchange))
         return exchange
@@ -228,9 +250,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(200, {"object": "list", "data": [model]})
 
     def do_POST(self) -> None:
-        if self.path.split("?")[0].rstrip("/") != "/v1/chat/completions":
+        api = ROUTES.get(self.path.split("?")[0].rstrip("/"))
+        if api is None:
             self._send_json(404, error_body(f"no route POST {self.path}", "not_found_error"))
             return
+        self.api = api
         endpoint = self.server.endpoint
         try:
             length = int(self.headers.get("Content-Length") or 0)
@@ -244,7 +268,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(413 if length > MAX_BODY_BYTES else 400, error_body(message))
             return
         try:
-            exchange = endpoint.receive(self.rfile.read(length))
+            exchange = endpoint.receive(self.rfile.read(length), api)
         except MalformedRequest as e:
             self._send_json(400, error_body(str(e)))
             return
@@ -254,6 +278,16 @@ class _Handler(BaseHTTPRequestHandler):
         if exchange is None or answer is None:
             self._send_json(503, error_body("the environment is closing", "service_unavailable"))
             return
+        if api == agent_messages.API:
+            call = exchange.observation["call"]
+            whole = agent_messages.message(
+                answer.content, answer.tool_calls, answer.finish_reason, answer.usage, exchange.model, call
+            )
+            if exchange.observation["stream"]:
+                self._send_events(agent_messages.events(whole, STREAM_PIECE))
+            else:
+                self._send_json(200, whole)
+            return
         call_id, created = f"chatcmpl-trajflow-{exchange.observation['call']}", int(time.time())
         if exchange.observation["stream"]:
             self._send_stream(chunks(answer, exchange.model, call_id, created, exchange.include_usage))
@@ -261,12 +295,24 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, completion(answer, exchange.model, call_id, created))
 
     def _send_json(self, status: int, body: dict[str, Any]) -> None:
+        if getattr(self, "api", "chat") == agent_messages.API and status != 200:
+            body = agent_messages.error_body(body["error"]["message"], MESSAGES_ERRORS.get(status, "api_error"))
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _send_events(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        """Named server-sent events (the Messages API's stream)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        for name, data in events:
+            self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+        self.wfile.flush()
 
     def _send_stream(self, events: list[dict[str, Any]]) -> None:
         self.send_response(200)

@@ -82,6 +82,7 @@ RUNTIME_SOURCES: tuple[str, ...] = (
     "agent_cmd.py",
     "agent_http.py",
     "agent_chat.py",
+    "agent_messages.py",
     "agent_process.py",
     "agent_verify.py",
 )
