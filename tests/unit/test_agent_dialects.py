@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,6 +48,14 @@ class Scripted:
             assert isinstance(payload, Exchange)
             self.seen.append(payload.observation)
             payload.reply(self.answers.pop(0))
+
+    def heard(self) -> list[str]:
+        """What the env heard of refused requests: the endpoint posts it before its 400, and this script's thread
+        takes it from the queue in its own time, so wait (up to 10 s) for it."""
+        deadline = time.monotonic() + 10
+        while not self.malformed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.malformed
 
     def close(self) -> None:
         self.events.put(("stop", None))
@@ -154,7 +163,7 @@ def test_messages_refusals_are_400s_in_anthropics_shape(scripted, body: dict, sa
     error = caught.value.body
     assert isinstance(error, dict) and error["type"] == "error", error
     assert error["error"]["type"] == "invalid_request_error" and says in error["error"]["message"], error
-    assert len(s.malformed) == 1 and says in s.malformed[0]
+    assert len(s.heard()) == 1 and says in s.malformed[0]
 
 
 def test_chat_completions_with_the_openai_client(scripted) -> None:
@@ -189,3 +198,80 @@ def test_chat_completions_with_the_openai_client(scripted) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model="m", messages=[])
     assert caught.value.status_code == 400 and json.dumps(caught.value.body).count("invalid_request_error") == 1
+
+
+def test_responses_text_tool_call_and_round_trip_with_the_openai_client(scripted) -> None:
+    """The Responses dialect (the Codex CLI's): instructions and input items in, a function_call item out; sent back
+    as input with its output, it is the assistant turn as recorded, followed by the tool message."""
+    s = scripted(Answer("Let me look.", [CALL], "tool_calls", USAGE), Answer("it says hi", usage=USAGE))
+    client = _openai(s)
+    tool: Any = {"type": "function", "name": "read", "description": "Read a file.", "parameters": {"type": "object"}}
+    first = client.responses.create(
+        model="m", instructions="Be brief.", input="what is in a.txt?", tools=[tool], max_output_tokens=40
+    )
+    assert first.status == "completed" and [item.type for item in first.output] == ["message", "function_call"]
+    assert first.output_text == "Let me look."
+    call = first.output[1]
+    assert call.type == "function_call" and (call.call_id, call.name, call.arguments) == (
+        "call_1_0",
+        "read",
+        '{"path": "a.txt"}',
+    )
+    assert first.usage is not None and (first.usage.input_tokens, first.usage.output_tokens) == (11, 4)
+    sent_back: Any = [
+        {"role": "user", "content": "what is in a.txt?"},
+        *[item.model_dump(exclude_none=True) for item in first.output],
+        {"type": "function_call_output", "call_id": call.call_id, "output": "hi"},
+    ]
+    second = client.responses.create(model="m", instructions="Be brief.", input=sent_back, tools=[tool])
+    assert second.output_text == "it says hi"
+    assert s.seen[0]["api"] == "openai.responses" and s.seen[0]["sampling"]["max_tokens"] == 40
+    assert s.seen[0]["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "what is in a.txt?"},
+    ]
+    assert s.seen[0]["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "read", "parameters": {"type": "object"}, "description": "Read a file."},
+        }
+    ]
+    assert s.seen[1]["messages"][2:] == [
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1_0", "content": "hi"},
+    ]
+
+
+def test_responses_stream_reassembles_text_and_arguments(scripted) -> None:
+    long = "a streamed answer longer than one piece of sixteen characters"
+    s = scripted(Answer(long, [CALL], "tool_calls", USAGE), Answer("cut", finish_reason="length", usage=USAGE))
+    client = _openai(s)
+    with client.responses.stream(model="m", input=[{"role": "user", "content": "go"}]) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == long and final.output_text == long and final.status == "completed"
+    fc = final.output[1]
+    assert fc.type == "function_call" and fc.arguments == '{"path": "a.txt"}'
+    events = list(client.responses.create(model="m", input="more", stream=True))
+    assert events[-1].type == "response.incomplete" and [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].response.incomplete_details is not None
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id is not supported"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "only function tools"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "only text parts"),
+    ],
+    ids=["stored-state", "a-hosted-tool", "an-image"],
+)
+def test_responses_refusals_are_400s_in_openais_shape(scripted, body: dict, says: str) -> None:
+    s = scripted()
+    with pytest.raises(openai.BadRequestError) as caught:
+        _openai(s).post("/responses", body={"model": "m", **body}, cast_to=object)
+    error = caught.value.body
+    assert caught.value.status_code == 400 and isinstance(error, dict), error
+    assert error["type"] == "invalid_request_error" and says in error["message"], error
+    assert len(s.heard()) == 1 and says in s.malformed[0]

@@ -47,7 +47,8 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
     # image building: content-hashed docker builds from files and wheels, nothing else of the project
     "trajflow.sandbox.builder": ({"docker", "trajflow.sandbox.builder", "packaging"}, set()),
     # `gem_loader`, `shell`, `gym_adapter`, `gym_text`, `dataset`, `verify` and the agent env's modules (`agent`,
-    # `agent_http`, `agent_chat`, `agent_messages`, `agent_process`, `agent_verify`) are trajflow.envs modules as the
+    # `agent_http`, `agent_chat`, `agent_messages`, `agent_process`, `agent_responses`,
+    # `agent_verify`) are trajflow.envs modules as the
     # runner imports them inside the sandbox image (sibling files, no package); gymnasium only for `gym:` envs;
     # pyarrow and math_verify are in the runtime layer (imported lazily)
     "trajflow.envs": (
@@ -61,6 +62,7 @@ RULES: dict[str, tuple[set[str] | None, set[str]]] = {
             "agent_chat",
             "agent_messages",
             "agent_process",
+            "agent_responses",
             "agent_verify",
             "shell",
             "gym_adapter",

@@ -46,13 +46,14 @@ def test_runtime_sources_are_the_runner_its_envs_the_env_id_prefixes_and_the_wor
         "agent_chat.py",
         "agent_messages.py",
         "agent_process.py",
+        "agent_responses.py",
         "agent_verify.py",
     }
     assert set(images.runtime_sources()) == envs | {"env_ids.py"} | words
     text = images.runtime_dockerfile("trajflow-base:x", ["a.whl"])
     copied = (
         "runner.py gem_loader.py shell.py gym_adapter.py gym_text.py dataset.py verify.py agent.py agent_cmd.py "
-        "agent_http.py agent_chat.py agent_messages.py agent_process.py agent_verify.py env_ids.py"
+        "agent_http.py agent_chat.py agent_messages.py agent_process.py agent_responses.py agent_verify.py env_ids.py"
     )
     assert f"COPY {copied} /opt/trajflow/" in text
     assert "COPY nltk_data/ /usr/share/nltk_data/" in text and "NLTK_DATA=/usr/share/nltk_data" in text

@@ -1,18 +1,19 @@
 """The endpoint of an `agent:` env (`trajflow/envs/agent.py`) on 127.0.0.1 (an ephemeral port), served by
-`http.server.ThreadingHTTPServer` in a thread, in two dialects: OpenAI's Chat Completions (`POST /v1/chat/completions`)
-and Anthropic's Messages (`POST /v1/messages`, translated to a chat body by `agent_messages.py`), with `GET /v1/models`.
+`http.server.ThreadingHTTPServer` in a thread, in three dialects: OpenAI's Chat Completions (`POST
+/v1/chat/completions`), OpenAI's Responses (`POST /v1/responses`, `agent_responses.py`) and Anthropic's Messages (`POST
+/v1/messages`, `agent_messages.py`), the last two translated to a chat body; and `GET /v1/models`.
 
-A request is checked and normalised into the turn's observation (`normalize_request`; a Messages request's has `api`),
+A request is checked and normalised into the turn's observation (`normalize_request`; the other dialects' have `api`),
 posted to the env as an `Exchange`, and its handler thread waits until the env answers it with the model's `Answer`:
 for chat a `chat.completion` object, or for `stream: true` an SSE stream of `chat.completion.chunk` objects ending with
-`data: [DONE]` (`agent_chat.py`); for Messages a `message`, or its named events (`agent_messages.py`), as the `openai`
-and `anthropic` clients parse them. A malformed request gets HTTP 400 with the dialect's error body, and the env hears
-of it; so does a body over MAX_BODY_BYTES, with HTTP 413 before a byte of it is read.
+`data: [DONE]` (`agent_chat.py`); for Responses a `response`, for Messages a `message`, or their named events, as the
+`openai` and `anthropic` clients parse them. A malformed request gets HTTP 400 with the dialect's error body, and the
+env hears of it; so does a body over MAX_BODY_BYTES, with HTTP 413 before a byte of it is read.
 
 Limits: stdlib only (it runs beside the runner in the sandbox). Requests are served one at a time in arrival order
 (concurrent requests queue); `model` is ignored (echoed back); only n = 1; no logprobs, no legacy completions or
-function-calling fields are produced. OpenAI's Responses API is not served yet. HTTP/1.0: one request per connection.
-No authentication: it listens on loopback inside the sandbox.
+function-calling fields are produced. HTTP/1.0: one request per connection. No authentication: it listens on loopback
+inside the sandbox.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 if __package__:
-    from trajflow.envs import agent_messages
+    from trajflow.envs import agent_messages, agent_responses
     from trajflow.envs.agent_chat import STREAM_PIECE, Answer, chunks, completion
 else:  # beside the runner in the sandbox image
     import agent_messages
+    import agent_responses
     from agent_chat import STREAM_PIECE, Answer, chunks, completion
 
 MODEL_ID = "trajflow-policy"
@@ -41,7 +43,7 @@ runs) cannot make the endpoint hold more than this in the sandbox's memory. A 12
 definitions is a few MB of JSON."""
 REQUEST_TIMEOUT_S = 60.0
 """Socket timeout of a connection's reads and writes (never of the wait for the model's answer)."""
-ROUTES = {"/v1/chat/completions": "chat", "/v1/messages": agent_messages.API}
+ROUTES = {"/v1/chat/completions": "chat", "/v1/messages": agent_messages.API, "/v1/responses": agent_responses.API}
 """POST routes and the API each speaks."""
 MESSAGES_ERRORS = {
     400: "invalid_request_error",
@@ -165,10 +167,11 @@ class Endpoint:
             if self._closed:
                 return None
             try:
-                if api == agent_messages.API:
-                    body = json.dumps(agent_messages.to_chat(_json(body))).encode()
+                if api != "chat":
+                    dialect = agent_messages if api == agent_messages.API else agent_responses
+                    body = json.dumps(dialect.to_chat(_json(body))).encode()
                 observation, model, include_usage = normalize_request(body, self._calls + 1)
-            except (MalformedRequest, agent_messages.BadMessages) as e:
+            except (MalformedRequest, agent_messages.BadMessages, agent_responses.BadResponses) as e:
                 self.events.put(("malformed", f"call {self._calls + 1}: {e}"))
                 raise MalformedRequest(str(e)) from e
             if api != "chat":
@@ -278,13 +281,13 @@ class _Handler(BaseHTTPRequestHandler):
         if exchange is None or answer is None:
             self._send_json(503, error_body("the environment is closing", "service_unavailable"))
             return
-        if api == agent_messages.API:
-            call = exchange.observation["call"]
-            whole = agent_messages.message(
-                answer.content, answer.tool_calls, answer.finish_reason, answer.usage, exchange.model, call
-            )
+        if api != "chat":
+            render = agent_messages.message if api == agent_messages.API else agent_responses.response
+            events = agent_messages.events if api == agent_messages.API else agent_responses.events
+            fields = (answer.content, answer.tool_calls, answer.finish_reason, answer.usage, exchange.model)
+            whole = render(*fields, exchange.observation["call"])
             if exchange.observation["stream"]:
-                self._send_events(agent_messages.events(whole, STREAM_PIECE))
+                self._send_events(events(whole, STREAM_PIECE))
             else:
                 self._send_json(200, whole)
             return

@@ -84,6 +84,7 @@ RUNTIME_SOURCES: tuple[str, ...] = (
     "agent_chat.py",
     "agent_messages.py",
     "agent_process.py",
+    "agent_responses.py",
     "agent_verify.py",
 )
 """The files of `trajflow/envs/` copied into the runtime layer, beside each other in /opt/trajflow (the runner imports
