@@ -5,7 +5,8 @@ A killed sandbox is restored by re-running the program with its recorded answers
 sends a malformed request, never asks, or asks other than its record on a restore ends `infra_failed` saying which;
 `trajflow replay --env-only` re-runs a program on its recorded answers.
 
-The programs are `tests/integration/agent_programs/faulty.py` (stdlib only)."""
+The programs are `tests/integration/agent_programs/faulty.py` (stdlib only); `ask_messages` and `ask_responses` speak
+Anthropic's Messages and OpenAI's Responses API."""
 
 from __future__ import annotations
 
@@ -74,6 +75,35 @@ async def test_every_chat_request_of_a_program_is_a_recorded_turn(
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     answers = [tokenizer.decode(context.token_ids[a:b], skip_special_tokens=True) for a, b in context.turn_spans]
     assert answers == ["maybe", "yes"]
+
+
+@pytest.mark.parametrize(
+    ("function", "api"), [("ask_messages", "anthropic.messages"), ("ask_responses", "openai.responses")]
+)
+async def test_the_other_dialects_requests_are_recorded_turns_too(
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, package, function: str, api: str
+) -> None:
+    """The same two-call dialogue over Anthropic's Messages API and OpenAI's Responses API: each request is a turn, the
+    second extends the first (the answer sent back in the dialect's shape is the assistant turn as recorded), and the
+    context holds both answers as sampled tokens."""
+    engine = script(tiny_model, ["maybe", "yes"])
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
+        result = await st.run(request(st, package, function, env_kwargs={"task": "is it?"}))
+    assert result.status is TrajectoryStatus.COMPLETED, result.error
+    assert (result.turns, result.reward) == (2, 1.0)
+    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
+    first, second = json.loads(record.first_observation), json.loads(record.turns[0].observation)
+    assert first["api"] == second["api"] == api
+    assert [m["content"] for m in second["messages"]] == ["Answer.", "question 5: is it?", "maybe", "sure?"]
+    context = record.context
+    assert context is not None and [m.role for m in context.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    assert sum(context.loss_mask) == sum(t.completion_tokens for t in record.turns)
 
 
 async def test_a_request_with_a_stop_sequence_gets_the_answer_before_it(

@@ -66,3 +66,31 @@ def react(task, seed):
     body = {"model": "policy", "messages": [{"role": "user", "content": "act"}], "stop": ["Observation:"]}
     answer = post(body)["choices"][0]
     return 1.0 if (answer["message"]["content"], answer["finish_reason"]) == ("Action: ls\n", "stop") else 0.0
+
+
+def _post_to(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.load(response)
+
+
+def ask_messages(task, seed):
+    """`ask` over Anthropic's Messages API (as Claude Code speaks it), with a system prompt."""
+    url = os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages"
+    messages = [{"role": "user", "content": f"question {seed}: {task}"}]
+    first = _post_to(url, {"model": "m", "max_tokens": 16, "system": "Answer.", "messages": messages})
+    messages += [{"role": "assistant", "content": first["content"]}, {"role": "user", "content": "sure?"}]
+    second = _post_to(url, {"model": "m", "max_tokens": 16, "system": "Answer.", "messages": messages})
+    said = "".join(block.get("text", "") for block in second["content"])
+    return {"reward": 1.0 if said.strip() == "yes" else 0.0, "info": {"calls": 2}}
+
+
+def ask_responses(task, seed):
+    """`ask` over OpenAI's Responses API (as the Codex CLI speaks it), with instructions."""
+    url = os.environ["OPENAI_BASE_URL"] + "/responses"
+    items = [{"role": "user", "content": f"question {seed}: {task}"}]
+    first = _post_to(url, {"model": "m", "instructions": "Answer.", "input": items, "max_output_tokens": 16})
+    items += [*first["output"], {"role": "user", "content": "sure?"}]
+    second = _post_to(url, {"model": "m", "instructions": "Answer.", "input": items, "max_output_tokens": 16})
+    said = "".join(p["text"] for item in second["output"] if item["type"] == "message" for p in item["content"])
+    return {"reward": 1.0 if said.strip() == "yes" else 0.0, "info": {"calls": 2}}
