@@ -15,6 +15,7 @@ from temporalio.testing import ActivityEnvironment
 from trajflow.activities.env import EnvActivities
 from trajflow.contracts import names
 from trajflow.contracts.agent import STEP_MARGIN_S
+from trajflow.contracts.envs import EnvStepResult
 from trajflow.contracts.trajectory import EnvResetInput, EnvResetResult, EnvStepInput
 from trajflow.sandbox.user.submit import package_env
 from trajflow.sandbox.user_images import USER_REPO
@@ -113,17 +114,22 @@ async def test_a_crashing_agent_program_in_a_sandbox_ends_with_its_kind(
     assert "the agent fell over" in e.value.message
 
 
+async def _answer_once(sandbox_manager, package_images, agent_package: str, function: str) -> EnvStepResult:
+    """Start `function`, answer its first request, and return the step that ends it."""
+    acts = EnvActivities(sandbox_manager, "default", "w1", 30, images=package_images)
+    started = await reset(acts, function, agent_package)
+    try:
+        return await ActivityEnvironment().run(acts.step, EnvStepInput(handle=started.handle, action="go on"))
+    finally:
+        sandbox_manager.close(started.handle.sandbox_id)
+
+
 async def test_a_tool_command_in_a_sandbox_cannot_write_the_programs_result(
     sandbox_manager, package_images, agent_package
 ) -> None:
     """As the sandbox's unprivileged user, a command the program runs cannot open the program's result pipe through
     /proc/PPID/fd (the bootstrap is not dumpable): its open fails and the program's own 0.0 is the reward."""
-    acts = EnvActivities(sandbox_manager, "default", "w1", 30, images=package_images)
-    started = await reset(acts, "forge", agent_package)
-    try:
-        end = await ActivityEnvironment().run(acts.step, EnvStepInput(handle=started.handle, action="go on"))
-    finally:
-        sandbox_manager.close(started.handle.sandbox_id)
+    end = await _answer_once(sandbox_manager, package_images, agent_package, "forge")
     assert (end.reward, end.terminated) == (0.0, True), end
     assert end.info["forge_status"] == 1 and "PermissionError" in str(end.info["forge_stderr"]), end.info
 
@@ -134,12 +140,7 @@ async def test_a_tool_command_in_a_sandbox_cannot_drive_the_runner(
     """The runner is the sandbox's PID 1 and serves only its host side (outside the sandbox's pid namespace): a
     command the program runs connects to the runner's socket, sends a step, and is refused with one error line; the
     episode goes on and ends with the program's own reward."""
-    acts = EnvActivities(sandbox_manager, "default", "w1", 30, images=package_images)
-    started = await reset(acts, "knock", agent_package)
-    try:
-        end = await ActivityEnvironment().run(acts.step, EnvStepInput(handle=started.handle, action="go on"))
-    finally:
-        sandbox_manager.close(started.handle.sandbox_id)
+    end = await _answer_once(sandbox_manager, package_images, agent_package, "knock")
     assert (end.reward, end.terminated) == (0.0, True), end
     said = str(end.info["knock_said"])
     assert end.info["knock_status"] == 0 and "refused: process" in said and "only its host side" in said, end.info
