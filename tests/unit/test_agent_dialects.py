@@ -9,6 +9,7 @@ import json
 import queue
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from trajflow.envs.agent_messages import API
 
 READ: Any = {"name": "read", "description": "Read a file.", "input_schema": {"type": "object", "properties": {}}}
 CALL = {"id": "call_1_0", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.txt"}'}}
+
 USAGE = {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
 
 
@@ -164,6 +166,30 @@ def test_messages_refusals_are_400s_in_anthropics_shape(scripted, body: dict, sa
     assert isinstance(error, dict) and error["type"] == "error", error
     assert error["error"]["type"] == "invalid_request_error" and says in error["error"]["message"], error
     assert len(s.heard()) == 1 and says in s.malformed[0]
+
+
+def test_models_in_each_clients_shape_a_liveness_probe_and_no_token_counting(scripted) -> None:
+    """`GET /v1/models` (and one model) as each official client parses it, `HEAD /` as Claude Code probes it, and
+    `POST /v1/messages/count_tokens` a 404 in the Messages shape (the sandbox has no tokenizer: callers estimate)."""
+    s = scripted()
+    listed = _anthropic(s).models.list()
+    assert [(m.type, m.id, m.display_name) for m in listed.data] == [("model", "trajflow-policy", "trajflow-policy")]
+    assert listed.has_more is False and listed.first_id == listed.last_id == "trajflow-policy"
+    assert _anthropic(s).models.retrieve("claude-x").id == "claude-x"
+    assert [m.id for m in _openai(s).models.list()] == ["trajflow-policy"]
+    assert _openai(s).models.retrieve("gpt-x").owned_by == "trajflow"
+    base = s.endpoint.base_url.removesuffix("/v1")
+    with urllib.request.urlopen(urllib.request.Request(base + "/", method="HEAD"), timeout=10) as probe:
+        assert probe.status == 200 and probe.read() == b""
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        _anthropic(s).messages.count_tokens(model="m", messages=[{"role": "user", "content": "hi"}])
+    body: Any = caught.value.body
+    assert (
+        body["type"] == "error"
+        and body["error"]["type"] == "not_found_error"
+        and "count_tokens" in body["error"]["message"]
+    )
+    assert s.seen == [] and s.malformed == []
 
 
 def test_chat_completions_with_the_openai_client(scripted) -> None:

@@ -1,7 +1,8 @@
 """The endpoint of an `agent:` env (`trajflow/envs/agent.py`) on 127.0.0.1 (an ephemeral port), served by
 `http.server.ThreadingHTTPServer` in a thread, in three dialects: OpenAI's Chat Completions (`POST
 /v1/chat/completions`), OpenAI's Responses (`POST /v1/responses`, `agent_responses.py`) and Anthropic's Messages (`POST
-/v1/messages`, `agent_messages.py`), the last two translated to a chat body; and `GET /v1/models`.
+/v1/messages`, `agent_messages.py`), the last two translated to a chat body; `GET /v1/models` and `/v1/models/{id}`
+(in Anthropic's shape for a caller that sends its headers), and `HEAD /` (a liveness probe).
 
 A request is checked and normalised into the turn's observation (`normalize_request`; the other dialects' have `api`),
 posted to the env as an `Exchange`, and its handler thread waits until the env answers it with the model's `Answer`:
@@ -121,6 +122,11 @@ def _check_message(index: int, message: object) -> None:
 
 def error_body(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def openai_model(name: str) -> dict[str, Any]:
+    """A model object as OpenAI's `GET /v1/models` lists it."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "trajflow"}
 
 
 class Exchange:
@@ -245,16 +251,35 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the runner's stderr is not the program's log."""
 
+    def do_HEAD(self) -> None:
+        """A liveness probe (Claude Code sends `HEAD /` before its first request): 200, no body."""
+        self.send_response(200 if self.path.split("?")[0] in ("", "/") else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_GET(self) -> None:
-        if self.path.split("?")[0].rstrip("/") != "/v1/models":
+        """`/v1/models` and `/v1/models/{id}`, in the Messages API's shape for a caller that sends Anthropic's
+        headers, else in OpenAI's."""
+        anthropic = "anthropic-version" in self.headers or "x-api-key" in self.headers
+        if anthropic:
+            self.api = agent_messages.API
+        path = self.path.split("?")[0].rstrip("/")
+        if path == "/v1/models":
+            model = agent_messages.model_info(MODEL_ID) if anthropic else openai_model(MODEL_ID)
+            page = {"data": [model], "has_more": False, "first_id": MODEL_ID, "last_id": MODEL_ID}
+            self._send_json(200, page if anthropic else {"object": "list", "data": [model]})
+        elif path.startswith("/v1/models/") and "/" not in path.removeprefix("/v1/models/"):
+            name = path.removeprefix("/v1/models/")  # any name is served, as a request may name any model
+            self._send_json(200, agent_messages.model_info(name) if anthropic else openai_model(name))
+        else:
             self._send_json(404, error_body(f"no route GET {self.path}", "not_found_error"))
-            return
-        model = {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "trajflow"}
-        self._send_json(200, {"object": "list", "data": [model]})
 
     def do_POST(self) -> None:
-        api = ROUTES.get(self.path.split("?")[0].rstrip("/"))
+        path = self.path.split("?")[0].rstrip("/")
+        api = ROUTES.get(path)
         if api is None:
+            if path.startswith("/v1/messages/"):  # count_tokens and batches: the caller estimates instead
+                self.api = agent_messages.API
             self._send_json(404, error_body(f"no route POST {self.path}", "not_found_error"))
             return
         self.api = api

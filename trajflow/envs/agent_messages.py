@@ -34,6 +34,11 @@ def error_body(message: str, kind: str = "invalid_request_error") -> dict[str, A
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
+def model_info(name: str) -> dict[str, Any]:
+    """A model object as the Messages API's `GET /v1/models` lists it."""
+    return {"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+
+
 def to_chat(request: object) -> dict[str, Any]:
     """A Messages request body (parsed JSON) -> the chat-completions body it means; raises BadMessages."""
     if not isinstance(request, dict):
