@@ -113,3 +113,22 @@ def test_a_tool_round_trip_extends_the_context_token_faithfully(tools_tok: Any) 
     final = tools_tok.encode("hello", add_special_tokens=False)
     ctx3 = append_completion(ctx2, final, [0.0] * len(final), "hello", 1)
     assert [m.role for m in ctx3.messages] == ["system", "user", "assistant", "tool", "assistant"]
+
+
+def test_a_run_config_can_give_a_model_without_tools_the_hermes_tools_template(
+    tmp_path_factory: pytest.TempPathFactory, plain: Any
+) -> None:
+    """`[model] chat_template = "hermes-tools"`: the engine renders with TOOLS_TEMPLATE (and submission lets a task
+    with `tools = true` through); a plain conversation renders exactly as the model's own ChatML does."""
+    from trajflow.contracts.config import ModelConfig
+    from trajflow.rl.engines.load import load_engine
+
+    cache = tmp_path_factory.mktemp("chat-template")
+    own = load_engine(ModelConfig(name_or_path="tiny"), cache_dir=cache, device="cpu")
+    hermes = load_engine(ModelConfig(name_or_path="tiny", chat_template="hermes-tools"), cache_dir=cache, device="cpu")
+    assert not supports_tools(own.tokenizer) and supports_tools(hermes.tokenizer)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    same = [t.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) for t in (plain, hermes.tokenizer)]
+    assert same[0] == same[1]
+    with pytest.raises(ValueError, match="chat_template"):
+        ModelConfig(name_or_path="tiny", chat_template="qwen")  # type: ignore[arg-type]

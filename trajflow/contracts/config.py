@@ -118,6 +118,13 @@ class ModelConfig(Contract):
     """Most concurrent requests one decode worker batches into one forward pass."""
     batch_wait_ms: Annotated[float, Field(ge=0.0, le=1000.0)] = 10.0
     """How long the engine waits for more requests before starting a batch."""
+    chat_template: Literal["hermes-tools"] | None = None
+    """The chat template decode renders every prompt with, in place of the model's own (None): `hermes-tools` is
+    ChatML with tools in the Hermes/Qwen style (tools listed in the system turn, calls as `<tool_call>` JSON blocks,
+    results in `<tool_response>` blocks; `trajflow.rl.models.TOOLS_TEMPLATE`), for a model such as SmolLM2 whose own
+    template has no tools, so that programs that pass tools (the OpenAI Agents SDK, Codex, Claude Code) can run on it.
+    A model has to learn the format; the tokens it samples are recorded as sampled either way. Another template: a
+    local checkpoint whose tokenizer_config.json holds it."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Decode weights' dtype. `auto` picks what the decode device runs natively (`trajflow.rl.precision`): bfloat16 on a
     CUDA GPU or a CPU with AVX512-BF16/AMX, float32 where bf16 would be emulated (most laptops and many cloud

@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -64,9 +64,19 @@ TOOLS_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-"""ChatML with tools in the Hermes/Qwen style, written for tests (the tiny model and SmolLM2 have no tools): the
-tools listed in the system turn, an assistant's calls as `<tool_call>` blocks of JSON (arguments an object), tool
-results as `<tool_response>` blocks in a user turn (`trajflow.rl.tool_calls` parses the calls back)."""
+"""ChatML with tools in the Hermes/Qwen style (the tiny model and SmolLM2 have no tools; `[model] chat_template =
+"hermes-tools"`): the tools listed in the system turn, an assistant's calls as `<tool_call>` blocks of JSON (arguments
+an object), tool results as `<tool_response>` blocks in a user turn (`trajflow.rl.tool_calls` parses the calls back).
+Without tools it renders exactly as CHATML_TEMPLATE."""
+CHAT_TEMPLATES = {"hermes-tools": TOOLS_TEMPLATE}
+"""The templates `[model] chat_template` names (`trajflow.contracts.config.ModelConfig.chat_template`)."""
+
+
+def use_chat_template(tokenizer: Any, name: str | None) -> None:
+    """Render with the named template (`CHAT_TEMPLATES`) from now on; None keeps the tokenizer's own."""
+    if name is not None:
+        tokenizer.chat_template = CHAT_TEMPLATES[name]
+
 
 TINY_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
 

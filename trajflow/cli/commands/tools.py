@@ -18,7 +18,7 @@ def tools_refusal(config: RunConfig, tasks: list[TaskConfig], say: Callable[[str
         return None
     from transformers import AutoTokenizer
 
-    from trajflow.rl.models import resolve_model
+    from trajflow.rl.models import resolve_model, use_chat_template
     from trajflow.rl.tool_calls import supports_tools
 
     name = config.model.name_or_path
@@ -26,11 +26,12 @@ def tools_refusal(config: RunConfig, tasks: list[TaskConfig], say: Callable[[str
         tokenizer = AutoTokenizer.from_pretrained(resolve_model(name, load_settings().cache_dir / "models", say))
     except ValueError as e:
         return str(e)
+    use_chat_template(tokenizer, config.model.chat_template)
     if supports_tools(tokenizer):
         return None
     return (
         f"task {names[0]!r} passes tools (tools = true) but the model's chat template ({name}) has none: it cannot "
         "render tools, tool calls or tool results. Use a model whose chat template renders tools ([model] "
-        "name_or_path, e.g. a local Qwen2.5 checkpoint), or have the program read actions from the reply's text and "
-        "drop `tools = true`"
+        'name_or_path, e.g. a local Qwen2.5 checkpoint, or [model] chat_template = "hermes-tools"), or have the '
+        "program read actions from the reply's text and drop `tools = true`"
     )

@@ -54,10 +54,25 @@ def load_engine(
     `hf` on `device` (a setting, resolved here), `vllm` (`model.vllm` resolved for vLLM's device; imports vLLM only
     when started) or `openai` (a client of `model.openai`'s server, sending `api_key`; the model's tokenizer only,
     `weights` unused). `precision` None is `decode_precision(model, device)`; pass the one you computed to log it.
-    `weights` None serves the initial model only."""
-    from trajflow.rl.models import resolve_model
+    `weights` None serves the initial model only. `model.chat_template` replaces the tokenizer's template."""
+    from trajflow.rl.models import resolve_model, use_chat_template
 
-    path = resolve_model(model.name_or_path, cache_dir)
+    engine = _engine(
+        model, resolve_model(model.name_or_path, cache_dir), weights, device, torch_threads, precision, api_key
+    )
+    use_chat_template(engine.tokenizer, model.chat_template)  # prompts are rendered on our side, with this tokenizer
+    return engine
+
+
+def _engine(
+    model: ModelConfig,
+    path: Path,
+    weights: WeightSource | None,
+    device: str,
+    torch_threads: int | None,
+    precision: Precision | None,
+    api_key: str | None,
+) -> Engine:
     if model.openai is not None:
         from trajflow.rl.engines.openai import OpenAIEngine
 
