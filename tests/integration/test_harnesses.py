@@ -1,0 +1,121 @@
+"""Real agent harnesses, unmodified, through the whole stack: the harness's own package installed into the task's
+sandbox layer from its requirements (offline wheels), the program run in the hardened sandbox against the env's
+endpoint, every model call a turn of the TrajectoryWorkflow on the decode pool, the program's result the reward via
+the real reward service. The policy is scripted (tool call, tool call, final answer) on the tiny model's tokenizer
+with `trajflow.rl.models.TOOLS_TEMPLATE`, so several calls with tool calls run on a CPU; each call must be a recorded
+turn with its sampled token ids, and `trajflow replay --env-only` must re-run the harness on its recorded answers.
+
+- the OpenAI Agents SDK (`examples/harnesses/agents-sdk`, `openai-agents`, Responses API), non-streaming and streamed;
+  and its example config as a researcher runs it, on the stack `trajflow up` started (the tiny model, whose config
+  renders with `chat_template = "hermes-tools"`): `trajflow rollout`, then a 2-step `trajflow train`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from tests.conftest import ROOT, running_stack
+from trajflow.cli.replay.env_only import replay_env
+from trajflow.contracts.records import TrajectoryRecord
+from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
+from trajflow.infra.store import LocalStore
+from trajflow.rl.engines.scripted import ScriptedEngine
+from trajflow.rl.models import TOOLS_TEMPLATE
+from trajflow.sandbox.user.submit import package_env
+
+pytestmark = pytest.mark.integration
+
+AGENTS_SDK = ROOT / "examples" / "harnesses" / "agents-sdk"
+SDK_ENV = "agent:calc_agent:solve"
+SDK_SCRIPT = [  # seed 3 asks "What is (5 + 3) * 2?"
+    '<tool_call>\n{"name": "add", "arguments": {"a": 5, "b": 3}}\n</tool_call>',
+    '<tool_call>\n{"name": "multiply", "arguments": {"a": 8, "b": 2}}\n</tool_call>',
+    "The answer is 16.",
+]
+
+
+def scripted(tiny_model: Path, replies: list[str]) -> ScriptedEngine:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    return ScriptedEngine(tokenizer, replies, name="tiny")
+
+
+@pytest.fixture()
+def sdk_package(store, cache_dir) -> str:
+    return package_env(SDK_ENV, str(AGENTS_SDK), store, cache_dir / "images", print)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_agents_sdk_with_two_function_tools(
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, sdk_package, stream: bool
+) -> None:
+    engine = scripted(tiny_model, SDK_SCRIPT)
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
+        request = st.request(
+            env_id=SDK_ENV, env_package=sdk_package, seed=3, task="sdk", max_turns=6,
+            env_kwargs={"task": json.dumps({"stream": stream})},
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=128),
+        )  # fmt: skip
+        result = await st.run(request)
+        lines: list[str] = []  # `trajflow replay --env-only`: the harness re-run on its recorded answers, no LLM
+        replayed = await replay_env(st.client, st.store, result.workflow_id, 120, False, lines.append)
+    assert result.status is TrajectoryStatus.COMPLETED, result.error
+    assert (result.turns, result.reward) == (3, 1.0), result
+    assert replayed == 0 and "replayed 3/3 actions; the episode ended" in "\n".join(lines), lines
+    assert "DIFFERS" not in "\n".join(lines)
+    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
+    requests = [json.loads(record.first_observation), *(json.loads(t.observation) for t in record.turns[:-1])]
+    assert [r["api"] for r in requests] == ["openai.responses"] * 3 and [r["stream"] for r in requests] == [stream] * 3
+    assert [[t["function"]["name"] for t in r["tools"]] for r in requests] == [["add", "multiply"]] * 3
+    assert requests[0]["messages"][0]["role"] == "system" and "calculator" in requests[0]["messages"][0]["content"]
+    assert requests[0]["messages"][1] == {"role": "user", "content": "What is (5 + 3) * 2?"}
+    # the SDK ran each tool and sent its result back: the third request holds both calls and both results
+    assert [(m["role"], m.get("content")) for m in requests[2]["messages"][2:]] == [
+        ("assistant", None), ("tool", "8"), ("assistant", None), ("tool", "16"),
+    ]  # fmt: skip
+    assert record.turns[-1].observation == ""
+    context = record.context  # every call a turn: its sampled tokens in the context, as sampled (mask 1)
+    assert context is not None and len(context.turn_spans) == 3
+    assert all(turn.completion_tokens > 0 for turn in record.turns)
+    assert sum(context.loss_mask) == sum(t.completion_tokens for t in record.turns)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    sampled = [tokenizer.decode(context.token_ids[a:b], skip_special_tokens=True) for a, b in context.turn_spans]
+    assert sampled == SDK_SCRIPT
+
+
+def tiny_config(example: Path, tmp_path: Path, train: str) -> Path:
+    """The example's config with the stack's tiny model (same template, task, program and reward) and `train`."""
+    text = (example / "config.toml").read_text().split("\n[train]\n")[0]
+    text = text.replace('name_or_path = "smollm2"', 'name_or_path = "tiny"').replace(
+        'env_path = "."', f'env_path = "{example}"'
+    )
+    assert 'name_or_path = "tiny"' in text and str(example) in text
+    path = tmp_path / f"{example.name}.toml"
+    path.write_text(text + train)
+    return path
+
+
+def test_the_agents_sdk_example_rolls_out_and_trains_two_steps(cli_stack, tmp_path: Path) -> None:
+    """The untrained tiny policy answers the SDK with text (no tool call), so each episode is one model call that the
+    SDK takes as its final output: completed, scored 0.0 or 1.0 by the program, trained on."""
+    train = (
+        "\n[train]\nsteps = 2\nbatch_size = 8\ngroup_size = 4\nalpha = 1\n"
+        "trainer = { lr = 1e-4, micro_batch = 8 }\neval = { episodes = 4 }\n"
+    )
+    config = tiny_config(AGENTS_SDK, tmp_path, train)
+    proc = cli_stack.trajflow("rollout", "-c", str(config), "--seed", "3", "--json", timeout=900)
+    out = json.loads(proc.stdout)
+    assert out["status"] == "completed" and out["reward"] in (0.0, 1.0) and out["turns"] >= 1, out
+    record = TrajectoryRecord.model_validate(LocalStore(cli_stack.state_dir).get_json(out["trajectory_uri"]))
+    first = json.loads(record.first_observation)
+    assert first["api"] == "openai.responses" and [t["function"]["name"] for t in first["tools"]] == ["add", "multiply"]
+    assert record.context is not None and len(record.context.turn_spans) == out["turns"]
+    summary_path = tmp_path / "summary.json"
+    cli_stack.trajflow("train", str(config), "--run-id", "sdk-run", "--json-summary", str(summary_path), timeout=1200)
+    summary = json.loads(summary_path.read_text())
+    assert summary["steps"] == 2 and summary["trajectories_trained"] == 16, summary
+    assert summary["eval_after"]["episodes"] == 4 and summary["eval_after"]["version"] == 2
