@@ -5,6 +5,8 @@ the real reward service. The policy is scripted (tool call, tool call, final ans
 with `trajflow.rl.models.TOOLS_TEMPLATE`, so several calls with tool calls run on a CPU; each call must be a recorded
 turn with its sampled token ids, and `trajflow replay --env-only` must re-run the harness on its recorded answers.
 
+- mini-swe-agent (`examples/harnesses/mini-swe-agent`, `mini` with its default config, Chat Completions with a
+  `bash` tool) fixing a bug in a small repository, its reward from a verifier that runs the repository's tests;
 - the OpenAI Agents SDK (`examples/harnesses/agents-sdk`, `openai-agents`, Responses API), non-streaming and streamed;
   and its example config as a researcher runs it, on the stack `trajflow up` started (the tiny model, whose config
   renders with `chat_template = "hermes-tools"`): `trajflow rollout`, then a 2-step `trajflow train`.
@@ -27,7 +29,7 @@ from trajflow.rl.engines.scripted import ScriptedEngine
 from trajflow.rl.models import TOOLS_TEMPLATE
 from trajflow.sandbox.user.submit import package_env
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.harness]
 
 AGENTS_SDK = ROOT / "examples" / "harnesses" / "agents-sdk"
 SDK_ENV = "agent:calc_agent:solve"
@@ -35,6 +37,19 @@ SDK_SCRIPT = [  # seed 3 asks "What is (5 + 3) * 2?"
     '<tool_call>\n{"name": "add", "arguments": {"a": 5, "b": 3}}\n</tool_call>',
     '<tool_call>\n{"name": "multiply", "arguments": {"a": 8, "b": 2}}\n</tool_call>',
     "The answer is 16.",
+]
+MINI_SWE = ROOT / "examples" / "harnesses" / "mini-swe-agent"
+MINI_ENV = "agent-cmd:run.sh"
+
+
+def bash(command: str, said: str) -> str:
+    return f'{said}\n<tool_call>\n{{"name": "bash", "arguments": {json.dumps({"command": command})}}}\n</tool_call>'
+
+
+MINI_SCRIPT = [
+    bash("cat calc.py", "Let me read the code."),
+    bash("sed -i 's/(len(values) + 1)/len(values)/' calc.py", "The divisor is off by one."),
+    bash("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", "Fixed."),
 ]
 
 
@@ -47,6 +62,44 @@ def scripted(tiny_model: Path, replies: list[str]) -> ScriptedEngine:
 @pytest.fixture()
 def sdk_package(store, cache_dir) -> str:
     return package_env(SDK_ENV, str(AGENTS_SDK), store, cache_dir / "images", print)
+
+
+@pytest.fixture()
+def mini_package(store, cache_dir) -> str:
+    return package_env(MINI_ENV, str(MINI_SWE), store, cache_dir / "images", print)
+
+
+async def test_mini_swe_agent_fixes_a_bug_and_its_verifier_scores_the_tests(
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, mini_package
+) -> None:
+    engine = scripted(tiny_model, MINI_SCRIPT)
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
+        request = st.request(
+            env_id=MINI_ENV, env_package=mini_package, seed=1, task="mini", max_turns=8,
+            env_kwargs={"verifier": "verify:tests_pass", "budget_s": 120},
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=128),
+        )  # fmt: skip
+        result = await st.run(request)
+        lines: list[str] = []
+        replayed = await replay_env(st.client, st.store, result.workflow_id, 180, False, lines.append)
+    assert result.status is TrajectoryStatus.COMPLETED, result.error
+    assert (result.turns, result.reward) == (3, 1.0), result
+    assert replayed == 0 and "replayed 3/3 actions; the episode ended" in "\n".join(lines), lines
+    assert "DIFFERS" not in "\n".join(lines)
+    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
+    requests = [json.loads(record.first_observation), *(json.loads(t.observation) for t in record.turns[:-1])]
+    assert ["api" in r for r in requests] == [False] * 3  # Chat Completions, through litellm
+    assert [[t["function"]["name"] for t in r["tools"]] for r in requests] == [["bash"]] * 3
+    assert "Fix calc.py" in requests[0]["messages"][1]["content"]
+    # mini ran each command in the repository and sent its output back as the tool's result
+    assert requests[1]["messages"][-1]["role"] == "tool" and "len(values) + 1" in requests[1]["messages"][-1]["content"]
+    assert [m["role"] for m in requests[2]["messages"]] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    context = record.context
+    assert context is not None and len(context.turn_spans) == 3
+    assert sum(context.loss_mask) == sum(t.completion_tokens for t in record.turns)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    sampled = [tokenizer.decode(context.token_ids[a:b], skip_special_tokens=True) for a, b in context.turn_spans]
+    assert sampled == MINI_SCRIPT
 
 
 @pytest.mark.parametrize("stream", [False, True])
