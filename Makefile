@@ -9,7 +9,8 @@ demo: setup
 # Static checks first (ruff's formatter and linter; configured in pyproject.toml), the docs site, then every test, in
 # two lanes side by side (scripts/test.sh): the main venv's tests that share the session's stack, Docker and
 # sandboxes in front; beside them, one after another, pyright, tests/unit, the tests marked own_stack (each starts its
-# own servers) and the vLLM engine's tests in .vllm-venv, their report printed after. With .vllm-venv built, the
+# own servers), those marked harness (real agent harnesses, their image layers built cold) and the vLLM engine's tests
+# in .vllm-venv, their report printed after. With .vllm-venv built, the
 # OpenAI-engine and vLLM-judge tests run against `vllm serve` (TRAJFLOW_REQUIRE_VLLM=1 makes them fail rather than
 # skip). Every step runs whatever the others' outcome; make test fails if any does, and pytest's exit code 5 ("no
 # tests ran") is a loud failure in each.
