@@ -33,6 +33,9 @@ or of the start; its process group is killed), `malformed_request` (the program 
 a short grace), `bad_result` (its return value or reward file gives no reward). Info: `call` (requests so far),
 `agent_seconds` (the program's time since the previous answer), and at the end `exit_status` and the program's info.
 
+The cwd's path is the same in every run in a sandbox (`trajflow-agent-1/work` in its temp dir: the runner is pid 1),
+so a harness that tells its model where it runs (Codex does) asks the same again when a restore re-runs it.
+
 Limits: stdlib only. The program's stdout is discarded and its stderr kept only to report a crash. Requests are turns
 in arrival order: concurrent requests are served one at a time, and their order is only as deterministic as the
 program. An `openai` client that times out or retries a request sends it again (a new turn). Closing (or a new
@@ -146,7 +149,7 @@ class AgentEnv:
         self.close()
         self._events, self._pending, self._calls = queue.Queue(), None, 0
         self._endpoint = Endpoint(self._events)
-        self._dir = Path(tempfile.mkdtemp(prefix="trajflow-agent-"))
+        self._dir = _claim_dir()
         self._seed = 0 if seed is None else int(seed)
         self._proc = self._start(self._seed, self._endpoint.base_url)
         self._watcher = threading.Thread(target=_watch, args=(self._proc, self._events), name="agent-exit", daemon=True)
@@ -187,6 +190,7 @@ class AgentEnv:
             endpoint.close()
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
+            _CLAIMED.discard(workdir)
 
     @property
     def pid(self) -> int | None:
@@ -279,6 +283,7 @@ class AgentEnv:
         finally:
             self.close()
             shutil.rmtree(scratch, ignore_errors=True)
+            _CLAIMED.discard(scratch)
         if outcome is None:
             return self._exit_reward(status, written, stderr)
         if "unserializable" in outcome:
@@ -293,6 +298,22 @@ class AgentEnv:
         if status == 0 and written is not None:
             return reward_of(_json_or_text(written), "its reward file")
         raise crashed(status, stderr, how="{} without a result")
+
+
+_CLAIMED: set[Path] = set()
+
+
+def _claim_dir() -> Path:
+    """The program's directory: `trajflow-agent-<this process's pid>` in the temp dir, so that a sandbox's runner (pid
+    1) gives every run the same paths (a harness that tells its model its cwd, as Codex does, asks the same again
+    when a restore re-runs it); a second env in the same process (tests on a host) gets a fresh name."""
+    fixed = Path(tempfile.gettempdir()) / f"trajflow-agent-{os.getpid()}"
+    if fixed in _CLAIMED:
+        return Path(tempfile.mkdtemp(prefix="trajflow-agent-"))
+    shutil.rmtree(fixed, ignore_errors=True)  # left by a runner that died before closing
+    fixed.mkdir(mode=0o700)
+    _CLAIMED.add(fixed)
+    return fixed
 
 
 def _verify() -> ModuleType:
