@@ -83,14 +83,19 @@ def build_from_context(
     labels: dict[str, str],
     progress: Progress,
     executable: frozenset[str] = frozenset(),
+    linked: dict[str, Path] | None = None,
 ) -> None:
     """`docker build` a context of the cached wheels (hard-linked under wheels/; none when `wheels` is None),
-    `files` (those named in `executable` with mode 0755, which COPY keeps) and the Dockerfile."""
+    `files` (those named in `executable` with mode 0755, which COPY keeps), the cached files `linked` (by their
+    name in the context: hard-linked too) and the Dockerfile."""
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix="context-") as context:
         ctx = Path(context)
         (ctx / "wheels").mkdir()
         for wheel in sorted(wheels.glob("*.whl")) if wheels is not None else ():
             os.link(wheel, ctx / "wheels" / wheel.name)  # same filesystem: no copy
+        for name, source in (linked or {}).items():
+            (ctx / name).parent.mkdir(parents=True, exist_ok=True)
+            os.link(source, ctx / name)
         for name, data in files.items():
             target = ctx / name
             target.parent.mkdir(parents=True, exist_ok=True)

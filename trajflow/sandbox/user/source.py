@@ -39,6 +39,9 @@ from trajflow.envs.agent_verify import verifier_problem
 
 PREFIX = USER_PREFIX
 REQUIREMENTS_FILE = "requirements.txt"
+DEBIAN_FILE = "debian-packages.txt"
+NPM_FILE = "npm-packages.txt"
+_DEBIAN_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 MAX_SOURCE_BYTES = 20 * 1024 * 1024
 """The packed source rides through the object store to every env worker; data sets belong elsewhere."""
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -173,6 +176,32 @@ def read_requirements(root: Path) -> tuple[str, ...]:
             raise EnvSourceError(f"{path}:{n}: {line!r} is not a requirement: {e}") from None
         lines.append(line)
     return tuple(lines)
+
+
+def read_system_packages(root: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The Debian package names of `root/debian-packages.txt` and the npm packages (NAME@VERSION, exact) of
+    `root/npm-packages.txt`, one per line (comments and blanks dropped), checked for form."""
+    from trajflow.sandbox.builder.npm import NpmError, check_spec
+
+    found: list[tuple[str, ...]] = []
+    for name, check in ((DEBIAN_FILE, _debian_problem), (NPM_FILE, check_spec)):
+        path, lines = root / name, []
+        for n, raw in enumerate(path.read_text().splitlines() if path.is_file() else [], 1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            try:
+                check(line)
+            except (NpmError, ValueError) as e:
+                raise EnvSourceError(f"{path}:{n}: {e}") from None
+            lines.append(line)
+        found.append(tuple(lines))
+    return found[0], found[1]
+
+
+def _debian_problem(name: str) -> None:
+    if not _DEBIAN_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a Debian package name (one name per line, no version, no options)")
 
 
 def check_source(env_id: str, env_path: str | Path) -> EnvSource:

@@ -13,10 +13,11 @@ from trajflow.contracts.config import RunConfig
 from trajflow.contracts.store import ObjectStore
 from trajflow.contracts.tasks import TaskConfig
 from trajflow.contracts.trajectory import TrajectoryRequest
-from trajflow.sandbox.builder import wheels
+from trajflow.sandbox.builder import npm, wheels
 from trajflow.sandbox.user.datasets import check_dataset, is_dataset
 from trajflow.sandbox.user.packages import publish
 from trajflow.sandbox.user.source import (
+    NPM_FILE,
     REQUIREMENTS_FILE,
     EnvSource,
     EnvSourceError,
@@ -26,6 +27,7 @@ from trajflow.sandbox.user.source import (
     has_source,
     is_command_env,
     is_user_env,
+    read_system_packages,
 )
 from trajflow.sandbox.user.verifiers import VerifierSource
 
@@ -45,6 +47,19 @@ def resolve_requirements(source: EnvSource | VerifierSource, wheel_cache: Path, 
             f"the requirements of {source.root / REQUIREMENTS_FILE} cannot be resolved into wheels for CPython "
             f"3.11 on Linux x86_64 ({', '.join(source.requirements)}); pip said:\n{e}"
         ) from None
+
+
+def resolve_npm(source: EnvSource, cache: Path, say: Say) -> None:
+    """Fetch (once per set) and check the npm packages of `source`'s npm-packages.txt into `cache`; raises
+    EnvSourceError naming the package when the registry refuses it or this installer cannot install it."""
+    _, specs = read_system_packages(source.root)
+    if not specs or npm.cached_tarballs(cache, specs) is not None:
+        return
+    say(f"fetching {len(specs)} npm package(s) of {source.module}: {', '.join(specs)}")
+    try:
+        npm.download_tarballs(cache, specs, lambda _line: None)
+    except npm.NpmError as e:
+        raise EnvSourceError(f"{source.root / NPM_FILE}: {e}") from None
 
 
 def packaged(env_id: str) -> bool:
@@ -73,6 +88,7 @@ def package_env(
     if verifier is not None and not is_user_env(env_id):  # an agent program's own verifier, in its directory
         check_agent_verifier(env_id, env_path, verifier)
     resolve_requirements(source, wheel_cache, say)
+    resolve_npm(source, wheel_cache, say)
     uri = publish(source.files(), store, source.executables())
     say(f"{env_id}: packaged {source.root} as {uri}")
     return uri
