@@ -5,6 +5,8 @@ the real reward service. The policy is scripted (tool call, tool call, final ans
 with `trajflow.rl.models.TOOLS_TEMPLATE`, so several calls with tool calls run on a CPU; each call must be a recorded
 turn with its sampled token ids, and `trajflow replay --env-only` must re-run the harness on its recorded answers.
 
+- the Codex CLI (`examples/harnesses/codex`, npm `@openai/codex` run by Debian's Node, `codex exec`, Responses API
+  streamed) fixing a bug, its reward from a verifier that runs the repository's checks;
 - mini-swe-agent (`examples/harnesses/mini-swe-agent`, `mini` with its default config, Chat Completions with a
   `bash` tool) fixing a bug in a small repository, its reward from a verifier that runs the repository's tests;
 - the OpenAI Agents SDK (`examples/harnesses/agents-sdk`, `openai-agents`, Responses API), non-streaming and streamed;
@@ -15,6 +17,7 @@ turn with its sampled token ids, and `trajflow replay --env-only` must re-run th
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -38,6 +41,27 @@ SDK_SCRIPT = [  # seed 3 asks "What is (5 + 3) * 2?"
     '<tool_call>\n{"name": "multiply", "arguments": {"a": 8, "b": 2}}\n</tool_call>',
     "The answer is 16.",
 ]
+CODEX = ROOT / "examples" / "harnesses" / "codex"
+
+
+def exec_command(cmd: str) -> str:
+    return f'<tool_call>\n{{"name": "exec_command", "arguments": {json.dumps({"cmd": cmd})}}}\n</tool_call>'
+
+
+CODEX_SCRIPT = [
+    exec_command("cat inventory.py"),
+    exec_command("sed -i 's/) - count/) + count/' inventory.py"),
+    "Fixed: restock() now adds the count.",
+]
+
+
+def codex_masked(request: str) -> str:
+    """A Codex request without what differs between two runs on the same answers: its tool results' chunk ids and
+    wall times."""
+    request = re.sub(r"Chunk ID: [0-9a-f]+", "Chunk ID: _", request)
+    return re.sub(r"Wall time: [0-9.]+ seconds", "Wall time: _", request)
+
+
 MINI_SWE = ROOT / "examples" / "harnesses" / "mini-swe-agent"
 MINI_ENV = "agent-cmd:run.sh"
 
@@ -62,6 +86,53 @@ def scripted(tiny_model: Path, replies: list[str]) -> ScriptedEngine:
 @pytest.fixture()
 def sdk_package(store, cache_dir) -> str:
     return package_env(SDK_ENV, str(AGENTS_SDK), store, cache_dir / "images", print)
+
+
+@pytest.fixture()
+def codex_package(store, cache_dir) -> str:
+    return package_env(MINI_ENV, str(CODEX), store, cache_dir / "images", print)
+
+
+async def test_the_codex_cli_fixes_a_bug_and_its_verifier_scores_the_checks(
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, codex_package
+) -> None:
+    engine = scripted(tiny_model, CODEX_SCRIPT)
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
+        request = st.request(
+            env_id=MINI_ENV, env_package=codex_package, seed=1, task="codex", max_turns=8,
+            env_kwargs={"verifier": "verify:checks_pass", "budget_s": 120},
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=128),
+        )  # fmt: skip
+        result = await st.run(request)
+        lines: list[str] = []
+        replayed = await replay_env(st.client, st.store, result.workflow_id, 180, False, lines.append)
+    assert result.status is TrajectoryStatus.COMPLETED, result.error
+    assert (result.turns, result.reward) == (3, 1.0), result
+    assert replayed == 0 and "replayed 3/3 actions; the episode ended" in "\n".join(lines), lines
+    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
+    # the re-run asks the same first request (its cwd, in it, is the same path in every run); Codex's later requests
+    # carry its tool results, each with a random chunk id and a wall time: equal once those are masked
+    flat = "\n".join(lines).split("\n")
+    shown = [
+        (line.removeprefix("[observation] "), flat[i + 1])
+        for i, line in enumerate(flat)
+        if line[:15] == "[observation] {"
+    ]
+    recorded = [record.first_observation, *(t.observation for t in record.turns[:-1])]
+    assert [codex_masked(request) for request, _ in shown] == [codex_masked(r) for r in recorded]
+    assert shown[0][1] == "(same as recorded)" and "DIFFERS" in shown[1][1], [verdict for _, verdict in shown]
+    requests = [json.loads(record.first_observation), *(json.loads(t.observation) for t in record.turns[:-1])]
+    assert [(r["api"], r["stream"]) for r in requests] == [("openai.responses", True)] * 3
+    assert all("exec_command" in [t["function"]["name"] for t in r["tools"]] for r in requests)
+    assert "restock() in inventory.py" in requests[0]["messages"][-1]["content"]
+    # Codex ran each command in the repository and sent its output back as the call's result
+    assert requests[1]["messages"][-1]["role"] == "tool" and ") - count" in requests[1]["messages"][-1]["content"]
+    context = record.context
+    assert context is not None and len(context.turn_spans) == 3
+    assert sum(context.loss_mask) == sum(t.completion_tokens for t in record.turns)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    sampled = [tokenizer.decode(context.token_ids[a:b], skip_special_tokens=True) for a, b in context.turn_spans]
+    assert sampled == CODEX_SCRIPT
 
 
 @pytest.fixture()

@@ -11,7 +11,13 @@ from trajflow.contracts.config import RunConfig, load_run_config, resolve_config
 from trajflow.contracts.trajectory import TrajectoryRequest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted([*(ROOT / "trajflow" / "configs").glob("*.toml"), *(ROOT / "examples").glob("*/*.toml")])
+CONFIGS = sorted(
+    [
+        *(ROOT / "trajflow" / "configs").glob("*.toml"),
+        *(ROOT / "examples").glob("*/*.toml"),
+        *(ROOT / "examples").glob("harnesses/*/*.toml"),
+    ]
+)
 
 
 def test_there_are_configs() -> None:

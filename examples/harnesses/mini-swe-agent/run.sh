@@ -13,6 +13,6 @@ export MSWEA_CONFIGURED=true MSWEA_COST_TRACKING=ignore_errors LITELLM_LOCAL_MOD
 task=$(python3 -c 'import json, os; t = json.loads(os.environ["TRAJFLOW_AGENT_TASK"]); print(t if isinstance(t, str) else "")')
 [ -n "$task" ] || task="Running \`python3 test_calc.py\` fails: average() returns the wrong value. Fix calc.py."
 exec python3 -m minisweagent -y --exit-immediately -m openai/policy -t "$task" \
-    -c mini.yaml -c "agent.step_limit=${MINI_STEP_LIMIT:-8}" -c agent.cost_limit=0 -c "environment.cwd=$PWD/repo" \
+    -c mini.yaml -c agent.step_limit=8 -c agent.cost_limit=0 -c "environment.cwd=$PWD/repo" \
     -c "model.model_kwargs.api_base=$OPENAI_BASE_URL" -c "model.model_kwargs.api_key=$OPENAI_API_KEY" \
     -o "$PWD/.mini/trajectory.json"
