@@ -7,6 +7,8 @@ turn with its sampled token ids, and `trajflow replay --env-only` must re-run th
 
 - the Codex CLI (`examples/harnesses/codex`, npm `@openai/codex` run by Debian's Node, `codex exec`, Responses API
   streamed) fixing a bug, its reward from a verifier that runs the repository's checks;
+- Claude Code (`examples/harnesses/claude-code`, npm `@anthropic-ai/claude-code` run by Debian's Node, `claude -p
+  --bare`, Anthropic's Messages API streamed) fixing a bug, its reward from a verifier;
 - mini-swe-agent (`examples/harnesses/mini-swe-agent`, `mini` with its default config, Chat Completions with a
   `bash` tool) fixing a bug in a small repository, its reward from a verifier that runs the repository's tests;
 - the OpenAI Agents SDK (`examples/harnesses/agents-sdk`, `openai-agents`, Responses API), non-streaming and streamed;
@@ -62,6 +64,19 @@ def codex_masked(request: str) -> str:
     return re.sub(r"Wall time: [0-9.]+ seconds", "Wall time: _", request)
 
 
+CLAUDE_CODE = ROOT / "examples" / "harnesses" / "claude-code"
+
+
+def claude_bash(command: str) -> str:
+    arguments = json.dumps({"command": command, "description": "Run it"})
+    return f'<tool_call>\n{{"name": "Bash", "arguments": {arguments}}}\n</tool_call>'
+
+
+CLAUDE_SCRIPT = [
+    claude_bash("cat words.py"),
+    claude_bash("sed -i 's/split(\" \")/split()/' words.py"),
+    "Fixed: count_words() now splits on any whitespace.",
+]
 MINI_SWE = ROOT / "examples" / "harnesses" / "mini-swe-agent"
 MINI_ENV = "agent-cmd:run.sh"
 
@@ -133,6 +148,44 @@ async def test_the_codex_cli_fixes_a_bug_and_its_verifier_scores_the_checks(
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     sampled = [tokenizer.decode(context.token_ids[a:b], skip_special_tokens=True) for a, b in context.turn_spans]
     assert sampled == CODEX_SCRIPT
+
+
+@pytest.fixture()
+def claude_package(store, cache_dir) -> str:
+    return package_env(MINI_ENV, str(CLAUDE_CODE), store, cache_dir / "images", print)
+
+
+async def test_claude_code_fixes_a_bug_and_its_verifier_scores_the_checks(
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, claude_package
+) -> None:
+    engine = scripted(tiny_model, CLAUDE_SCRIPT)
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
+        request = st.request(
+            env_id=MINI_ENV, env_package=claude_package, seed=1, task="claude", max_turns=11,
+            env_kwargs={"verifier": "verify:words_fixed", "budget_s": 120},
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=128),
+        )  # fmt: skip
+        result = await st.run(request)
+        lines: list[str] = []  # `trajflow replay --env-only`: Claude Code re-run on its recorded answers, no LLM
+        replayed = await replay_env(st.client, st.store, result.workflow_id, 180, False, lines.append)
+    assert result.status is TrajectoryStatus.COMPLETED, result.error
+    assert (result.turns, result.reward) == (3, 1.0), result
+    assert replayed == 0 and "replayed 3/3 actions; the episode ended" in "\n".join(lines), lines
+    assert "DIFFERS" not in "\n".join(lines), "the re-run asked other than the record"
+    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
+    requests = [json.loads(record.first_observation), *(json.loads(t.observation) for t in record.turns[:-1])]
+    assert [(r["api"], r["stream"]) for r in requests] == [("anthropic.messages", True)] * 3
+    assert [sorted(t["function"]["name"] for t in r["tools"]) for r in requests] == [["Bash", "Edit", "Read"]] * 3
+    assert [r["sampling"]["max_tokens"] for r in requests] == [32000] * 3  # what it asks; the task's sampling caps it
+    assert "count_words() in words.py" in requests[0]["messages"][-1]["content"]
+    # Claude Code ran each command in the repository and sent its output back as the tool's result
+    assert requests[1]["messages"][-1]["role"] == "tool" and 'split(" ")' in requests[1]["messages"][-1]["content"]
+    context = record.context
+    assert context is not None and len(context.turn_spans) == 3
+    assert sum(context.loss_mask) == sum(t.completion_tokens for t in record.turns)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    sampled = [tokenizer.decode(context.token_ids[a:b], skip_special_tokens=True) for a, b in context.turn_spans]
+    assert sampled == CLAUDE_SCRIPT
 
 
 @pytest.fixture()
