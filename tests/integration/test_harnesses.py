@@ -150,6 +150,23 @@ async def test_the_codex_cli_fixes_a_bug_and_its_verifier_scores_the_checks(
     assert sampled == CODEX_SCRIPT
 
 
+async def test_a_codex_turn_cut_at_max_tokens_is_scored_not_a_crash(
+    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, codex_package
+) -> None:
+    """Codex fails its turn on an answer cut at max tokens (an incomplete response) and exits 1: run.sh takes that for
+    the policy's doing, so the episode is scored (0.0: the bug is still there), not an infrastructure failure."""
+    engine = scripted(tiny_model, ["I will start by reading every file of the repository, one after another, " * 4])
+    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
+        request = st.request(
+            env_id=MINI_ENV, env_package=codex_package, seed=1, task="codex", max_turns=8,
+            env_kwargs={"verifier": "verify:checks_pass", "budget_s": 120},
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=32),
+        )  # fmt: skip
+        result = await st.run(request)
+    assert result.status is TrajectoryStatus.COMPLETED, result.error
+    assert (result.turns, result.reward) == (1, 0.0), result
+
+
 @pytest.fixture()
 def claude_package(store, cache_dir) -> str:
     return package_env(MINI_ENV, str(CLAUDE_CODE), store, cache_dir / "images", print)
