@@ -1,12 +1,13 @@
 """Real agent harnesses, unmodified, through the whole stack: the harness's own package installed into the task's
-sandbox layer from its requirements (offline wheels), the program run in the hardened sandbox against the env's
-endpoint, every model call a turn of the TrajectoryWorkflow on the decode pool, the program's result the reward via
-the real reward service. The policy is scripted (tool call, tool call, final answer) on the tiny model's tokenizer
-with `trajflow.rl.models.TOOLS_TEMPLATE`, so several calls with tool calls run on a CPU; each call must be a recorded
-turn with its sampled token ids, and `trajflow replay --env-only` must re-run the harness on its recorded answers.
+sandbox layer (wheels from requirements.txt, npm packages with Debian's Node), the program run in the hardened sandbox
+against the env's endpoint, every model call a turn of the TrajectoryWorkflow on the decode pool, the program's result
+(or its verifier's) the reward via the real reward service. The policy is scripted (tool call, tool call, final
+answer) on the tiny model's tokenizer with `trajflow.rl.models.TOOLS_TEMPLATE`, so several calls with tool calls run
+on a CPU; each call must be a recorded turn with its sampled token ids, and `trajflow replay --env-only` must re-run
+the harness on its recorded answers.
 
 - the Codex CLI (`examples/harnesses/codex`, npm `@openai/codex` run by Debian's Node, `codex exec`, Responses API
-  streamed) fixing a bug, its reward from a verifier that runs the repository's checks;
+  streamed) fixing a bug, its reward from a verifier that runs the repository's checks; a turn cut at max tokens;
 - Claude Code (`examples/harnesses/claude-code`, npm `@anthropic-ai/claude-code` run by Debian's Node, `claude -p
   --bare`, Anthropic's Messages API streamed) fixing a bug, its reward from a verifier;
 - mini-swe-agent (`examples/harnesses/mini-swe-agent`, `mini` with its default config, Chat Completions with a
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import AutoTokenizer
@@ -28,7 +31,7 @@ from transformers import AutoTokenizer
 from tests.conftest import ROOT, running_stack
 from trajflow.cli.replay.env_only import replay_env
 from trajflow.contracts.records import TrajectoryRecord
-from trajflow.contracts.trajectory import SamplingParams, TrajectoryStatus
+from trajflow.contracts.trajectory import SamplingParams, TrajectoryResult, TrajectoryStatus
 from trajflow.infra.store import LocalStore
 from trajflow.rl.engines.scripted import ScriptedEngine
 from trajflow.rl.models import TOOLS_TEMPLATE
@@ -36,24 +39,36 @@ from trajflow.sandbox.user.submit import package_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.harness]
 
-AGENTS_SDK = ROOT / "examples" / "harnesses" / "agents-sdk"
+HARNESSES = ROOT / "examples" / "harnesses"
+COMMAND_ENV = "agent-cmd:run.sh"
 SDK_ENV = "agent:calc_agent:solve"
+
+
+def tool_call(name: str, arguments: dict[str, Any], said: str = "") -> str:
+    """A reply that calls `name`, as a Hermes-template model writes it."""
+    block = f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+    return f"{said}\n{block}" if said else block
+
+
 SDK_SCRIPT = [  # seed 3 asks "What is (5 + 3) * 2?"
-    '<tool_call>\n{"name": "add", "arguments": {"a": 5, "b": 3}}\n</tool_call>',
-    '<tool_call>\n{"name": "multiply", "arguments": {"a": 8, "b": 2}}\n</tool_call>',
+    tool_call("add", {"a": 5, "b": 3}),
+    tool_call("multiply", {"a": 8, "b": 2}),
     "The answer is 16.",
 ]
-CODEX = ROOT / "examples" / "harnesses" / "codex"
-
-
-def exec_command(cmd: str) -> str:
-    return f'<tool_call>\n{{"name": "exec_command", "arguments": {json.dumps({"cmd": cmd})}}}\n</tool_call>'
-
-
 CODEX_SCRIPT = [
-    exec_command("cat inventory.py"),
-    exec_command("sed -i 's/) - count/) + count/' inventory.py"),
+    tool_call("exec_command", {"cmd": "cat inventory.py"}),
+    tool_call("exec_command", {"cmd": "sed -i 's/) - count/) + count/' inventory.py"}),
     "Fixed: restock() now adds the count.",
+]
+CLAUDE_SCRIPT = [
+    tool_call("Bash", {"command": "cat words.py", "description": "Run it"}),
+    tool_call("Bash", {"command": "sed -i 's/split(\" \")/split()/' words.py", "description": "Run it"}),
+    "Fixed: count_words() now splits on any whitespace.",
+]
+MINI_SCRIPT = [
+    tool_call("bash", {"command": "cat calc.py"}, "Let me read the code."),
+    tool_call("bash", {"command": "sed -i 's/(len(values) + 1)/len(values)/' calc.py"}, "The divisor is off by one."),
+    tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}, "Fixed."),
 ]
 
 
@@ -64,229 +79,138 @@ def codex_masked(request: str) -> str:
     return re.sub(r"Wall time: [0-9.]+ seconds", "Wall time: _", request)
 
 
-CLAUDE_CODE = ROOT / "examples" / "harnesses" / "claude-code"
+@dataclass
+class Run:
+    result: TrajectoryResult
+    record: TrajectoryRecord
+    requests: list[dict[str, Any]]
+    """Each call's request, as the turn recorded it."""
+    replay: list[str]
+    """What `trajflow replay --env-only` said, line by line."""
 
 
-def claude_bash(command: str) -> str:
-    arguments = json.dumps({"command": command, "description": "Run it"})
-    return f'<tool_call>\n{{"name": "Bash", "arguments": {arguments}}}\n</tool_call>'
+@pytest.fixture()
+def harness(temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, cache_dir):
+    """Runs one trajectory of the harness in `examples/harnesses/NAME` on a scripted policy, then re-runs it on its
+    recorded answers (`trajflow replay --env-only`)."""
+
+    async def run(name: str, env_id: str, script: list[str], max_new_tokens: int = 128, **request: Any) -> Run:
+        package = package_env(env_id, str(HARNESSES / name), store, cache_dir / "images", print)
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+        tokenizer.chat_template = TOOLS_TEMPLATE
+        engine = ScriptedEngine(tokenizer, script, name="tiny")
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+        async with running_stack(
+            temporal_env, reward_service, store, sandbox_manager, engine, images=package_images
+        ) as st:
+            result = await st.run(
+                st.request(env_id=env_id, env_package=package, task=name, sampling=sampling, **{"seed": 1, **request})
+            )
+            lines: list[str] = []
+            replayed = await replay_env(st.client, st.store, result.workflow_id, 180, False, lines.append)
+        assert result.status is TrajectoryStatus.COMPLETED, result.error
+        said = f"replayed {result.turns}/{result.turns} actions; the episode ended"
+        assert replayed == 0 and said in "\n".join(lines), lines
+        record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
+        requests = [json.loads(record.first_observation), *(json.loads(t.observation) for t in record.turns[:-1])]
+        return Run(result, record, requests, "\n".join(lines).split("\n"))
+
+    return run
 
 
-CLAUDE_SCRIPT = [
-    claude_bash("cat words.py"),
-    claude_bash("sed -i 's/split(\" \")/split()/' words.py"),
-    "Fixed: count_words() now splits on any whitespace.",
-]
-MINI_SWE = ROOT / "examples" / "harnesses" / "mini-swe-agent"
-MINI_ENV = "agent-cmd:run.sh"
-
-
-def bash(command: str, said: str) -> str:
-    return f'{said}\n<tool_call>\n{{"name": "bash", "arguments": {json.dumps({"command": command})}}}\n</tool_call>'
-
-
-MINI_SCRIPT = [
-    bash("cat calc.py", "Let me read the code."),
-    bash("sed -i 's/(len(values) + 1)/len(values)/' calc.py", "The divisor is off by one."),
-    bash("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", "Fixed."),
-]
-
-
-def scripted(tiny_model: Path, replies: list[str]) -> ScriptedEngine:
+def assert_every_call_a_recorded_turn(run: Run, tiny_model: Path, script: list[str]) -> None:
+    """The scripted episode ended with reward 1.0 after one turn per call, each holding the tokens sampled for it."""
+    assert (run.result.turns, run.result.reward) == (len(script), 1.0), run.result
+    assert run.record.turns[-1].observation == ""  # the program's exit ended the episode
+    context = run.record.context
+    assert context is not None and len(context.turn_spans) == len(script)
+    assert all(turn.completion_tokens > 0 for turn in run.record.turns)
+    assert sum(context.loss_mask) == sum(t.completion_tokens for t in run.record.turns)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    tokenizer.chat_template = TOOLS_TEMPLATE
-    return ScriptedEngine(tokenizer, replies, name="tiny")
+    assert [tokenizer.decode(context.token_ids[a:b], skip_special_tokens=True) for a, b in context.turn_spans] == script
 
 
-@pytest.fixture()
-def sdk_package(store, cache_dir) -> str:
-    return package_env(SDK_ENV, str(AGENTS_SDK), store, cache_dir / "images", print)
-
-
-@pytest.fixture()
-def codex_package(store, cache_dir) -> str:
-    return package_env(MINI_ENV, str(CODEX), store, cache_dir / "images", print)
-
-
-async def test_the_codex_cli_fixes_a_bug_and_its_verifier_scores_the_checks(
-    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, codex_package
-) -> None:
-    engine = scripted(tiny_model, CODEX_SCRIPT)
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
-        request = st.request(
-            env_id=MINI_ENV, env_package=codex_package, seed=1, task="codex", max_turns=8,
-            env_kwargs={"verifier": "verify:checks_pass", "budget_s": 120},
-            sampling=SamplingParams(temperature=0.0, max_new_tokens=128),
-        )  # fmt: skip
-        result = await st.run(request)
-        lines: list[str] = []
-        replayed = await replay_env(st.client, st.store, result.workflow_id, 180, False, lines.append)
-    assert result.status is TrajectoryStatus.COMPLETED, result.error
-    assert (result.turns, result.reward) == (3, 1.0), result
-    assert replayed == 0 and "replayed 3/3 actions; the episode ended" in "\n".join(lines), lines
-    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
+async def test_the_codex_cli_fixes_a_bug_and_its_verifier_scores_the_checks(harness, tiny_model) -> None:
+    kwargs = {"verifier": "verify:checks_pass", "budget_s": 120}
+    run = await harness("codex", COMMAND_ENV, CODEX_SCRIPT, max_turns=8, env_kwargs=kwargs)
+    assert_every_call_a_recorded_turn(run, tiny_model, CODEX_SCRIPT)
+    assert [(r["api"], r["stream"]) for r in run.requests] == [("openai.responses", True)] * 3
+    assert all("exec_command" in [t["function"]["name"] for t in r["tools"]] for r in run.requests)
+    assert "restock() in inventory.py" in run.requests[0]["messages"][-1]["content"]
+    # Codex ran each command in the repository and sent its output back as the call's result
+    said = run.requests[1]["messages"][-1]
+    assert said["role"] == "tool" and ") - count" in said["content"]
     # the re-run asks the same first request (its cwd, in it, is the same path in every run); Codex's later requests
     # carry its tool results, each with a random chunk id and a wall time: equal once those are masked
-    flat = "\n".join(lines).split("\n")
+    flat = run.replay
     shown = [
         (line.removeprefix("[observation] "), flat[i + 1])
         for i, line in enumerate(flat)
         if line[:15] == "[observation] {"
     ]
-    recorded = [record.first_observation, *(t.observation for t in record.turns[:-1])]
+    recorded = [run.record.first_observation, *(t.observation for t in run.record.turns[:-1])]
     assert [codex_masked(request) for request, _ in shown] == [codex_masked(r) for r in recorded]
     assert shown[0][1] == "(same as recorded)" and "DIFFERS" in shown[1][1], [verdict for _, verdict in shown]
-    requests = [json.loads(record.first_observation), *(json.loads(t.observation) for t in record.turns[:-1])]
-    assert [(r["api"], r["stream"]) for r in requests] == [("openai.responses", True)] * 3
-    assert all("exec_command" in [t["function"]["name"] for t in r["tools"]] for r in requests)
-    assert "restock() in inventory.py" in requests[0]["messages"][-1]["content"]
-    # Codex ran each command in the repository and sent its output back as the call's result
-    assert requests[1]["messages"][-1]["role"] == "tool" and ") - count" in requests[1]["messages"][-1]["content"]
-    context = record.context
-    assert context is not None and len(context.turn_spans) == 3
-    assert sum(context.loss_mask) == sum(t.completion_tokens for t in record.turns)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    sampled = [tokenizer.decode(context.token_ids[a:b], skip_special_tokens=True) for a, b in context.turn_spans]
-    assert sampled == CODEX_SCRIPT
 
 
-async def test_a_codex_turn_cut_at_max_tokens_is_scored_not_a_crash(
-    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, codex_package
-) -> None:
+async def test_a_codex_turn_cut_at_max_tokens_is_scored_not_a_crash(harness) -> None:
     """Codex fails its turn on an answer cut at max tokens (an incomplete response) and exits 1: run.sh takes that for
     the policy's doing, so the episode is scored (0.0: the bug is still there), not an infrastructure failure."""
-    engine = scripted(tiny_model, ["I will start by reading every file of the repository, one after another, " * 4])
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
-        request = st.request(
-            env_id=MINI_ENV, env_package=codex_package, seed=1, task="codex", max_turns=8,
-            env_kwargs={"verifier": "verify:checks_pass", "budget_s": 120},
-            sampling=SamplingParams(temperature=0.0, max_new_tokens=32),
-        )  # fmt: skip
-        result = await st.run(request)
-    assert result.status is TrajectoryStatus.COMPLETED, result.error
-    assert (result.turns, result.reward) == (1, 0.0), result
+    long = ["I will start by reading every file of the repository, one after another, " * 4]
+    kwargs = {"verifier": "verify:checks_pass", "budget_s": 120}
+    run = await harness("codex", COMMAND_ENV, long, max_new_tokens=32, max_turns=8, env_kwargs=kwargs)
+    assert (run.result.turns, run.result.reward) == (1, 0.0), run.result
 
 
-@pytest.fixture()
-def claude_package(store, cache_dir) -> str:
-    return package_env(MINI_ENV, str(CLAUDE_CODE), store, cache_dir / "images", print)
+async def test_claude_code_fixes_a_bug_and_its_verifier_scores_the_checks(harness, tiny_model) -> None:
+    kwargs = {"verifier": "verify:words_fixed", "budget_s": 120}
+    run = await harness("claude-code", COMMAND_ENV, CLAUDE_SCRIPT, max_turns=11, env_kwargs=kwargs)
+    assert_every_call_a_recorded_turn(run, tiny_model, CLAUDE_SCRIPT)
+    assert "DIFFERS" not in "\n".join(run.replay), "the re-run asked other than the record"
+    assert [(r["api"], r["stream"]) for r in run.requests] == [("anthropic.messages", True)] * 3
+    assert [sorted(t["function"]["name"] for t in r["tools"]) for r in run.requests] == [["Bash", "Edit", "Read"]] * 3
+    assert [r["sampling"]["max_tokens"] for r in run.requests] == [32000] * 3  # it asks; the task's sampling caps it
+    assert "count_words() in words.py" in run.requests[0]["messages"][-1]["content"]
+    said = run.requests[1]["messages"][-1]  # Claude Code ran the command and sent its output back
+    assert said["role"] == "tool" and 'split(" ")' in said["content"]
 
 
-async def test_claude_code_fixes_a_bug_and_its_verifier_scores_the_checks(
-    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, claude_package
-) -> None:
-    engine = scripted(tiny_model, CLAUDE_SCRIPT)
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
-        request = st.request(
-            env_id=MINI_ENV, env_package=claude_package, seed=1, task="claude", max_turns=11,
-            env_kwargs={"verifier": "verify:words_fixed", "budget_s": 120},
-            sampling=SamplingParams(temperature=0.0, max_new_tokens=128),
-        )  # fmt: skip
-        result = await st.run(request)
-        lines: list[str] = []  # `trajflow replay --env-only`: Claude Code re-run on its recorded answers, no LLM
-        replayed = await replay_env(st.client, st.store, result.workflow_id, 180, False, lines.append)
-    assert result.status is TrajectoryStatus.COMPLETED, result.error
-    assert (result.turns, result.reward) == (3, 1.0), result
-    assert replayed == 0 and "replayed 3/3 actions; the episode ended" in "\n".join(lines), lines
-    assert "DIFFERS" not in "\n".join(lines), "the re-run asked other than the record"
-    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
-    requests = [json.loads(record.first_observation), *(json.loads(t.observation) for t in record.turns[:-1])]
-    assert [(r["api"], r["stream"]) for r in requests] == [("anthropic.messages", True)] * 3
-    assert [sorted(t["function"]["name"] for t in r["tools"]) for r in requests] == [["Bash", "Edit", "Read"]] * 3
-    assert [r["sampling"]["max_tokens"] for r in requests] == [32000] * 3  # what it asks; the task's sampling caps it
-    assert "count_words() in words.py" in requests[0]["messages"][-1]["content"]
-    # Claude Code ran each command in the repository and sent its output back as the tool's result
-    assert requests[1]["messages"][-1]["role"] == "tool" and 'split(" ")' in requests[1]["messages"][-1]["content"]
-    context = record.context
-    assert context is not None and len(context.turn_spans) == 3
-    assert sum(context.loss_mask) == sum(t.completion_tokens for t in record.turns)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    sampled = [tokenizer.decode(context.token_ids[a:b], skip_special_tokens=True) for a, b in context.turn_spans]
-    assert sampled == CLAUDE_SCRIPT
-
-
-@pytest.fixture()
-def mini_package(store, cache_dir) -> str:
-    return package_env(MINI_ENV, str(MINI_SWE), store, cache_dir / "images", print)
-
-
-async def test_mini_swe_agent_fixes_a_bug_and_its_verifier_scores_the_tests(
-    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, mini_package
-) -> None:
-    engine = scripted(tiny_model, MINI_SCRIPT)
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
-        request = st.request(
-            env_id=MINI_ENV, env_package=mini_package, seed=1, task="mini", max_turns=8,
-            env_kwargs={"verifier": "verify:tests_pass", "budget_s": 120},
-            sampling=SamplingParams(temperature=0.0, max_new_tokens=128),
-        )  # fmt: skip
-        result = await st.run(request)
-        lines: list[str] = []
-        replayed = await replay_env(st.client, st.store, result.workflow_id, 180, False, lines.append)
-    assert result.status is TrajectoryStatus.COMPLETED, result.error
-    assert (result.turns, result.reward) == (3, 1.0), result
-    assert replayed == 0 and "replayed 3/3 actions; the episode ended" in "\n".join(lines), lines
-    assert "DIFFERS" not in "\n".join(lines)
-    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
-    requests = [json.loads(record.first_observation), *(json.loads(t.observation) for t in record.turns[:-1])]
-    assert ["api" in r for r in requests] == [False] * 3  # Chat Completions, through litellm
-    assert [[t["function"]["name"] for t in r["tools"]] for r in requests] == [["bash"]] * 3
-    assert "Fix calc.py" in requests[0]["messages"][1]["content"]
-    # mini ran each command in the repository and sent its output back as the tool's result
-    assert requests[1]["messages"][-1]["role"] == "tool" and "len(values) + 1" in requests[1]["messages"][-1]["content"]
-    assert [m["role"] for m in requests[2]["messages"]] == ["system", "user", "assistant", "tool", "assistant", "tool"]
-    context = record.context
-    assert context is not None and len(context.turn_spans) == 3
-    assert sum(context.loss_mask) == sum(t.completion_tokens for t in record.turns)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    sampled = [tokenizer.decode(context.token_ids[a:b], skip_special_tokens=True) for a, b in context.turn_spans]
-    assert sampled == MINI_SCRIPT
+async def test_mini_swe_agent_fixes_a_bug_and_its_verifier_scores_the_tests(harness, tiny_model) -> None:
+    kwargs = {"verifier": "verify:tests_pass", "budget_s": 120}
+    run = await harness("mini-swe-agent", COMMAND_ENV, MINI_SCRIPT, max_turns=8, env_kwargs=kwargs)
+    assert_every_call_a_recorded_turn(run, tiny_model, MINI_SCRIPT)
+    assert "DIFFERS" not in "\n".join(run.replay), "the re-run asked other than the record"
+    assert ["api" in r for r in run.requests] == [False] * 3  # Chat Completions, through litellm
+    assert [[t["function"]["name"] for t in r["tools"]] for r in run.requests] == [["bash"]] * 3
+    assert "Fix calc.py" in run.requests[0]["messages"][1]["content"]
+    said = run.requests[1]["messages"][-1]  # mini ran the command in the repository and sent its output back
+    assert said["role"] == "tool" and "len(values) + 1" in said["content"]
+    roles = [m["role"] for m in run.requests[2]["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_the_agents_sdk_with_two_function_tools(
-    temporal_env, reward_service, store, sandbox_manager, tiny_model, package_images, sdk_package, stream: bool
-) -> None:
-    engine = scripted(tiny_model, SDK_SCRIPT)
-    async with running_stack(temporal_env, reward_service, store, sandbox_manager, engine, images=package_images) as st:
-        request = st.request(
-            env_id=SDK_ENV, env_package=sdk_package, seed=3, task="sdk", max_turns=6,
-            env_kwargs={"task": json.dumps({"stream": stream})},
-            sampling=SamplingParams(temperature=0.0, max_new_tokens=128),
-        )  # fmt: skip
-        result = await st.run(request)
-        lines: list[str] = []  # `trajflow replay --env-only`: the harness re-run on its recorded answers, no LLM
-        replayed = await replay_env(st.client, st.store, result.workflow_id, 120, False, lines.append)
-    assert result.status is TrajectoryStatus.COMPLETED, result.error
-    assert (result.turns, result.reward) == (3, 1.0), result
-    assert replayed == 0 and "replayed 3/3 actions; the episode ended" in "\n".join(lines), lines
-    assert "DIFFERS" not in "\n".join(lines)
-    record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
-    requests = [json.loads(record.first_observation), *(json.loads(t.observation) for t in record.turns[:-1])]
-    assert [r["api"] for r in requests] == ["openai.responses"] * 3 and [r["stream"] for r in requests] == [stream] * 3
-    assert [[t["function"]["name"] for t in r["tools"]] for r in requests] == [["add", "multiply"]] * 3
-    assert requests[0]["messages"][0]["role"] == "system" and "calculator" in requests[0]["messages"][0]["content"]
-    assert requests[0]["messages"][1] == {"role": "user", "content": "What is (5 + 3) * 2?"}
+async def test_the_agents_sdk_with_two_function_tools(harness, tiny_model, stream: bool) -> None:
+    task = json.dumps({"stream": stream})
+    run = await harness("agents-sdk", SDK_ENV, SDK_SCRIPT, seed=3, max_turns=6, env_kwargs={"task": task})
+    assert_every_call_a_recorded_turn(run, tiny_model, SDK_SCRIPT)
+    assert "DIFFERS" not in "\n".join(run.replay), "the re-run asked other than the record"
+    assert [(r["api"], r["stream"]) for r in run.requests] == [("openai.responses", stream)] * 3
+    assert [[t["function"]["name"] for t in r["tools"]] for r in run.requests] == [["add", "multiply"]] * 3
+    first = run.requests[0]["messages"]
+    assert first[0]["role"] == "system" and "calculator" in first[0]["content"]
+    assert first[1] == {"role": "user", "content": "What is (5 + 3) * 2?"}
     # the SDK ran each tool and sent its result back: the third request holds both calls and both results
-    assert [(m["role"], m.get("content")) for m in requests[2]["messages"][2:]] == [
+    assert [(m["role"], m.get("content")) for m in run.requests[2]["messages"][2:]] == [
         ("assistant", None), ("tool", "8"), ("assistant", None), ("tool", "16"),
     ]  # fmt: skip
-    assert record.turns[-1].observation == ""
-    context = record.context  # every call a turn: its sampled tokens in the context, as sampled (mask 1)
-    assert context is not None and len(context.turn_spans) == 3
-    assert all(turn.completion_tokens > 0 for turn in record.turns)
-    assert sum(context.loss_mask) == sum(t.completion_tokens for t in record.turns)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    sampled = [tokenizer.decode(context.token_ids[a:b], skip_special_tokens=True) for a, b in context.turn_spans]
-    assert sampled == SDK_SCRIPT
 
 
 def tiny_config(example: Path, tmp_path: Path, train: str) -> Path:
     """The example's config with the stack's tiny model (same template, task, program and reward) and `train`."""
     text = (example / "config.toml").read_text().split("\n[train]\n")[0]
-    text = text.replace('name_or_path = "smollm2"', 'name_or_path = "tiny"').replace(
-        'env_path = "."', f'env_path = "{example}"'
-    )
+    text = text.replace('name_or_path = "smollm2"', 'name_or_path = "tiny"')
+    text = text.replace('env_path = "."', f'env_path = "{example}"')
     assert 'name_or_path = "tiny"' in text and str(example) in text
     path = tmp_path / f"{example.name}.toml"
     path.write_text(text + train)
@@ -300,7 +224,7 @@ def test_the_agents_sdk_example_rolls_out_and_trains_two_steps(cli_stack, tmp_pa
         "\n[train]\nsteps = 2\nbatch_size = 8\ngroup_size = 4\nalpha = 1\n"
         "trainer = { lr = 1e-4, micro_batch = 8 }\neval = { episodes = 4 }\n"
     )
-    config = tiny_config(AGENTS_SDK, tmp_path, train)
+    config = tiny_config(HARNESSES / "agents-sdk", tmp_path, train)
     proc = cli_stack.trajflow("rollout", "-c", str(config), "--seed", "3", "--json", timeout=900)
     out = json.loads(proc.stdout)
     assert out["status"] == "completed" and out["reward"] in (0.0, 1.0) and out["turns"] >= 1, out

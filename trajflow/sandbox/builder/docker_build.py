@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -112,6 +113,14 @@ def build_from_context(
                 progress(f"docker build: {text}")
     if not image_exists(client, tag):
         raise RuntimeError(f"docker build did not produce {tag}")
+
+
+def publish_dir(staging: Path, target: Path, manifest: object) -> None:
+    """Write `manifest` (JSON) into `staging`, then move `staging` to `target` (replacing it): a cache directory is
+    complete once its manifest.json exists, since the manifest appears together with the files."""
+    (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
 
 
 def _is_noise(line: str) -> bool:

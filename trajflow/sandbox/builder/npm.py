@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trajflow.sandbox.builder.docker_build import Progress, digest
+from trajflow.sandbox.builder.docker_build import Progress, digest, publish_dir
 
 NPM_PREFIX = "/opt/trajflow/npm"
 DEFAULT_REGISTRY = "https://registry.npmjs.org"
@@ -145,9 +145,7 @@ def download_tarballs(cache_dir: Path, specs: tuple[str, ...], progress: Progres
                 raise NpmError(f"{t.name}@{t.version}: the tarball's sha512 is not the registry's integrity")
             packages.append({"install_as": t.install_as, "file": file, "integrity": t.integrity})
         manifest = {"packages": packages}
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)  # the manifest appears together with the tarballs
+        publish_dir(staging, target, manifest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     progress(f"npm: fetched {len(tarballs)} tarballs in {time.monotonic() - started:.1f}s")

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trajflow.sandbox.builder.docker_build import Progress, digest, run_logged, sha256_file
+from trajflow.sandbox.builder.docker_build import Progress, digest, publish_dir, run_logged, sha256_file
 
 PIP_REQUIREMENT = "pip==26.3"
 """Debian minbase python3 has no pip: the image runs pip from this wheel."""
@@ -91,9 +91,7 @@ def download_wheels(
         missing = set(index_reqs.values()) - set(hashes.values())
         if missing:
             raise RuntimeError(f"pip wheel fetched wheels whose sha256 differ from the pins: {sorted(missing)}")
-        (staging / "manifest.json").write_text(json.dumps(hashes, indent=1, sort_keys=True))
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)  # the manifest appears together with the wheels
+        publish_dir(staging, target, hashes)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     progress(f"downloaded {len(hashes)} wheels in {time.monotonic() - started:.1f}s")
