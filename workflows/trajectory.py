@@ -223,8 +223,9 @@ class TrajectoryWorkflow:
         self.timings["env_s"] += workflow.time() - t1
         self.actions.append(action)
         self.observation = step.observation
-        # an answer with tool calls is recorded whole, so a replay (`--env-only`) sends the program the same calls
-        self.turns.append(TurnSummary.of(gen, step, action if gen.tool_calls else None))
+        # an answer with tool calls is recorded whole, and any agent's answer as sent, so a replay (`--env-only`) or a
+        # branch sends the program the same answer (calls, finish reason, token counts)
+        self.turns.append(TurnSummary.of(gen, step, action if gen.tool_calls else None, action if self.agent else ""))
         # kept current turn by turn, so a visibility query (or the UI's list) sees where a running episode is
         version = min(t.policy_version for t in self.turns)
         self._upsert(keys.SA_TURNS.value_set(len(self.turns)), keys.SA_VERSION.value_set(version))

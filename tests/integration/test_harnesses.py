@@ -30,6 +30,7 @@ from transformers import AutoTokenizer
 
 from tests.conftest import ROOT, running_stack
 from trajflow.cli.replay.env_only import replay_env
+from trajflow.client import start_branches
 from trajflow.contracts.records import TrajectoryRecord
 from trajflow.contracts.trajectory import SamplingParams, TrajectoryResult, TrajectoryStatus
 from trajflow.infra.store import LocalStore
@@ -87,6 +88,8 @@ class Run:
     """Each call's request, as the turn recorded it."""
     replay: list[str]
     """What `trajflow replay --env-only` said, line by line."""
+    branch: TrajectoryRecord | None = None
+    """A branch of the trajectory, when asked for."""
 
 
 @pytest.fixture()
@@ -94,7 +97,9 @@ def harness(temporal_env, reward_service, store, sandbox_manager, tiny_model, pa
     """Runs one trajectory of the harness in `examples/harnesses/NAME` on a scripted policy, then re-runs it on its
     recorded answers (`trajflow replay --env-only`)."""
 
-    async def run(name: str, env_id: str, script: list[str], max_new_tokens: int = 128, **request: Any) -> Run:
+    async def run(
+        name: str, env_id: str, script: list[str], max_new_tokens: int = 128, branch_at: int = 0, **request: Any
+    ) -> Run:
         package = package_env(env_id, str(HARNESSES / name), store, cache_dir / "images", print)
         tokenizer = AutoTokenizer.from_pretrained(tiny_model)
         tokenizer.chat_template = TOOLS_TEMPLATE
@@ -108,12 +113,18 @@ def harness(temporal_env, reward_service, store, sandbox_manager, tiny_model, pa
             )
             lines: list[str] = []
             replayed = await replay_env(st.client, st.store, result.workflow_id, 180, False, lines.append)
+            branch = None
+            if branch_at:  # `trajflow branch` / the client's: the branch samples its call k from the engine's script
+                [handle] = await start_branches(result.workflow_id, branch_at, client=st.client, store=st.store)
+                branched = await handle.result()
+                assert branched.status is TrajectoryStatus.COMPLETED, branched.error
+                branch = TrajectoryRecord.model_validate(store.get_json(branched.trajectory_uri))
         assert result.status is TrajectoryStatus.COMPLETED, result.error
         said = f"replayed {result.turns}/{result.turns} actions; the episode ended"
         assert replayed == 0 and said in "\n".join(lines), lines
         record = TrajectoryRecord.model_validate(store.get_json(result.trajectory_uri))
         requests = [json.loads(record.first_observation), *(json.loads(t.observation) for t in record.turns[:-1])]
-        return Run(result, record, requests, "\n".join(lines).split("\n"))
+        return Run(result, record, requests, "\n".join(lines).split("\n"), branch)
 
     return run
 
@@ -187,6 +198,28 @@ async def test_mini_swe_agent_fixes_a_bug_and_its_verifier_scores_the_tests(harn
     assert said["role"] == "tool" and "len(values) + 1" in said["content"]
     roles = [m["role"] for m in run.requests[2]["messages"]]
     assert roles == ["system", "user", "assistant", "tool", "assistant", "tool"]
+
+
+async def test_a_claude_code_trajectory_branches_at_a_call_and_differs_from_there(harness, tiny_model) -> None:
+    """A branch at call 2 re-runs Claude Code in a fresh sandbox with call 1 answered from the parent's record (it must
+    ask what the parent asked, by digest) and samples call 2 anew: the engine's next reply, which gives up where the
+    parent fixed the bug."""
+    kwargs = {"verifier": "verify:words_fixed", "budget_s": 120}
+    gives_up = "I could not fix it."
+    run = await harness(
+        "claude-code", COMMAND_ENV, [*CLAUDE_SCRIPT, gives_up], branch_at=2, max_turns=11, env_kwargs=kwargs
+    )
+    branch = run.branch
+    assert branch is not None and run.result.reward == 1.0 and branch.request.branch_of == run.result.workflow_id
+    assert branch.first_observation == run.record.first_observation
+    assert branch.turns[0].model_dump() == run.record.turns[0].model_dump()  # call 1: the parent's, answered as sent
+    assert [t.action for t in branch.turns] == [run.record.turns[0].action, gives_up]
+    assert branch.turns[-1].observation == "" and branch.reward == 0.0  # the words check still fails
+    context = branch.context  # the parent's tokens through call 1, its own sample for call 2
+    assert context is not None and run.record.context is not None and len(context.turn_spans) == 2
+    end = run.record.context.turn_spans[0][1]
+    assert context.token_ids[:end] == run.record.context.token_ids[:end]
+    assert context.token_ids[end:] != run.record.context.token_ids[end : len(context.token_ids)]
 
 
 @pytest.mark.parametrize("stream", [False, True])

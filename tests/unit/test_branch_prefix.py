@@ -161,7 +161,7 @@ async def test_the_branch_activity_writes_the_cut_context_that_turn_k_extends(to
     [
         (5, "", "recorded 3 turns: branching at turn 5 needs 4"),
         (6, "", "turn 6 is out of range"),
-        (2, "agent", "agent envs cannot be branched"),
+        (2, "agent", "its record predates the answers kept whole"),
         (2, "missing", "no trajectory record"),
         (2, "twice", "2 runs' records"),
     ],

@@ -15,9 +15,12 @@ the parent's record can be read: the default pool unless given; `trajflow.client
 parent's). Turn k's observation is the parent's; the branch's env is restored by replaying actions 1..k-1 into a
 fresh sandbox and must show that very observation (else the env is not deterministic and the branch ends `failed`).
 
-Limits: agent envs (`agent:`, `agent-cmd:`) are refused: their recorded turns do not hold the answers (finish
-reason, token counts) the program was sent. The parent must have a saved record (any status) with at least k-1
-turns, and k must be at most its `max_turns`.
+An agent env's branch (`agent:`, `agent-cmd:`) re-runs the program in a fresh sandbox with its first k-1 calls
+answered as the parent's were (`TurnSummary.sent`: text, tool calls, finish reason, token counts); each must ask what
+the parent's asked (its digest), and its call k is the parent's, which the branch answers with a new sample.
+
+Limits: the parent must have a saved record (any status) with at least k-1 turns, and k must be at most its
+`max_turns`; an agent parent recorded before its answers were kept whole (`sent` empty) is refused.
 """
 
 from __future__ import annotations
@@ -125,8 +128,11 @@ def cut_context(ctx: TurnContext, turns: int) -> TurnContext | None:
 def check_branchable(record: TrajectoryRecord, turn: int) -> None:
     """Raise BranchRefused, saying why, unless `record` can be branched at `turn` (1-based)."""
     req, have = record.request, len(record.turns)
-    if is_agent(req.env_id):
-        raise BranchRefused(f"{record.workflow_id} runs an agent program ({req.env_id}): agent envs cannot be branched")
+    if is_agent(req.env_id) and not all(t.sent for t in record.turns[: turn - 1]):
+        raise BranchRefused(
+            f"{record.workflow_id} runs an agent program ({req.env_id}) and its record predates the answers kept whole "
+            "(what its program was sent): it cannot be branched"
+        )
     if turn < 1 or turn > req.max_turns:
         raise BranchRefused(f"turn {turn} is out of range: {record.workflow_id} has max_turns {req.max_turns}")
     if have < turn - 1:
@@ -145,7 +151,7 @@ def prefix_of(record: TrajectoryRecord, turn: int, record_uri: str) -> tuple[Bra
         record_uri=record_uri,
         first_observation=record.first_observation,
         turns=turns,
-        actions=[t.action for t in turns],
+        actions=[t.sent or t.action for t in turns],
         observation=turns[-1].observation if turns else record.first_observation,
     )
     return prefix, context

@@ -280,12 +280,17 @@ class TurnSummary(Contract):
     decode_worker: str = ""
     """The decode worker that generated the action (`host-pid-random`: a pool may have several replicas); empty in
     records written before it was kept."""
+    sent: str = ""
+    """What an agent env was sent: the answer whole (text or tool calls, finish reason, token counts), which a replay or
+    a branch sends again; empty for other envs (they were sent `action`) and in records written before it was kept."""
 
     @classmethod
-    def of(cls, gen: GenerateResult, step: EnvStepResult, action: str | None = None) -> TurnSummary:
-        """`action` when the env was sent other than the completion's text (an agent's answer with tool calls)."""
+    def of(cls, gen: GenerateResult, step: EnvStepResult, action: str | None = None, sent: str = "") -> TurnSummary:
+        """`action` when the env was sent other than the completion's text (an agent's answer with tool calls);
+        `sent`, an agent's answer as sent."""
         return cls(
             action=gen.text if action is None else action,
+            sent=sent,
             observation=step.observation,
             env_reward=step.reward,
             policy_version=gen.policy_version,

@@ -40,7 +40,7 @@ def replay_input(record: TrajectoryRecord, workflow_id: str) -> EnvReplayInput:
         seed=req.seed,
         env_kwargs=req.env_kwargs,
         env_package=req.env_package,
-        actions=[t.action for t in record.turns],
+        actions=[t.sent or t.action for t in record.turns],
         env_pool=req.pools.env,
         replay_of=workflow_id,
     )
