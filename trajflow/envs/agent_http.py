@@ -46,6 +46,11 @@ REQUEST_TIMEOUT_S = 60.0
 """Socket timeout of a connection's reads and writes (never of the wait for the model's answer)."""
 ROUTES = {"/v1/chat/completions": "chat", "/v1/messages": agent_messages.API, "/v1/responses": agent_responses.API}
 """POST routes and the API each speaks."""
+DIALECTS = {
+    agent_messages.API: (agent_messages.to_chat, agent_messages.message, agent_messages.events),
+    agent_responses.API: (agent_responses.to_chat, agent_responses.response, agent_responses.events),
+}
+"""The translated APIs: (request -> chat body, answer -> the whole reply, the whole reply -> its stream's events)."""
 MESSAGES_ERRORS = {
     400: "invalid_request_error",
     404: "not_found_error",
@@ -168,14 +173,13 @@ class Endpoint:
 
     def receive(self, body: bytes, api: str = "chat") -> Exchange | None:
         """A request's exchange, posted to the env (None: the endpoint is closing); raises MalformedRequest, posted
-        to the env first. `api`: "chat" (a chat-completions body) or `agent_messages.API` (a Messages body)."""
+        to the env first. `api`: "chat" (a chat-completions body) or a key of DIALECTS (Messages, Responses)."""
         with self._lock:
             if self._closed:
                 return None
             try:
                 if api != "chat":
-                    dialect = agent_messages if api == agent_messages.API else agent_responses
-                    body = json.dumps(dialect.to_chat(_json(body))).encode()
+                    body = json.dumps(DIALECTS[api][0](_json(body))).encode()
                 observation, model, include_usage = normalize_request(body, self._calls + 1)
             except (MalformedRequest, agent_messages.BadMessages, agent_responses.BadResponses) as e:
                 self.events.put(("malformed", f"call {self._calls + 1}: {e}"))
@@ -307,8 +311,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(503, error_body("the environment is closing", "service_unavailable"))
             return
         if api != "chat":
-            render = agent_messages.message if api == agent_messages.API else agent_responses.response
-            events = agent_messages.events if api == agent_messages.API else agent_responses.events
+            _, render, events = DIALECTS[api]
             fields = (answer.content, answer.tool_calls, answer.finish_reason, answer.usage, exchange.model)
             whole = render(*fields, exchange.observation["call"])
             if exchange.observation["stream"]:
